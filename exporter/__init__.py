@@ -1,0 +1,1 @@
+"""`optimum-cli export neuron`: arguments -> NeuronConfig -> export -> atomic write."""

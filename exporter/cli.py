@@ -1,0 +1,200 @@
+"""Command-line arguments of `optimum-cli export neuron` and their translation into a NeuronConfig.
+
+Only the standard library is imported at module level: optimum-cli imports this module (through the register
+module) every time it starts, whatever the command, so torch and transformers are imported only when an export runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+INSTANCE_TYPES = ("inf2", "trn1", "trn1n", "trn2")
+BACKENDS = ("auto", "neuron", "cpu")
+# Sequence lengths above this get chunked prefill by default, with chunks of this many tokens.
+AUTO_CHUNK_THRESHOLD = 1024
+AUTO_CHUNK_SIZE = 1024
+DEFAULT_MAX_TOPK = 256
+
+EPILOG = """\
+examples:
+  optimum-cli export neuron --model HuggingFaceTB/SmolLM2-135M-Instruct \\
+      --batch-size 4 --sequence-length 4096 --prefill-chunk-size 512 smollm2-neuron/
+  optimum-cli export neuron --model ./model.gguf --batch-size 1 --sequence-length 512 --backend cpu out/
+
+Every option also accepts optimum's underscore spelling (--batch_size, --sequence_length, ...).
+The output directory is written beside OUTPUT and renamed into place at the end: a failed export leaves nothing.
+"""
+
+
+def _spellings(name: str) -> list[str]:
+    """`--batch-size` and optimum's `--batch_size`."""
+    dashed = "--" + name
+    underscored = "--" + name.replace("-", "_")
+    return [dashed] if dashed == underscored else [dashed, underscored]
+
+
+def _dtype(value: str) -> str:
+    value = DTYPE_ALIASES.get(value.lower(), value.lower())
+    if value.startswith("torch."):
+        value = value[len("torch.") :]
+    if value not in DTYPES:
+        raise argparse.ArgumentTypeError(f"{value!r} is not one of {', '.join(DTYPES)}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = (
+        "Compile a decoder-only language model for AWS Neuron (or for the CPU reference backend) into a\n"
+        "directory that `vllm serve` and NeuronModelForCausalLM.from_pretrained load."
+    )
+    parser.epilog = EPILOG
+    required = parser.add_argument_group("required arguments")
+    required.add_argument(
+        "-m",
+        *_spellings("model"),
+        dest="model",
+        metavar="MODEL",
+        required=True,
+        help="a local Hugging Face model directory, a .gguf file, or a Hugging Face Hub model id "
+        "(downloaded only when the network is reachable)",
+    )
+    required.add_argument(
+        *_spellings("batch-size"),
+        dest="batch_size",
+        metavar="B",
+        type=int,
+        required=True,
+        help="number of sequences served concurrently (KV cache slots)",
+    )
+    required.add_argument(
+        *_spellings("sequence-length"),
+        dest="sequence_length",
+        metavar="S",
+        type=int,
+        required=True,
+        help="maximum tokens per sequence, prompt plus generated (at most the model's max_position_embeddings)",
+    )
+    required.add_argument("output", metavar="OUTPUT", type=Path, help="directory to write the compiled model to")
+
+    optional = parser.add_argument_group("compilation options")
+    optional.add_argument(
+        *_spellings("prefill-chunk-size"),
+        dest="prefill_chunk_size",
+        metavar="C",
+        type=int,
+        default=None,
+        help=f"tokens per prefill graph call; 0 disables chunking (one sequence-length context_encoding graph). "
+        f"Default: {AUTO_CHUNK_SIZE} when the sequence length exceeds {AUTO_CHUNK_THRESHOLD}, else 0",
+    )
+    optional.add_argument(
+        *_spellings("tensor-parallel-size"),
+        dest="tensor_parallel_size",
+        metavar="T",
+        type=int,
+        default=1,
+        help="number of NeuronCores the model is split over (default: 1)",
+    )
+    optional.add_argument(
+        *_spellings("torch-dtype"),
+        dest="torch_dtype",
+        metavar="{" + ",".join(DTYPES) + "}",
+        type=_dtype,
+        default=None,
+        help="weight and activation dtype (default: bfloat16 for the neuron backend, float32 for cpu)",
+    )
+    optional.add_argument(
+        *_spellings("on-device-sampling"),
+        dest="on_device_sampling",
+        action="store_true",
+        default=True,
+        help="sample tokens inside the token_generation graph (default)",
+    )
+    optional.add_argument(
+        *_spellings("no-on-device-sampling"),
+        dest="on_device_sampling",
+        action="store_false",
+        help="return logits from the graph and sample on the host",
+    )
+    optional.add_argument(
+        *_spellings("max-topk"),
+        dest="max_topk",
+        metavar="K",
+        type=int,
+        default=DEFAULT_MAX_TOPK,
+        help=f"largest top_k the on-device sampler supports (default: {DEFAULT_MAX_TOPK})",
+    )
+    optional.add_argument(
+        *_spellings("instance-type"),
+        dest="instance_type",
+        choices=INSTANCE_TYPES,
+        default=None,
+        help="compilation target; needed by the neuron backend when no Neuron device is present",
+    )
+    optional.add_argument(
+        *_spellings("backend"),
+        dest="backend",
+        choices=BACKENDS,
+        default="auto",
+        help="neuron: compile NEFFs with the Neuron SDK; cpu: the reference backend (torch.export), runs on any "
+        "host; auto (default): neuron when /dev/neuron* devices exist, else cpu",
+    )
+    optional.add_argument(
+        *_spellings("overwrite"),
+        dest="overwrite",
+        action="store_true",
+        help="replace OUTPUT if it exists and is not empty (otherwise refused)",
+    )
+
+
+def resolve_chunk_size(prefill_chunk_size: int | None, sequence_length: int) -> int:
+    if prefill_chunk_size is not None:
+        return prefill_chunk_size
+    return AUTO_CHUNK_SIZE if sequence_length > AUTO_CHUNK_THRESHOLD else 0
+
+
+def resolve_dtype(torch_dtype: str | None, backend: str) -> str:
+    if torch_dtype is not None:
+        return torch_dtype
+    return "bfloat16" if backend == "neuron" else "float32"
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """What the user asked for, resolved: the model source, the NeuronConfig, where to write it."""
+
+    model: str
+    neuron_config: object  # optimum_neuron_plugin.config.NeuronConfig
+    output: Path
+    overwrite: bool
+
+
+def request_from_args(args: argparse.Namespace) -> ExportRequest:
+    """Resolves the automatic values and builds the NeuronConfig (raises NeuronConfigError on bad values)."""
+    from optimum_neuron_plugin.backends import resolve_backend
+    from optimum_neuron_plugin.config import NeuronConfig
+
+    backend = resolve_backend(args.backend)
+    config = NeuronConfig(
+        batch_size=args.batch_size,
+        sequence_length=args.sequence_length,
+        prefill_chunk_size=resolve_chunk_size(args.prefill_chunk_size, args.sequence_length),
+        tp_degree=args.tensor_parallel_size,
+        torch_dtype=resolve_dtype(args.torch_dtype, backend),
+        on_device_sampling=args.on_device_sampling,
+        max_topk=args.max_topk,
+        target=args.instance_type,
+        backend=backend,
+    )
+    return ExportRequest(model=args.model, neuron_config=config, output=args.output, overwrite=args.overwrite)
+
+
+def build_parser(prog: str = "optimum-cli export neuron") -> argparse.ArgumentParser:
+    """A standalone parser with the same arguments (for `python -m exporter` and tests)."""
+    parser = argparse.ArgumentParser(prog=prog)
+    add_arguments(parser)
+    return parser

