@@ -1,0 +1,28 @@
+"""optimum-neuron-plugin: serve LLMs with vLLM on AWS Neuron, with chunked prefill done right."""
+
+__version__ = "0.1.0"
+
+from .config import NeuronConfig  # noqa: E402
+from .errors import ArtifactError, ExportError, InputError, NeuronConfigError  # noqa: E402
+from .sampling import SamplingParams  # noqa: E402
+
+
+def __getattr__(name: str):
+    # Lazy: importing the package stays cheap (no torch.export machinery until needed).
+    if name == "NeuronModelForCausalLM":
+        from .runtime import NeuronModelForCausalLM
+
+        return NeuronModelForCausalLM
+    raise AttributeError(name)
+
+
+__all__ = [
+    "ArtifactError",
+    "ExportError",
+    "InputError",
+    "NeuronConfig",
+    "NeuronConfigError",
+    "NeuronModelForCausalLM",
+    "SamplingParams",
+    "__version__",
+]

@@ -1,0 +1,127 @@
+"""NeuronConfig: the static shapes and options a model is compiled for."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+NEURON_CONFIG_FILE = "neuron_config.json"
+FORMAT_VERSION = 1
+DTYPES = ("float32", "bfloat16", "float16")
+BACKENDS = ("cpu", "neuron")
+TARGETS = ("inf2", "trn1", "trn1n", "trn2")
+
+
+class NeuronConfigError(ValueError):
+    """A configuration value is not allowed; the message says which and what is."""
+
+
+@dataclass(frozen=True)
+class NeuronConfig:
+    batch_size: int = 1
+    sequence_length: int = 2048
+    # 0 means no chunking: one full-length context_encoding graph.
+    prefill_chunk_size: int = 0
+    tp_degree: int = 1
+    torch_dtype: str = "float32"
+    on_device_sampling: bool = True
+    max_topk: int = 256
+    target: str | None = None
+    backend: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "sequence_length", "tp_degree", "max_topk"):
+            _require_positive_int(name, getattr(self, name))
+        if not isinstance(self.prefill_chunk_size, int) or self.prefill_chunk_size < 0:
+            _fail("prefill_chunk_size", self.prefill_chunk_size, "an integer >= 0 (0 disables chunking)")
+        if self.prefill_chunk_size > self.sequence_length:
+            _fail(
+                "prefill_chunk_size",
+                self.prefill_chunk_size,
+                f"at most sequence_length ({self.sequence_length})",
+            )
+        if self.torch_dtype not in DTYPES:
+            _fail("torch_dtype", self.torch_dtype, f"one of {', '.join(DTYPES)}")
+        if self.backend not in BACKENDS:
+            _fail("backend", self.backend, f"one of {', '.join(BACKENDS)}")
+        if self.target is not None and self.target not in TARGETS:
+            _fail("target", self.target, f"one of {', '.join(TARGETS)} or null")
+        if not isinstance(self.on_device_sampling, bool):
+            _fail("on_device_sampling", self.on_device_sampling, "true or false")
+
+    @property
+    def chunked(self) -> bool:
+        return self.prefill_chunk_size > 0
+
+    @property
+    def prefill_length(self) -> int:
+        """Tokens per prefill graph call: the chunk size, or the whole sequence."""
+        return self.prefill_chunk_size or self.sequence_length
+
+    @property
+    def prefill_graph(self) -> str:
+        return "chunked_prefill" if self.chunked else "context_encoding"
+
+    def check_model(self, max_position_embeddings: int, num_key_value_heads: int, num_attention_heads: int) -> None:
+        """Checks that depend on the model being compiled."""
+        if self.sequence_length > max_position_embeddings:
+            _fail(
+                "sequence_length",
+                self.sequence_length,
+                f"at most the model's max_position_embeddings ({max_position_embeddings})",
+            )
+        if num_attention_heads % self.tp_degree or (
+            num_key_value_heads % self.tp_degree and self.tp_degree % num_key_value_heads
+        ):
+            _fail(
+                "tp_degree",
+                self.tp_degree,
+                f"a divisor of the model's attention heads ({num_attention_heads}) "
+                f"that divides or is a multiple of its key/value heads ({num_key_value_heads})",
+            )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> NeuronConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def save(self, directory: str | Path, **extra: object) -> None:
+        data = {"format_version": FORMAT_VERSION, **self.to_dict(), **extra}
+        path = Path(directory) / NEURON_CONFIG_FILE
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> NeuronConfig:
+        path = Path(directory) / NEURON_CONFIG_FILE
+        if not path.is_file():
+            raise NeuronConfigError(f"{path}: missing; is this a directory written by `optimum-cli export neuron`?")
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise NeuronConfigError(f"{path}: unreadable ({error}); export the model again") from None
+        version = data.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise NeuronConfigError(
+                f"{path}: format_version {version!r} is not supported by this optimum-neuron-plugin "
+                f"(it reads up to {FORMAT_VERSION}); upgrade the plugin or export the model again"
+            )
+        missing = [f.name for f in fields(cls) if f.name not in data]
+        if missing:
+            raise NeuronConfigError(f"{path}: missing field(s) {', '.join(missing)}; export the model again")
+        try:
+            return cls.from_dict(data)
+        except NeuronConfigError as error:
+            raise NeuronConfigError(f"{path}: {error}") from None
+
+
+def _require_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        _fail(name, value, "an integer >= 1")
+
+
+def _fail(name: str, value: object, allowed: str) -> None:
+    raise NeuronConfigError(f"{name}={value!r} is not allowed: must be {allowed}")

@@ -1,0 +1,65 @@
+"""The compiled graphs: one fixed-shape program each, sharing the weights and the KV cache.
+
+- chunked_prefill  : 1 sequence x C tokens -> logits [1, V] of the last real token (no sampling)
+- context_encoding : 1 sequence x S tokens -> logits [1, V] (only when prefill_chunk_size is 0)
+- token_generation : B sequences x 1 token -> token ids [B] (on-device sampling) or logits [B, V]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .config import NeuronConfig
+from .models.args import ModelArgs
+from .models.layers import rope_inv_freq
+from .models.llama import decoder_logits
+from .models.sampling import sample
+
+CHUNKED_PREFILL = "chunked_prefill"
+CONTEXT_ENCODING = "context_encoding"
+TOKEN_GENERATION = "token_generation"
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    name: str
+    rows: int
+    tokens: int
+    samples: bool  # on-device sampling: returns token ids instead of logits
+
+
+def graph_specs(neuron_config: NeuronConfig) -> list[GraphSpec]:
+    nc = neuron_config
+    return [
+        GraphSpec(nc.prefill_graph, rows=1, tokens=nc.prefill_length, samples=False),
+        GraphSpec(TOKEN_GENERATION, rows=nc.batch_size, tokens=1, samples=nc.on_device_sampling),
+    ]
+
+
+class DecoderGraph(nn.Module):
+    """forward(params, caches, input_ids, position_ids, seq_ids[, sampling_params, uniform])."""
+
+    def __init__(self, args: ModelArgs, spec: GraphSpec, max_topk: int) -> None:
+        super().__init__()
+        self.args, self.spec, self.max_topk = args, spec, max_topk
+        self.register_buffer("inv_freq", rope_inv_freq(args), persistent=True)
+
+    def forward(self, params, caches, input_ids, position_ids, seq_ids, sampling_params=None, uniform=None):
+        logits = decoder_logits(self.args, params, caches, self.inv_freq, input_ids, position_ids, seq_ids)
+        if self.spec.samples:
+            return sample(logits, sampling_params, uniform, self.max_topk)
+        return logits
+
+
+def example_inputs(spec: GraphSpec) -> tuple[torch.Tensor, ...]:
+    """The small per-call inputs (everything but weights and caches), with the graph's shapes."""
+    ids = torch.zeros(spec.rows, spec.tokens, dtype=torch.int64)
+    positions = torch.arange(spec.tokens, dtype=torch.int64).repeat(spec.rows, 1)
+    seq_ids = torch.zeros(spec.rows, dtype=torch.int64)
+    if not spec.samples:
+        return ids, positions, seq_ids
+    params = torch.tensor([[1.0, 1.0, 1.0]]).repeat(spec.rows, 1)
+    return ids, positions, seq_ids, params, torch.zeros(spec.rows, 1)

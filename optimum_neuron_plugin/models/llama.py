@@ -1,0 +1,78 @@
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3) as a static-shape decoder.
+
+Weights are a flat dict named like the Hugging Face checkpoint, passed to every graph call
+as inputs: compiled programs hold no weights, the artifact stores them once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import masks
+from .args import ModelArgs
+from .attention import attend
+from .layers import apply_rope, linear, mlp, rms_norm, rope_cos_sin
+
+Params = dict[str, torch.Tensor]
+
+
+def weight_names(args: ModelArgs) -> list[str]:
+    names = ["model.embed_tokens.weight", "model.norm.weight"]
+    if not args.tie_word_embeddings:
+        names.append("lm_head.weight")
+    for i in range(args.num_hidden_layers):
+        p = f"model.layers.{i}."
+        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
+        names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+        if args.qkv_bias:
+            names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
+        if args.o_bias:
+            names.append(p + "self_attn.o_proj.bias")
+        if args.qk_norm:
+            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+    return names
+
+
+def decoder_logits(
+    args: ModelArgs,
+    params: Params,
+    caches: list[torch.Tensor],
+    inv_freq: torch.Tensor,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    seq_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Runs n rows of T tokens, writes their K/V into the cache rows seq_ids, returns the fp32
+    logits [n, vocab] of each row's last real token (the last column: padding repeats it)."""
+    x = params["model.embed_tokens.weight"][input_ids]
+    cos, sin = rope_cos_sin(position_ids, inv_freq, x.dtype)
+    prior = masks.prior_mask(position_ids, caches[0].shape[1])
+    active = masks.active_mask(position_ids)
+    for i in range(args.num_hidden_layers):
+        p = f"model.layers.{i}."
+        h = rms_norm(x, params[p + "input_layernorm.weight"], args.rms_norm_eps)
+        h = _attention(args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], seq_ids, position_ids, prior, active)
+        x = x + h
+        h = rms_norm(x, params[p + "post_attention_layernorm.weight"], args.rms_norm_eps)
+        x = x + mlp(h, *(params[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down")))
+    last = rms_norm(x[:, -1], params["model.norm.weight"], args.rms_norm_eps)
+    head = params["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"]
+    return linear(last, head).float()
+
+
+def _attention(args, params, p, h, cos, sin, k_cache, v_cache, seq_ids, position_ids, prior, active):
+    n, t, _ = h.shape
+    a = p + "self_attn."
+    q = linear(h, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"))
+    k = linear(h, params[a + "k_proj.weight"], params.get(a + "k_proj.bias"))
+    v = linear(h, params[a + "v_proj.weight"], params.get(a + "v_proj.bias"))
+    q = q.view(n, t, args.num_attention_heads, args.head_dim)
+    k = k.view(n, t, args.num_key_value_heads, args.head_dim)
+    v = v.view(n, t, args.num_key_value_heads, args.head_dim)
+    if args.qk_norm:
+        q = rms_norm(q, params[a + "q_norm.weight"], args.rms_norm_eps)
+        k = rms_norm(k, params[a + "k_norm.weight"], args.rms_norm_eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    out = attend(q, k, v, k_cache, v_cache, seq_ids, position_ids, prior, active)
+    return linear(out, params[a + "o_proj.weight"], params.get(a + "o_proj.bias"))

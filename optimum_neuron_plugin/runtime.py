@@ -1,0 +1,300 @@
+"""NeuronModelForCausalLM: owns the compiled graphs and the KV cache, runs the host loops.
+
+- prefill(): the per-sequence chunk loop (chunked_prefill or context_encoding calls)
+- decode():  one token_generation call for up to batch_size sequences
+- generate(): Hugging Face style generation on top of both
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import __version__, artifact, backends
+from .config import NeuronConfig
+from .errors import ArtifactError, ExportError, InputError
+from .graphs import TOKEN_GENERATION, DecoderGraph, graph_specs
+from .models.args import ModelArgs
+from .models.kv_cache import empty_cache
+from .models.llama import weight_names
+from .sampling import GREEDY, SamplingParams, draw_uniform, make_generator, params_tensor, sample_on_host
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    logits: torch.Tensor | None  # [n, vocab] fp32, cloned; only when sampled on the host
+
+
+class NeuronModelForCausalLM:
+    def __init__(
+        self,
+        args: ModelArgs,
+        neuron_config: NeuronConfig,
+        hf_config: dict,
+        params: dict[str, torch.Tensor],
+        graphs_dir: Path,
+        tokenizer: object | None = None,
+        generation_config: object | None = None,
+    ) -> None:
+        self.config, self.neuron_config, self.hf_config = args, neuron_config, hf_config
+        self.params, self.tokenizer, self.generation_config = params, tokenizer, generation_config
+        self.graph_names = [spec.name for spec in graph_specs(neuron_config)]
+        self.graphs_dir = Path(graphs_dir)
+        nc = neuron_config
+        self.caches = empty_cache(
+            args.num_hidden_layers, nc.batch_size, nc.sequence_length, args.num_key_value_heads, args.head_dim,
+            artifact.torch_dtype(nc),
+        )  # fmt: skip
+        self.graphs = backends.load_graphs(nc, args, self.graph_names, params, self.caches, self.graphs_dir)
+
+    # ---- export / save / load -------------------------------------------------------------
+
+    @classmethod
+    def export(
+        cls, model: str | Path, neuron_config: NeuronConfig, progress: Callable[[str], None] | None = None
+    ) -> NeuronModelForCausalLM:
+        progress = progress or (lambda message: None)
+        from .sources import load_source, read_config
+
+        _, args = read_config(model)
+        _check_model(neuron_config, args)
+        progress(f"loading weights of {model}")
+        source = load_source(model)
+        params = _to_params(source.state_dict, args, artifact.torch_dtype(neuron_config))
+        hf_config = {**source.hf_config, "architectures": [args.architecture]}
+        workdir = Path(tempfile.mkdtemp(prefix="onp-graphs-"))
+        caches = empty_cache(
+            args.num_hidden_layers, neuron_config.batch_size, neuron_config.sequence_length,
+            args.num_key_value_heads, args.head_dim, artifact.torch_dtype(neuron_config),
+        )  # fmt: skip
+        graphs = [DecoderGraph(args, spec, neuron_config.max_topk) for spec in graph_specs(neuron_config)]
+        backends.compile_graphs(neuron_config, args, graphs, params, caches, workdir, progress)
+        model_ = cls(args, neuron_config, hf_config, params, workdir, source.tokenizer, source.generation_config)
+        model_._workdir = workdir
+        return model_
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        artifact.save_config(self.hf_config, directory)
+        if self.tokenizer is not None:
+            self.tokenizer.save_pretrained(str(directory))
+        if self.generation_config is not None:
+            self.generation_config.save_pretrained(str(directory))
+        artifact.save_weights(self.params, directory)
+        for path in backends.graph_files(self.neuron_config, self.graphs_dir, self.graph_names):
+            target = directory / path.relative_to(self.graphs_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if path.resolve() != target.resolve():
+                shutil.copyfile(path, target)
+        versions = {"optimum_neuron_plugin_version": __version__}
+        self.neuron_config.save(directory, **versions, compiler=backends.compiler_version(self.neuron_config))
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path) -> NeuronModelForCausalLM:
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise ArtifactError(f"{directory}: not a directory; give the output directory of `optimum-cli export neuron`")
+        neuron_config = artifact.load_neuron_config(directory)
+        hf_config, args = artifact.load_config(directory)
+        for path in backends.graph_files(neuron_config, directory, [s.name for s in graph_specs(neuron_config)]):
+            if not path.is_file():
+                raise ArtifactError(f"{path}: missing compiled graph; export the model again")
+        params = artifact.load_weights(directory, weight_names(args))
+        tokenizer, generation_config = _load_tokenizer(directory)
+        try:
+            return cls(args, neuron_config, hf_config, params, directory, tokenizer, generation_config)
+        except (RuntimeError, OSError, ValueError) as error:
+            if isinstance(error, ArtifactError):
+                raise
+            raise ArtifactError(f"{directory / 'graphs'}: cannot load a compiled graph ({error}); export again") from None
+
+    # ---- host loops ---------------------------------------------------------------------------
+
+    def prefill_calls(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.neuron_config.prefill_length)
+
+    def prefill(self, seq_id: int, token_ids: Sequence[int], start: int = 0) -> torch.Tensor:
+        """The chunk loop: writes K/V of token_ids at positions [start, start + n) of slot seq_id.
+
+        Returns the fp32 logits [vocab] of the last token.
+        """
+        nc = self.neuron_config
+        tokens = [int(t) for t in token_ids]
+        self._check_seq_id(seq_id)
+        if not tokens:
+            raise InputError("prefill needs at least one token")
+        if start < 0 or start + len(tokens) > nc.sequence_length:
+            raise InputError(
+                f"positions {start}..{start + len(tokens) - 1} do not fit sequence_length {nc.sequence_length}: "
+                "shorten the prompt or export with a larger --sequence-length"
+            )
+        size = nc.prefill_length
+        seq_ids = torch.tensor([seq_id])
+        for offset in range(0, len(tokens), size):
+            chunk = tokens[offset : offset + size]
+            positions = list(range(start + offset, start + offset + len(chunk)))
+            # Pad a partial chunk by repeating its last token and position (see masks.actual_token_mask).
+            pad = size - len(chunk)
+            ids = torch.tensor([chunk + chunk[-1:] * pad])
+            pos = torch.tensor([positions + positions[-1:] * pad])
+            logits = self.graphs(nc.prefill_graph, ids, pos, seq_ids)
+        # Clone: the runtime may reuse the graph's output buffer on the next call.
+        return logits[0].clone()
+
+    def decode(
+        self,
+        seq_ids: Sequence[int],
+        token_ids: Sequence[int],
+        positions: Sequence[int],
+        sampling: Sequence[SamplingParams] | None = None,
+        generators: Sequence[torch.Generator | None] | None = None,
+    ) -> DecodeResult:
+        """One token_generation call: token_ids[i] at positions[i] of slot seq_ids[i]."""
+        nc = self.neuron_config
+        n = len(seq_ids)
+        sampling = list(sampling or [GREEDY] * n)
+        generators = list(generators or [None] * n)
+        self._check_decode(seq_ids, token_ids, positions, sampling, generators)
+        # Pad to batch_size by repeating row 0: identical inputs write identical K/V to the same place.
+        pad = nc.batch_size - n
+        rows = lambda values: torch.tensor([list(values) + [values[0]] * pad])  # noqa: E731
+        ids, pos, seqs = rows(token_ids).T, rows(positions).T, rows(seq_ids)[0]
+        if nc.on_device_sampling:
+            params = params_tensor(sampling + [sampling[0]] * pad, nc.max_topk)
+            uniform = torch.cat((draw_uniform(generators), torch.zeros(pad, 1)))
+            tokens = self.graphs(TOKEN_GENERATION, ids, pos, seqs, params, uniform)
+            return DecodeResult(tokens[:n].tolist(), None)
+        logits = self.graphs(TOKEN_GENERATION, ids, pos, seqs)[:n].clone()
+        return DecodeResult(sample_on_host(logits, sampling, generators).tolist(), logits)
+
+    def _check_seq_id(self, seq_id: int) -> None:
+        if not 0 <= seq_id < self.neuron_config.batch_size:
+            raise InputError(f"seq_id {seq_id} is out of range: slots are 0..{self.neuron_config.batch_size - 1}")
+
+    def _check_decode(self, seq_ids, token_ids, positions, sampling, generators) -> None:
+        nc = self.neuron_config
+        n = len(seq_ids)
+        if not 1 <= n <= nc.batch_size:
+            raise InputError(f"decode got {n} sequences; the model was compiled for batch_size {nc.batch_size}")
+        if not len(token_ids) == len(positions) == len(sampling) == len(generators) == n:
+            raise InputError("decode needs one token, position, sampling params and generator per sequence")
+        if len(set(seq_ids)) != n:
+            raise InputError(f"decode got duplicate seq_ids {list(seq_ids)}")
+        for seq_id in seq_ids:
+            self._check_seq_id(seq_id)
+        if any(not 0 <= p < nc.sequence_length for p in positions):
+            raise InputError(f"decode positions {list(positions)} exceed sequence_length {nc.sequence_length}")
+
+    # ---- Hugging Face style generation --------------------------------------------------------
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        max_new_tokens: int = 20,
+        do_sample: bool = False,
+        top_k: int = 50,
+        top_p: float = 1.0,
+        temperature: float = 1.0,
+        seed: int | None = None,
+        eos_token_id: int | list[int] | None = None,
+    ) -> torch.Tensor:
+        """Prompt plus new tokens per row, right-padded with the first eos id once a row stops."""
+        prompts = _prompts(input_ids, attention_mask)
+        nc = self.neuron_config
+        if len(prompts) > nc.batch_size:
+            raise InputError(f"generate got {len(prompts)} sequences; the model was compiled for batch_size {nc.batch_size}")
+        eos = _eos_ids(eos_token_id, self.config.eos_token_ids)
+        params = SamplingParams(top_k, top_p, temperature) if do_sample else GREEDY
+        generators = [make_generator(None if seed is None else seed + i) if do_sample else None for i in range(len(prompts))]
+        outputs: list[list[int]] = []
+        for slot, prompt in enumerate(prompts):
+            if len(prompt) >= nc.sequence_length:
+                raise InputError(
+                    f"prompt {slot} has {len(prompt)} tokens; sequence_length {nc.sequence_length} leaves no room to "
+                    "generate: shorten it or export with a larger --sequence-length"
+                )
+            logits = self.prefill(slot, prompt)
+            outputs.append([int(sample_on_host(logits[None], [params], [generators[slot]])[0])])
+        live = [i for i in range(len(prompts)) if outputs[i][-1] not in eos and max_new_tokens > 1]
+        while live:
+            positions = [len(prompts[i]) + len(outputs[i]) - 1 for i in live]
+            result = self.decode(live, [outputs[i][-1] for i in live], positions, [params] * len(live), [generators[i] for i in live])
+            for i, token in zip(live, result.tokens, strict=True):
+                outputs[i].append(token)
+            live = [
+                i for i in live
+                if token_ok(outputs[i], eos) and len(outputs[i]) < max_new_tokens
+                and len(prompts[i]) + len(outputs[i]) < nc.sequence_length
+            ]  # fmt: skip
+        return _pad_outputs(input_ids, prompts, outputs, eos[0] if eos else 0, attention_mask)
+
+
+def token_ok(tokens: list[int], eos: list[int]) -> bool:
+    return tokens[-1] not in eos
+
+
+def _check_model(neuron_config: NeuronConfig, args: ModelArgs) -> None:
+    neuron_config.check_model(args.max_position_embeddings, args.num_key_value_heads, args.num_attention_heads)
+    if args.sliding_window and args.sliding_window < neuron_config.sequence_length:
+        raise ExportError(
+            f"sequence_length={neuron_config.sequence_length} exceeds the model's sliding window ({args.sliding_window}); "
+            "use a sequence length at most the sliding window"
+        )
+
+
+def _to_params(state_dict: dict[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    names = weight_names(args)
+    missing = [n for n in names if n not in state_dict]
+    if missing:
+        raise ExportError(f"the checkpoint lacks weight(s) {', '.join(missing[:3])}")
+    return {n: state_dict[n].to(dtype).contiguous() for n in names}
+
+
+def _load_tokenizer(directory: Path) -> tuple[object | None, object | None]:
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = generation_config = None
+    if (directory / "tokenizer_config.json").is_file():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        except (OSError, ValueError) as error:
+            raise ArtifactError(f"{directory}: tokenizer files are unreadable ({error}); export again") from None
+    if (directory / "generation_config.json").is_file():
+        generation_config = GenerationConfig.from_pretrained(str(directory))
+    return tokenizer, generation_config
+
+
+def _prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> list[list[int]]:
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() == 1:
+        ids = ids[None]
+    mask = torch.ones_like(ids) if attention_mask is None else torch.as_tensor(attention_mask)
+    prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask, strict=True)]
+    if any(not p for p in prompts):
+        raise InputError("generate got an empty prompt")
+    return prompts
+
+
+def _eos_ids(eos_token_id: int | list[int] | None, default: list[int]) -> list[int]:
+    if eos_token_id is None:
+        return list(default)
+    return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+
+
+def _pad_outputs(input_ids, prompts, outputs, pad_id, attention_mask) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids)
+    if ids.dim() == 1:
+        ids = ids[None]
+    width = max(len(o) for o in outputs)
+    new = torch.full((len(outputs), width), pad_id, dtype=ids.dtype)
+    for i, tokens in enumerate(outputs):
+        new[i, : len(tokens)] = torch.tensor(tokens)
+    return torch.cat((ids, new), dim=1)

@@ -1,0 +1,62 @@
+"""Host side of sampling: per-request parameters, random draws, and the host sampler for logits.
+
+The first token of every request is sampled here from the prefill logits; later tokens are
+sampled on device by token_generation (hybrid), or here when the artifact has no on-device sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .models.sampling import sample
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    top_k: int = 1  # 1 is greedy; <= 0 means no top-k limit (capped at max_topk on device)
+    top_p: float = 1.0
+    temperature: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.top_k == 1 or self.temperature <= 0
+
+    def as_row(self, max_k: int) -> list[float]:
+        if self.greedy:
+            return [1.0, 1.0, 1.0]
+        top_k = max_k if self.top_k <= 0 else min(self.top_k, max_k)
+        return [float(top_k), float(self.top_p), float(self.temperature)]
+
+
+GREEDY = SamplingParams()
+
+
+def make_generator(seed: int | None) -> torch.Generator:
+    generator = torch.Generator()
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator
+
+
+def draw_uniform(generators: list[torch.Generator | None]) -> torch.Tensor:
+    """One uniform per row from the row's own generator ([n, 1]); rows without one get 0 (greedy)."""
+    values = [torch.rand(1, generator=g) if g is not None else torch.zeros(1) for g in generators]
+    return torch.stack(values) if values else torch.zeros(0, 1)
+
+
+def params_tensor(params: list[SamplingParams], max_k: int) -> torch.Tensor:
+    return torch.tensor([p.as_row(max_k) for p in params], dtype=torch.float32)
+
+
+def sample_on_host(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """logits [n, V] -> token ids [n], with the same algorithm as the on-device sampler over the full vocab."""
+    vocab = logits.shape[-1]
+    if all(p.greedy for p in params):
+        return logits.argmax(dim=-1)
+    return sample(logits, params_tensor(params, vocab), draw_uniform(generators), vocab)

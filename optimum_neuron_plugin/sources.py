@@ -1,0 +1,79 @@
+"""Model sources: a local Hugging Face directory, a .gguf file, or a hub model id, read through transformers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .errors import ExportError
+from .models.args import ModelArgs, UnsupportedModelError
+
+
+@dataclass
+class Source:
+    hf_config: dict
+    args: ModelArgs
+    state_dict: dict[str, torch.Tensor]
+    tokenizer: object | None
+    generation_config: object | None
+
+
+def _location(model: str | Path) -> tuple[str, dict]:
+    path = Path(model)
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ExportError(f"model file {path} does not exist")
+        return str(path.parent), {"gguf_file": path.name}
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ExportError(f"{path} is not a Hugging Face model directory (no config.json) nor a .gguf file")
+        return str(path), {}
+    if str(model).startswith((".", "/")) or str(model).count("/") > 1:
+        raise ExportError(f"model {model} does not exist (expected a model directory, a .gguf file or a hub id)")
+    return str(model), {}
+
+
+def read_config(model: str | Path) -> tuple[dict, ModelArgs]:
+    """The model's Hugging Face config and ModelArgs, without loading weights (fails fast)."""
+    from transformers import AutoConfig
+
+    location, kwargs = _location(model)
+    try:
+        config = AutoConfig.from_pretrained(location, **kwargs)
+    except OSError as error:
+        raise ExportError(f"cannot read model {model}: {_first_line(error)}") from None
+    except ValueError as error:
+        raise ExportError(f"cannot read model {model}: {_first_line(error)}") from None
+    hf_config = config.to_dict()
+    try:
+        return hf_config, ModelArgs.from_hf_config(hf_config)
+    except UnsupportedModelError as error:
+        raise ExportError(f"model {model}: {error}") from None
+
+
+def load_source(model: str | Path) -> Source:
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    hf_config, args = read_config(model)
+    location, kwargs = _location(model)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
+    except (OSError, ValueError, RuntimeError) as error:
+        raise ExportError(f"cannot load the weights of {model}: {_first_line(error)}") from None
+    state_dict = {k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+    try:
+        generation_config = GenerationConfig.from_pretrained(location, **kwargs)
+    except (OSError, ValueError, TypeError):
+        generation_config = None
+    return Source(hf_model.config.to_dict(), args, state_dict, tokenizer, generation_config)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__

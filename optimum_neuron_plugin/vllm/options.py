@@ -1,0 +1,69 @@
+"""Plugin options, read from environment variables with this project's own `ONP_` prefix.
+
+vLLM warns about (or, with `--fail-on-environ-validation`, rejects) unknown names that start
+with `VLLM_`, so the plugin never uses that prefix.
+
+- `ONP_BACKEND`: `cpu` activates the plugin on a host without Neuron devices, serving an artifact
+  exported with the CPU reference backend; `neuron` activates it unconditionally; `off` never
+  activates it. Unset: active only when Neuron devices (/dev/neuron0) are present.
+- `ONP_PREFILL_MODE`: `serial` (default) or `interleaved`, see `PrefillMode`. vLLM's
+  `--additional-config '{"prefill_mode": "interleaved"}'` takes precedence over the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+
+BACKEND_ENV = "ONP_BACKEND"
+PREFILL_MODE_ENV = "ONP_PREFILL_MODE"
+PREFILL_MODE_KEY = "prefill_mode"
+NEURON_DEVICE = Path("/dev/neuron0")
+
+
+class PrefillMode(str, Enum):
+    """How prompts are prefilled.
+
+    SERIAL: vLLM schedules each prompt whole; the runner prefills it in one step with its own
+    chunk loop (one graph call per compiled chunk), after the step's batched decode.
+    INTERLEAVED: vLLM's scheduler chunks prompts under its per-step token budget
+    (max_num_batched_tokens); the runner prefills the scheduled slice of each prompt in the same
+    step as the decode of the running requests, so a long prompt does not stall them.
+    """
+
+    SERIAL = "serial"
+    INTERLEAVED = "interleaved"
+
+
+def backend_requested() -> str:
+    return os.environ.get(BACKEND_ENV, "").strip().lower()
+
+
+def neuron_devices_present() -> bool:
+    return NEURON_DEVICE.exists()
+
+
+def plugin_enabled() -> bool:
+    requested = backend_requested()
+    if requested in ("cpu", "neuron"):
+        return True
+    if requested in ("off", "none", "0"):
+        return False
+    return neuron_devices_present()
+
+
+def prefill_mode(additional_config: object = None) -> PrefillMode:
+    value = None
+    if isinstance(additional_config, dict):
+        value = additional_config.get(PREFILL_MODE_KEY)
+    if value is None:
+        value = os.environ.get(PREFILL_MODE_ENV) or PrefillMode.SERIAL.value
+    try:
+        return PrefillMode(str(value).strip().lower())
+    except ValueError:
+        allowed = ", ".join(m.value for m in PrefillMode)
+        raise ValueError(
+            f"prefill mode {value!r} is not allowed: set {PREFILL_MODE_ENV} (or additional_config "
+            f"{PREFILL_MODE_KEY!r}) to one of {allowed}"
+        ) from None

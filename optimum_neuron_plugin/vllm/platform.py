@@ -1,0 +1,98 @@
+"""NeuronPlatform: vLLM's view of a host that runs compiled graphs (Neuron cores or the CPU reference backend).
+
+Tensors that vLLM sees stay on the host (device_type "cpu"); the runtime moves data to the
+Neuron device itself. vLLM's own model code, kernels and attention backends are never used.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.platforms.interface import Platform, PlatformEnum
+
+from .engine_config import ServingLimits, fit_to_artifact
+from .request_checks import check_request
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+
+class NeuronPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "neuron"
+    device_type: str = "cpu"
+    dispatch_key: str = "CPU"
+    dist_backend: str = "gloo"
+    device_control_env_var: str = "NEURON_RT_VISIBLE_CORES"
+    simple_compile_backend: str = "eager"
+    supported_quantization: list[str] = []
+
+    # Set by check_and_update_config in the process that builds the engine config, which is the
+    # process that validates requests (front end); None until a model is configured.
+    serving_limits: ServingLimits | None = None
+
+    def is_cpu(self) -> bool:
+        # No torch accelerator exists here: vLLM must take its host paths, e.g. skip
+        # torch.accelerator.empty_cache() at teardown, which raises without an accelerator.
+        return True
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return cls.device_name
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+    @classmethod
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
+        return 0.0
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        """Nothing to select: the runtime owns its Neuron cores."""
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        """No device RNG: every request samples from its own host torch.Generator."""
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        """No vLLM kernels are used (vllm._C of a CPU wheel may not even load on this CPU)."""
+
+    @classmethod
+    def import_ir_kernels(cls) -> None:
+        """No vLLM IR kernels are used."""
+
+    @classmethod
+    def inference_mode(cls):
+        return torch.no_grad()
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def update_block_size_for_backend(cls, vllm_config: VllmConfig) -> None:
+        """No vLLM attention backend: the block size is bookkeeping only."""
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        if vllm_config.model_config is None:
+            return
+        cls.serving_limits = fit_to_artifact(vllm_config)
+
+    @classmethod
+    def validate_request(cls, processed_inputs, params) -> None:
+        if cls.serving_limits is not None:
+            check_request(cls.serving_limits, processed_inputs, params)
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        raise NotImplementedError("the Neuron plugin runs compiled graphs; vLLM attention backends are not used")
