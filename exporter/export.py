@@ -119,9 +119,9 @@ def check_output(output: Path, overwrite: bool, model_path: Path | None = None) 
         if any(target.iterdir()) and not overwrite:
             raise ExportInputError(f"output directory {output} exists and is not empty; pass --overwrite to replace it")
     if model_path is not None:
+        # Replacing OUTPUT must never delete the model being read: refuse OUTPUT == model or one of its ancestors.
         source = Path(os.path.realpath(model_path))
-        source_dir = source if source.is_dir() else source.parent
-        if target == source_dir or target in source_dir.parents or source_dir in target.parents:
+        if target == source or target in source.parents:
             raise ExportInputError(
                 f"output {output} overlaps the model source {model_path}; choose another output directory"
             )
@@ -193,22 +193,20 @@ def _version(distribution: str) -> str | None:
 
 
 def version_fields(backend: str) -> dict[str, object]:
-    """Versions of this package and of the compiler that produced the graphs (no timestamps: exports are
-    byte-for-byte reproducible)."""
-    import torch
+    """Versions recorded beside the configuration: this package, the compiler that produced the graphs (the
+    runtime's save_pretrained writes both; these are fallbacks) and transformers, which read the checkpoint.
+    No timestamps or paths: exporting the same model twice gives a byte-identical neuron_config.json."""
+    if backend == "neuron":
+        compiler = {"name": "neuronx-cc", "version": _version("neuronx-cc")}
+    else:
+        import torch
 
-    fields: dict[str, object] = {
+        compiler = {"name": "torch.export", "version": torch.__version__}
+    return {
         "optimum_neuron_plugin_version": _version("optimum-neuron-plugin"),
-        "torch_version": torch.__version__,
+        "compiler": compiler,
         "transformers_version": _version("transformers"),
     }
-    if backend == "neuron":
-        fields["compiler"] = {"name": "neuronx-cc", "version": _version("neuronx-cc")}
-        fields["torch_neuronx_version"] = _version("torch-neuronx")
-        fields["neuronx_distributed_version"] = _version("neuronx-distributed")
-    else:
-        fields["compiler"] = {"name": "torch.export", "version": torch.__version__}
-    return fields
 
 
 def record_versions(directory: Path, backend: str) -> None:
@@ -262,12 +260,18 @@ def export(request: ExportRequest, progress: Callable[[str], None] = _progress) 
 
     start = time.monotonic()
     model = NeuronModelForCausalLM.export(source, config, progress=progress)
-    progress(f"compiled {len(model.graph_names)} graph(s) in {time.monotonic() - start:.1f} s")
-    with staging_directory(target) as staging:
-        progress(f"writing {request.output}")
-        model.save_pretrained(staging)
-        record_versions(staging, config.backend)
-        publish(staging, target, request.overwrite)
+    try:
+        progress(f"compiled {len(model.graph_names)} graph(s) in {time.monotonic() - start:.1f} s")
+        with staging_directory(target) as staging:
+            progress(f"writing {request.output}")
+            model.save_pretrained(staging)
+            record_versions(staging, config.backend)
+            publish(staging, target, request.overwrite)
+    finally:
+        # The runtime compiles into a scratch directory it keeps for the model's lifetime; the CLI is done with it.
+        workdir = getattr(model, "_workdir", None)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
     return target
 
 

@@ -1,0 +1,370 @@
+"""The real `optimum-cli export neuron` in a subprocess, on tiny random-weight models and once on SmolLM2.
+
+Successful exports must load with NeuronModelForCausalLM.from_pretrained and generate HF transformers' greedy
+tokens; every refused input must exit non-zero with one `error:` line, no traceback, and leave nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .helpers import INFO_CLI, cli_env, leftovers, run_export, smollm2_gguf
+
+PROMPT = (
+    "The quick brown fox jumps over the lazy dog, and then it runs far away into the forest where nobody "
+    "can find it. Later that evening, the farmer walks out to the field and counts his sheep twice."
+)
+NEW_TOKENS = 12
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def hf_greedy(model, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    """Greedy decoding with plain forward passes (no generation-config surprises)."""
+    import torch
+
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            next_id = model(ids).logits[0, -1].argmax()
+            ids = torch.cat([ids, next_id.view(1, 1)], dim=1)
+    return ids[0, len(prompt_ids) :].tolist()
+
+
+def plugin_greedy(directory: Path, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    import torch
+
+    from optimum_neuron_plugin.runtime import NeuronModelForCausalLM
+
+    model = NeuronModelForCausalLM.from_pretrained(directory)
+    out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=[])
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
+    for i, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: i + 1]
+    return tokens
+
+
+def assert_same_greedy(exported: Path, hf_model, prompt_ids: list[int], eos: set[int], new_tokens=NEW_TOKENS):
+    expected = until_eos(hf_greedy(hf_model, prompt_ids, new_tokens), eos)
+    actual = until_eos(plugin_greedy(exported, prompt_ids, new_tokens), eos)
+    assert actual == expected
+
+
+def load_hf(model_dir: Path, **kwargs):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **kwargs).eval()
+
+
+def prompt_ids(model_dir: Path, **kwargs) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir, **kwargs)(PROMPT)["input_ids"]
+
+
+def neuron_config(directory: Path) -> dict:
+    return json.loads((directory / "neuron_config.json").read_text())
+
+
+def assert_refused(result, output: Path, *phrases: str, returncode: int = 1) -> str:
+    """Non-zero exit, exactly one `error:` line holding every phrase, no traceback, nothing left behind."""
+    assert result.returncode == returncode, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    assert len(result.error_lines) == 1, result.stderr
+    line = result.error_lines[0]
+    for phrase in phrases:
+        assert phrase.lower() in line.lower(), line
+    assert not output.exists(), sorted(output.iterdir()) if output.is_dir() else output
+    assert leftovers(output.parent) == []
+    return line
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+TINY_ARGS = ["--batch-size", "2", "--sequence-length", "64", "--backend", "cpu"]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# successful exports
+# ----------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_export(tiny_models, tmp_path_factory) -> tuple[Path, object]:
+    """One chunked export of the tiny Llama shared by several tests (the slow part of this module)."""
+    output = tmp_path_factory.mktemp("llama") / "exported"
+    result = run_export("--model", tiny_models["llama"], *TINY_ARGS, "--prefill-chunk-size", "16", output)
+    assert result.returncode == 0, result.stderr
+    return output, result
+
+
+def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
+    output, result = llama_export
+    files = set(tree(output))
+    for name in ("config.json", "neuron_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert name in files, sorted(files)
+    graphs = sorted(f for f in files if f.startswith("graphs/"))
+    assert [Path(g).stem for g in graphs] == ["chunked_prefill", "token_generation"], graphs
+    assert [f for f in files if f.endswith(".safetensors")] == ["model.safetensors"]  # weights once
+    # progress and summary
+    assert "[export]" in result.stdout and "chunked_prefill" in result.stdout
+    assert f"Exported {tiny_models['llama']}" in result.stdout
+    assert leftovers(output.parent) == []
+
+    config = neuron_config(output)
+    assert config["batch_size"] == 2 and config["sequence_length"] == 64 and config["prefill_chunk_size"] == 16
+    assert config["backend"] == "cpu" and config["torch_dtype"] == "float32" and config["tp_degree"] == 1
+    assert config["on_device_sampling"] is True and config["max_topk"] == 256 and config["target"] is None
+    assert config["optimum_neuron_plugin_version"]
+    assert config["compiler"]["name"] and config["compiler"]["version"]
+
+    ids = prompt_ids(tiny_models["llama"])
+    assert len(ids) > 2 * 16  # several chunks
+    assert_same_greedy(output, load_hf(tiny_models["llama"]), ids, eos=set())
+
+
+def test_export_is_deterministic(llama_export, tiny_models, tmp_path):
+    first, _ = llama_export
+    second = tmp_path / "again"
+    result = run_export("--model", tiny_models["llama"], *TINY_ARGS, "--prefill-chunk-size", "16", second)
+    assert result.returncode == 0, result.stderr
+    for name in ("neuron_config.json", "model.safetensors", "config.json"):
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+
+
+def test_export_qwen2_underscore_spelling_context_encoding(tiny_models, tmp_path):
+    # Underscore spelling, automatic chunk size (64 <= 1024: no chunking), host sampling.
+    output = tmp_path / "qwen2"
+    result = run_export(
+        "--model", tiny_models["qwen2"], "--batch_size", "1", "--sequence_length", "64", "--backend", "cpu",
+        "--no_on_device_sampling", "--max_topk", "8", output,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    config = neuron_config(output)
+    assert config["prefill_chunk_size"] == 0 and config["on_device_sampling"] is False and config["max_topk"] == 8
+    assert sorted(p.stem for p in (output / "graphs").iterdir()) == ["context_encoding", "token_generation"]
+    assert_same_greedy(output, load_hf(tiny_models["qwen2"]), prompt_ids(tiny_models["qwen2"]), eos=set())
+
+
+def test_overwrite_replaces_a_non_empty_directory(llama_export, tiny_models, tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "stale.txt").write_text("from a previous export")
+    result = run_export(
+        "--model", tiny_models["llama"], *TINY_ARGS, "--prefill-chunk-size", "16", "--overwrite", output
+    )
+    assert result.returncode == 0, result.stderr
+    assert not (output / "stale.txt").exists()
+    assert (output / "model.safetensors").read_bytes() == (llama_export[0] / "model.safetensors").read_bytes()
+    assert leftovers(tmp_path) == []
+
+
+def test_empty_existing_directory_and_missing_parents_are_fine(tiny_models, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    nested = tmp_path / "a" / "b" / "out"
+    for output in (empty, nested):
+        result = run_export("--model", tiny_models["llama"], "--batch-size", "1", "--sequence-length", "32", output)
+        assert result.returncode == 0, result.stderr
+        assert (output / "neuron_config.json").is_file()
+    assert leftovers(tmp_path) == []
+
+
+def test_info_command_describes_an_export(llama_export, tmp_path):
+    output, _ = llama_export
+    done = subprocess.run([str(INFO_CLI), str(output)], capture_output=True, text=True, env=cli_env())
+    assert done.returncode == 0, done.stderr
+    for text in (
+        "LlamaForCausalLM",
+        "prefill_chunk_size: 16",
+        "chunked_prefill",
+        "token_generation",
+        "model.safetensors",
+    ):
+        assert text in done.stdout
+    refused = subprocess.run([str(INFO_CLI), str(tmp_path)], capture_output=True, text=True, env=cli_env())
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith("error:") and "neuron_config.json" in refused.stderr
+
+
+@pytest.mark.slow
+def test_export_smollm2_gguf_matches_hf(tmp_path):
+    gguf = smollm2_gguf()
+    output = tmp_path / "smollm2"
+    result = run_export(
+        "--model", gguf, "--batch-size", "2", "--sequence-length", "256", "--prefill-chunk-size", "32",
+        "--backend", "cpu", output, timeout=1800,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert neuron_config(output)["prefill_chunk_size"] == 32
+    tokenizer_config = json.loads((output / "tokenizer_config.json").read_text())
+    assert tokenizer_config.get("chat_template") or (output / "chat_template.jinja").is_file()
+    ids = prompt_ids(gguf.parent, gguf_file=gguf.name)
+    hf = load_hf(gguf.parent, gguf_file=gguf.name)
+    assert_same_greedy(output, hf, ids, eos={hf.config.eos_token_id} - {None}, new_tokens=16)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# refused inputs: exit code, one-line message, nothing left behind
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_missing_model_path(tmp_path):
+    output = tmp_path / "out"
+    for model in (tmp_path / "nope", tmp_path / "nope.gguf", "./relative/missing"):
+        assert_refused(run_export("--model", model, *TINY_ARGS, output), output, "not found")
+
+
+def test_model_directory_without_config(tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "README.md").write_text("not a model")
+    output = tmp_path / "out"
+    assert_refused(run_export("--model", tmp_path / "model", *TINY_ARGS, output), output, "config.json")
+
+
+def test_unreadable_model_config(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{ this is not json")
+    output = tmp_path / "out"
+    assert_refused(run_export("--model", model, *TINY_ARGS, output), output, "cannot read model")
+
+
+# The runtime's sources.py wraps only OSError/ValueError/RuntimeError; safetensors raises SafetensorError and the
+# GGUF reader struct.error. Reported to the lead: wrap every exception raised while reading a model in ExportError.
+LEAKS_READER_ERRORS = pytest.mark.xfail(
+    reason="optimum_neuron_plugin/sources.py lets SafetensorError / struct.error escape (traceback)", strict=False
+)
+
+
+@LEAKS_READER_ERRORS
+def test_corrupt_weights(tiny_models, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_models["llama"], model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # truncated
+    output = tmp_path / "out"
+    assert_refused(run_export("--model", model, *TINY_ARGS, output), output, "weights")
+
+
+@LEAKS_READER_ERRORS
+def test_corrupt_gguf(tmp_path):
+    gguf = tmp_path / "broken.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 64)
+    output = tmp_path / "out"
+    assert_refused(run_export("--model", gguf, *TINY_ARGS, output), output, "broken.gguf")
+
+
+def test_unsupported_architecture(tiny_models, tmp_path):
+    output = tmp_path / "out"
+    line = assert_refused(run_export("--model", tiny_models["gpt2"], *TINY_ARGS, output), output, "GPT2LMHeadModel")
+    for supported in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+        assert supported in line
+
+
+def test_chunk_larger_than_sequence_length(tiny_llama, tmp_path):
+    output = tmp_path / "out"
+    result = run_export("--model", tiny_llama, *TINY_ARGS, "--prefill-chunk-size", "128", output)
+    assert_refused(result, output, "prefill_chunk_size=128", "sequence_length (64)")
+
+
+def test_sequence_length_above_max_positions(tiny_llama, tmp_path):
+    output = tmp_path / "out"
+    result = run_export("--model", tiny_llama, "--batch-size", "1", "--sequence-length", "256", output)
+    assert_refused(result, output, "sequence_length=256", "max_position_embeddings (128)")
+
+
+@pytest.mark.parametrize("batch_size", ["0", "-2"])
+def test_batch_size_below_one(tiny_llama, tmp_path, batch_size):
+    output = tmp_path / "out"
+    result = run_export("--model", tiny_llama, "--batch-size", batch_size, "--sequence-length", "64", output)
+    assert_refused(result, output, f"batch_size={batch_size}", ">= 1")
+
+
+def test_tensor_parallel_size_the_model_cannot_be_split_by(tiny_llama, tmp_path):
+    output = tmp_path / "out"
+    result = run_export("--model", tiny_llama, *TINY_ARGS, "--tensor-parallel-size", "3", output)
+    assert_refused(result, output, "tp_degree=3", "attention heads (4)")
+
+
+def test_non_empty_output_without_overwrite(tiny_llama, tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "keep.txt").write_text("precious")
+    result = run_export("--model", tiny_llama, *TINY_ARGS, output)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert len(result.error_lines) == 1 and "--overwrite" in result.error_lines[0]
+    assert tree(output) == {"keep.txt": b"precious"}
+    assert leftovers(tmp_path) == []
+
+
+def test_output_is_a_file(tiny_llama, tmp_path):
+    output = tmp_path / "out"
+    output.write_text("a file")
+    result = run_export("--model", tiny_llama, *TINY_ARGS, "--overwrite", output)
+    assert result.returncode == 1 and len(result.error_lines) == 1 and "not a directory" in result.error_lines[0]
+    assert output.read_text() == "a file"
+    assert leftovers(tmp_path) == []
+
+
+def test_output_overlapping_the_model(tiny_models, tmp_path):
+    # --overwrite must never delete the model being exported: OUTPUT may not be it or one of its ancestors.
+    model = tmp_path / "models" / "model"
+    shutil.copytree(tiny_models["llama"], model)
+    before = tree(model)
+    for output in (model, model.parent):
+        result = run_export("--model", model, *TINY_ARGS, "--overwrite", output)
+        assert result.returncode == 1 and len(result.error_lines) == 1, result.stderr
+        assert "overlaps the model" in result.error_lines[0]
+    assert tree(model) == before
+
+
+def test_offline_hub_id(tmp_path):
+    output = tmp_path / "out"
+    result = run_export("--model", "HuggingFaceTB/SmolLM2-135M-Instruct", *TINY_ARGS, output)
+    assert_refused(result, output, "HuggingFaceTB/SmolLM2-135M-Instruct", "cannot be downloaded", "HF_HUB_OFFLINE")
+
+
+def test_neuron_backend_without_sdk(tiny_llama, tmp_path):
+    pytest.importorskip("optimum_neuron_plugin.backends.neuron")
+    try:
+        import torch_neuronx  # noqa: F401
+
+        pytest.skip("the Neuron SDK is installed")
+    except ImportError:
+        pass
+    output = tmp_path / "out"
+    result = run_export(
+        "--model", tiny_llama, "--batch-size", "1", "--sequence-length", "64", "--backend", "neuron",
+        "--instance-type", "trn1", output,
+    )  # fmt: skip
+    assert_refused(result, output, "torch-neuronx", "neuronx-distributed")
+
+
+def test_invalid_option_values_are_argparse_errors(tiny_llama, tmp_path):
+    output = tmp_path / "out"
+    for bad in (["--torch-dtype", "int8"], ["--instance-type", "p4d"], ["--backend", "gpu"], ["--batch-size", "x"]):
+        result = run_export("--model", tiny_llama, "--batch-size", "1", "--sequence-length", "64", *bad, output)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+        assert not output.exists()
+
+
+def test_max_topk_below_one(tiny_llama, tmp_path):
+    output = tmp_path / "out"
+    result = run_export("--model", tiny_llama, *TINY_ARGS, "--max-topk", "0", output)
+    assert_refused(result, output, "max_topk=0")
