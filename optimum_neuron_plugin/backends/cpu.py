@@ -25,6 +25,8 @@ def compile_graph(graph: DecoderGraph, params: dict, caches: list[torch.Tensor],
     args = (params, caches, *example_inputs(graph.spec))
     with torch.no_grad():
         program = torch.export.export(graph, args, strict=False)
+    # The program would otherwise save its example inputs: a full copy of the weights per graph.
+    program._example_inputs = None
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(program, str(path))
 
