@@ -100,7 +100,9 @@ class NeuronModelForCausalLM:
     def from_pretrained(cls, directory: str | Path) -> NeuronModelForCausalLM:
         directory = Path(directory)
         if not directory.is_dir():
-            raise ArtifactError(f"{directory}: not a directory; give the output directory of `optimum-cli export neuron`")
+            raise ArtifactError(
+                f"{directory}: not a directory; give the output directory of `optimum-cli export neuron`"
+            )
         neuron_config = artifact.load_neuron_config(directory)
         hf_config, args = artifact.load_config(directory)
         for path in backends.graph_files(neuron_config, directory, [s.name for s in graph_specs(neuron_config)]):
@@ -113,7 +115,9 @@ class NeuronModelForCausalLM:
         except (RuntimeError, OSError, ValueError) as error:
             if isinstance(error, ArtifactError):
                 raise
-            raise ArtifactError(f"{directory / 'graphs'}: cannot load a compiled graph ({error}); export again") from None
+            raise ArtifactError(
+                f"{directory / 'graphs'}: cannot load a compiled graph ({error}); export again"
+            ) from None
 
     # ---- host loops ---------------------------------------------------------------------------
 
@@ -210,10 +214,14 @@ class NeuronModelForCausalLM:
         prompts = _prompts(input_ids, attention_mask)
         nc = self.neuron_config
         if len(prompts) > nc.batch_size:
-            raise InputError(f"generate got {len(prompts)} sequences; the model was compiled for batch_size {nc.batch_size}")
+            raise InputError(
+                f"generate got {len(prompts)} sequences; the model was compiled for batch_size {nc.batch_size}"
+            )
         eos = _eos_ids(eos_token_id, self.config.eos_token_ids)
         params = SamplingParams(top_k, top_p, temperature) if do_sample else GREEDY
-        generators = [make_generator(None if seed is None else seed + i) if do_sample else None for i in range(len(prompts))]
+        generators = [
+            make_generator(None if seed is None else seed + i) if do_sample else None for i in range(len(prompts))
+        ]
         outputs: list[list[int]] = []
         for slot, prompt in enumerate(prompts):
             if len(prompt) >= nc.sequence_length:
@@ -226,7 +234,9 @@ class NeuronModelForCausalLM:
         live = [i for i in range(len(prompts)) if outputs[i][-1] not in eos and max_new_tokens > 1]
         while live:
             positions = [len(prompts[i]) + len(outputs[i]) - 1 for i in live]
-            result = self.decode(live, [outputs[i][-1] for i in live], positions, [params] * len(live), [generators[i] for i in live])
+            result = self.decode(
+                live, [outputs[i][-1] for i in live], positions, [params] * len(live), [generators[i] for i in live]
+            )
             for i, token in zip(live, result.tokens, strict=True):
                 outputs[i].append(token)
             live = [

