@@ -142,9 +142,10 @@ def _fit_scheduler(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: P
         # Whole prompts only: the runner's chunk loop does the chunking. The budget must hold a
         # full-length prompt next to every running decode, or such a prompt would wait.
         scheduler_config.enable_chunked_prefill = False
-        scheduler_config.max_num_batched_tokens = max(
-            scheduler_config.max_num_batched_tokens, max_model_len + scheduler_config.max_num_seqs
-        )
+        # (More than max_num_seqs full prompts per step is never useful.)
+        seqs = scheduler_config.max_num_seqs
+        budget = min(scheduler_config.max_num_batched_tokens, seqs * max_model_len)
+        scheduler_config.max_num_batched_tokens = max(budget, max_model_len + seqs)
     else:
         scheduler_config.enable_chunked_prefill = True
         if scheduler_config.max_num_batched_tokens in VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS:
@@ -155,7 +156,9 @@ def _fit_scheduler(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: P
                 "prefill_mode=interleaved with an artifact compiled without prefill chunks: every partial prefill "
                 "costs a full sequence_length graph call; export with --prefill-chunk-size for interleaving"
             )
-    scheduler_config.max_num_batched_tokens = max(scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs)
+    scheduler_config.max_num_batched_tokens = max(
+        scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs
+    )
     scheduler_config.verify_max_model_len(max_model_len)
 
 

@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from .engine_config import ServingLimits, fit_to_artifact
-from .request_checks import check_request
-
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+    from .engine_config import ServingLimits
+
+# vllm.config imports this module while it resolves the platform: modules that import
+# vllm.config (engine_config, request_checks) are imported inside the methods that need them.
 
 
 class NeuronPlatform(Platform):
@@ -86,11 +88,15 @@ class NeuronPlatform(Platform):
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         if vllm_config.model_config is None:
             return
+        from .engine_config import fit_to_artifact
+
         cls.serving_limits = fit_to_artifact(vllm_config)
 
     @classmethod
     def validate_request(cls, processed_inputs, params) -> None:
         if cls.serving_limits is not None:
+            from .request_checks import check_request
+
             check_request(cls.serving_limits, processed_inputs, params)
 
     @classmethod

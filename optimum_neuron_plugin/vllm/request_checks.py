@@ -85,7 +85,9 @@ def _check_on_device_sampling(limits: ServingLimits, params: SamplingParams) -> 
     if params.min_p > 0.0:
         raise VLLMValidationError(f"min_p is not supported {hint}", parameter="min_p", value=params.min_p)
     if params.min_tokens > 0:
-        raise VLLMValidationError(f"min_tokens is not supported {hint}", parameter="min_tokens", value=params.min_tokens)
+        raise VLLMValidationError(
+            f"min_tokens is not supported {hint}", parameter="min_tokens", value=params.min_tokens
+        )
     if params.top_k > limits.max_topk:
         raise VLLMValidationError(
             f"top_k={params.top_k} exceeds the artifact's on-device max_topk={limits.max_topk}: use top_k <= "

