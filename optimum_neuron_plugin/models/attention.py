@@ -29,20 +29,23 @@ def attend(
 ) -> torch.Tensor:
     """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D]; then writes k/v into the cache rows of seq_ids.
 
-    prior [n, 1, S] masks cached keys, active [n, T, T] the keys of this call.
+    prior [n, 1, S] masks the cached keys, active [n, T, T] the keys of this call. Prior and
+    active keys are scored separately so the cache rows are never concatenated (copied).
     """
     n, t, heads, dim = q.shape
     kv_heads = k.shape[2]
     groups = heads // kv_heads
+    # GQA without repeating K/V: queries as [n, KVH, G*T, D] against keys [n, KVH, S or T, D].
+    qg = q.view(n, t, kv_heads, groups, dim).permute(0, 2, 3, 1, 4).reshape(n, kv_heads, groups * t, dim)
     prior_k, prior_v = kv_cache.read(k_cache, seq_ids), kv_cache.read(v_cache, seq_ids)
-    # [n, KVH, G, T, D] queries against [n, KVH, 1, S+T, D] keys: GQA without repeating K/V.
-    qg = q.view(n, t, kv_heads, groups, dim).permute(0, 2, 3, 1, 4)
-    keys = torch.cat((prior_k, k), dim=1).permute(0, 2, 1, 3)[:, :, None]
-    values = torch.cat((prior_v, v), dim=1).permute(0, 2, 1, 3)[:, :, None]
-    scores = torch.matmul(qg, keys.transpose(-1, -2)) * dim**-0.5
-    mask = torch.cat((prior.expand(n, t, -1), active), dim=-1)[:, None, None]
+    active_k, active_v = k.transpose(1, 2), v.transpose(1, 2)
+    scale = dim**-0.5
+    scores = torch.cat((qg @ prior_k.transpose(-1, -2), qg @ active_k.transpose(-1, -2)), dim=-1) * scale
+    mask = torch.cat((prior.expand(n, t, -1), active), dim=-1)  # [n, T, S+T]
+    mask = mask[:, None, None].expand(n, 1, groups, t, -1).reshape(n, 1, groups * t, -1)
     weights = masked_softmax(scores, mask).to(q.dtype)
-    out = torch.matmul(weights, values)  # [n, KVH, G, T, D]
+    length = prior_k.shape[2]
+    out = weights[..., :length] @ prior_v + weights[..., length:] @ active_v  # [n, KVH, G*T, D]
     kv_cache.write(k_cache, seq_ids, position_ids, k)
     kv_cache.write(v_cache, seq_ids, position_ids, v)
-    return out.permute(0, 3, 1, 2, 4).reshape(n, t, heads * dim)
+    return out.view(n, kv_heads, groups, t, dim).permute(0, 3, 1, 2, 4).reshape(n, t, heads * dim)

@@ -1,8 +1,9 @@
-"""KV cache: one K and one V tensor per layer, [cache_rows, S, kv_heads, head_dim], written in place.
+"""KV cache: one K and one V tensor per layer, [cache_rows, kv_heads, S, head_dim], written in place.
 
-Row r holds sequence slot seq_id r. The layout makes the flat index `seq_id * S + position`
-a plain view, so each graph writes its new K/V with one scatter (index_copy_) into the state
-it was given; the cache never travels to the host.
+Row r holds sequence slot seq_id r. A token's K/V for head h lives at flat row
+`(seq_id * kv_heads + h) * S + position` of the cache viewed as [rows * kv_heads * S, head_dim],
+so each graph writes all its new K/V with one scatter (index_copy_) into the state it was given;
+the cache never travels to the host. Reads need no transpose: a row is already [kv_heads, S, head_dim].
 """
 
 from __future__ import annotations
@@ -13,17 +14,18 @@ import torch
 def empty_cache(
     num_layers: int, rows: int, sequence_length: int, kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> list[torch.Tensor]:
-    shape = (rows, sequence_length, kv_heads, head_dim)
+    shape = (rows, kv_heads, sequence_length, head_dim)
     return [torch.zeros(shape, dtype=dtype) for _ in range(2 * num_layers)]
 
 
 def write(cache: torch.Tensor, seq_ids: torch.Tensor, position_ids: torch.Tensor, values: torch.Tensor) -> None:
     """Scatter values [n, T, kv_heads, head_dim] to rows seq_ids [n] at positions position_ids [n, T]."""
-    rows, length, kv_heads, head_dim = cache.shape
-    flat_index = (seq_ids[:, None] * length + position_ids).reshape(-1)
-    cache.view(rows * length, kv_heads, head_dim).index_copy_(0, flat_index, values.reshape(-1, kv_heads, head_dim))
+    rows, kv_heads, length, head_dim = cache.shape
+    heads = torch.arange(kv_heads, device=cache.device)
+    flat_index = (seq_ids[:, None, None] * kv_heads + heads) * length + position_ids[:, :, None]
+    cache.view(-1, head_dim).index_copy_(0, flat_index.reshape(-1), values.reshape(-1, head_dim))
 
 
 def read(cache: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
-    """The cached rows of seq_ids: [n, S, kv_heads, head_dim]."""
+    """The cached rows of seq_ids: [n, kv_heads, S, head_dim]."""
     return cache.index_select(0, seq_ids)

@@ -47,7 +47,7 @@ def decoder_logits(
     logits [n, vocab] of each row's last real token (the last column: padding repeats it)."""
     x = params["model.embed_tokens.weight"][input_ids]
     cos, sin = rope_cos_sin(position_ids, inv_freq, x.dtype)
-    prior = masks.prior_mask(position_ids, caches[0].shape[1])
+    prior = masks.prior_mask(position_ids, caches[0].shape[2])
     active = masks.active_mask(position_ids)
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."
