@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +65,7 @@ class NeuronModelForCausalLM:
 
         _, args = read_config(model)
         _check_model(neuron_config, args)
+        backends.check_can_compile(neuron_config)
         progress(f"loading weights of {model}")
         source = load_source(model)
         params = _to_params(source.state_dict, args, artifact.torch_dtype(neuron_config))
@@ -74,9 +76,14 @@ class NeuronModelForCausalLM:
             args.num_key_value_heads, args.head_dim, artifact.torch_dtype(neuron_config),
         )  # fmt: skip
         graphs = [DecoderGraph(args, spec, neuron_config.max_topk) for spec in graph_specs(neuron_config)]
-        backends.compile_graphs(neuron_config, args, graphs, params, caches, workdir, progress)
+        try:
+            backends.compile_graphs(neuron_config, args, graphs, params, caches, workdir, progress)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
         model_ = cls(args, neuron_config, hf_config, params, workdir, source.tokenizer, source.generation_config)
-        model_._workdir = workdir
+        # The compiled graphs live in workdir until save_pretrained copies them; removed with the model.
+        weakref.finalize(model_, shutil.rmtree, workdir, True)
         return model_
 
     def save_pretrained(self, directory: str | Path) -> None:

@@ -16,6 +16,14 @@ def resolve_backend(name: str) -> str:
     return name
 
 
+def check_can_compile(neuron_config) -> None:
+    """Fail before loading any weight when the backend cannot compile (e.g. the Neuron SDK is absent)."""
+    if neuron_config.backend == "neuron":
+        from . import neuron
+
+        neuron.check_can_compile(neuron_config)
+
+
 def compile_graphs(neuron_config, args, graphs, params, caches, directory: Path, progress) -> None:
     """Compile every graph into directory (the artifact being written)."""
     if neuron_config.backend == "neuron":

@@ -96,9 +96,16 @@ def compiler_args(graph_name: str, target: str) -> str:
     )
 
 
-def compile_graphs(neuron_config, args, graphs, params, caches, directory: Path, progress) -> None:
+def check_can_compile(neuron_config) -> None:
+    """Everything compile_graphs needs, checked before any weight is loaded."""
     _check_tp(neuron_config, ExportError)
     _require(COMPILE_PACKAGES, ExportError, "or use --backend cpu")
+    _nxd(ExportError)
+    _target(neuron_config)
+
+
+def compile_graphs(neuron_config, args, graphs, params, caches, directory: Path, progress) -> None:
+    check_can_compile(neuron_config)
     ModelBuilder, _ = _nxd(ExportError)
     target = _target(neuron_config)
     decoder = DeviceDecoder(graphs, params, caches)
@@ -202,7 +209,9 @@ def _target(neuron_config) -> str:
     if neuron_config.target:
         return TARGETS[neuron_config.target]
     if not neuron_devices_present():
-        raise ExportError("no Neuron device on this host: pass --target (inf2, trn1, trn1n or trn2) to compile for one")
+        raise ExportError(
+            "no Neuron device on this host: pass --instance-type (inf2, trn1, trn1n or trn2) to compile for one"
+        )
     from torch_neuronx.utils.utils import get_platform_target
 
     return get_platform_target()
