@@ -264,10 +264,13 @@ def test_corrupt_weights(tiny_models, tmp_path):
 
 @LEAKS_READER_ERRORS
 def test_corrupt_gguf(tmp_path):
-    gguf = tmp_path / "broken.gguf"
-    gguf.write_bytes(b"GGUF" + b"\0" * 64)
+    real = smollm2_gguf().read_bytes()
     output = tmp_path / "out"
-    assert_refused(run_export("--model", gguf, *TINY_ARGS, output), output, "broken.gguf")
+    # a bare header, a download cut in the metadata, a download cut in the tensors
+    for size in (12, 4096, 3_000_000):
+        gguf = tmp_path / f"broken-{size}.gguf"
+        gguf.write_bytes(real[:size])
+        assert_refused(run_export("--model", gguf, *TINY_ARGS, output), output, gguf.name)
 
 
 def test_unsupported_architecture(tiny_models, tmp_path):
@@ -310,6 +313,16 @@ def test_non_empty_output_without_overwrite(tiny_llama, tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert len(result.error_lines) == 1 and "--overwrite" in result.error_lines[0]
     assert tree(output) == {"keep.txt": b"precious"}
+    assert leftovers(tmp_path) == []
+
+
+def test_failed_overwrite_keeps_the_existing_output(tiny_models, tmp_path):
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "keep.txt").write_text("previous export")
+    result = run_export("--model", tiny_models["gpt2"], *TINY_ARGS, "--overwrite", output)
+    assert result.returncode == 1 and len(result.error_lines) == 1 and "not supported" in result.error_lines[0]
+    assert tree(output) == {"keep.txt": b"previous export"}
     assert leftovers(tmp_path) == []
 
 
