@@ -260,18 +260,12 @@ def export(request: ExportRequest, progress: Callable[[str], None] = _progress) 
 
     start = time.monotonic()
     model = NeuronModelForCausalLM.export(source, config, progress=progress)
-    try:
-        progress(f"compiled {len(model.graph_names)} graph(s) in {time.monotonic() - start:.1f} s")
-        with staging_directory(target) as staging:
-            progress(f"writing {request.output}")
-            model.save_pretrained(staging)
-            record_versions(staging, config.backend)
-            publish(staging, target, request.overwrite)
-    finally:
-        # The runtime compiles into a scratch directory it keeps for the model's lifetime; the CLI is done with it.
-        workdir = getattr(model, "_workdir", None)
-        if workdir is not None:
-            shutil.rmtree(workdir, ignore_errors=True)
+    progress(f"compiled {len(model.graph_names)} graph(s) in {time.monotonic() - start:.1f} s")
+    with staging_directory(target) as staging:
+        progress(f"writing {request.output}")
+        model.save_pretrained(staging)
+        record_versions(staging, config.backend)
+        publish(staging, target, request.overwrite)
     return target
 
 

@@ -63,12 +63,21 @@ def describe(directory: str | Path) -> list[str]:
     for key, value in extra.items():
         lines.append(f"  {key}: {json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value}")
 
-    graphs_dir = directory / "graphs"
-    graphs = sorted(p for p in graphs_dir.iterdir() if p.is_file()) if graphs_dir.is_dir() else []
-    lines.append(f"graphs ({len(graphs)}):")
-    lines.extend(f"  {g.stem:<20} {g.name} ({_size(g.stat().st_size)})" for g in graphs)
+    from optimum_neuron_plugin.backends import graph_files
+    from optimum_neuron_plugin.graphs import graph_specs
 
-    files = sorted(p for p in directory.rglob("*") if p.is_file() and graphs_dir not in p.parents)
+    specs = graph_specs(neuron_config)
+    lines.append(f"graphs ({len(specs)}):")
+    for spec in specs:
+        shape = f"[{spec.rows} x {spec.tokens}]"
+        lines.append(f"  {spec.name:<18} {shape:<10} {'sampling on device' if spec.samples else 'returns logits'}")
+    # One file per graph on the cpu backend; one NxDModel holding every graph on the neuron backend.
+    programs = graph_files(neuron_config, directory, [spec.name for spec in specs])
+    missing = [p for p in programs if not p.is_file()]
+    if missing:
+        lines.append(f"MISSING compiled program(s): {', '.join(str(p.relative_to(directory)) for p in missing)}")
+
+    files = sorted(p for p in directory.rglob("*") if p.is_file())
     lines.append(f"files ({len(files)}):")
     lines.extend(f"  {p.relative_to(directory)} ({_size(p.stat().st_size)})" for p in files)
     total = sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())

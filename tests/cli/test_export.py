@@ -367,6 +367,7 @@ def test_neuron_backend_without_sdk(tiny_llama, tmp_path):
         "--instance-type", "trn1", output,
     )  # fmt: skip
     assert_refused(result, output, "torch-neuronx", "neuronx-distributed")
+    assert "loading weights" not in result.stdout  # refused before any weight is read
 
 
 def test_invalid_option_values_are_argparse_errors(tiny_llama, tmp_path):
