@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Run the whole benchmark matrix: every configuration in CONFIGS and PEERS at every concurrency
+# level in CONCURRENCY, the serial vs interleaved scenario, then collect.py.
+#
+#   benchmark/matrix.sh
+#
+# Each server is started by serve.sh, driven by drive.sh and stopped by its PID (also on exit or
+# interrupt). Results: benchmark/results/<timestamp>/ (raw JSON per run, results.csv, results.md,
+# PNG plots), copied to benchmark/results/latest/ (LATEST= to skip, LATEST=DIR elsewhere).
+# Knobs (environment, defaults in benchmark/common.sh): MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE
+# TP BACKEND CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS NUM_WARMUPS SEED CONFIGS PEERS PORT
+# RESULTS_ROOT ARTIFACTS RUN_DIR; INTERLEAVE=0 skips the serial vs interleaved scenario (run when
+# CONFIGS has chunked-hybrid or chunked-interleaved; INTERLEAVE_* tune it, see interleave.py).
+set -euo pipefail
+requested_run_dir=${RUN_DIR:-}
+# shellcheck source=benchmark/common.sh
+source "$(dirname "$0")/common.sh"
+RUN_DIR=${requested_run_dir:-$RESULTS_ROOT/$(date +%Y%m%d-%H%M%S)}
+export RUN_DIR
+LATEST=${LATEST-$RESULTS_ROOT/latest}
+INTERLEAVE=${INTERLEAVE:-1}
+
+read -ra names <<<"$CONFIGS $PEERS"
+[ "${#names[@]}" -gt 0 ] || die "nothing to run: CONFIGS and PEERS are empty"
+for name in "${names[@]}"; do config_kind "$name" >/dev/null; done
+mkdir -p "$RUN_DIR"
+
+current=""
+cleanup() {
+  if [ -n "$current" ]; then "$BENCH_DIR/serve.sh" --stop "$current" || true; fi
+}
+trap cleanup EXIT
+trap 'log "interrupted"; exit 130' INT TERM
+
+"$PYTHON" - "$RUN_DIR/run.json" <<'EOF'
+import json, os, platform, sys, time
+from importlib import metadata
+
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+cpu = platform.processor() or "?"
+try:
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+except OSError:
+    pass
+memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+env = os.environ
+model = env["MODEL"]
+run = {
+    "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    "model": model,
+    "model_name": os.path.basename(model.rstrip("/")),
+    "backend": env["BACKEND"],
+    "batch_size": int(env["BATCH_SIZE"]),
+    "sequence_length": int(env["SEQUENCE_LENGTH"]),
+    "chunk_size": int(env["CHUNK_SIZE"]),
+    "tp": int(env["TP"]),
+    "concurrency": env["CONCURRENCY"],
+    "input_len": int(env["INPUT_LEN"]),
+    "output_len": int(env["OUTPUT_LEN"]),
+    "num_prompts": int(env["NUM_PROMPTS"]),
+    "num_warmups": int(env["NUM_WARMUPS"]),
+    "seed": int(env["SEED"]),
+    "configs": env["CONFIGS"],
+    "peers": env["PEERS"],
+    "machine": {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory, 1),
+        "software": f"vllm {version('vllm')}, torch {version('torch')}, transformers {version('transformers')}",
+        "load_start": open("/proc/loadavg").read().split()[0],
+    },
+}
+json.dump(run, open(sys.argv[1], "w"), indent=1)
+EOF
+
+interleave_wanted() {
+  [ "$INTERLEAVE" = 1 ] && { [ "$1" = chunked-hybrid ] || [ "$1" = chunked-interleaved ]; }
+}
+
+run_one() {
+  local name=$1
+  if [ "$(config_kind "$name")" = hf ]; then
+    "$BENCH_DIR/drive.sh" "$name"
+    return
+  fi
+  current=$name
+  "$BENCH_DIR/serve.sh" "$name" || {
+    current=""
+    return 1
+  }
+  local ok=1
+  "$BENCH_DIR/drive.sh" "$name" || ok=0
+  if [ "$ok" = 1 ] && interleave_wanted "$name"; then
+    log "$name: serial vs interleaved scenario"
+    "$PYTHON" "$BENCH_DIR/interleave.py" --name "$name" --url "http://$HOST:$PORT" \
+      --model-dir "$(served_dir "$name")" --out "$RUN_DIR/interleave-$name.json" \
+      --stats-file "$RUN_DIR/$name.stats.jsonl" 2>"$RUN_DIR/interleave-$name.log" || ok=0
+    tail -1 "$RUN_DIR/interleave-$name.log" >&2
+  fi
+  "$BENCH_DIR/serve.sh" --stop "$name"
+  current=""
+  [ "$ok" = 1 ]
+}
+
+started=$(date +%s)
+log "run directory $RUN_DIR; ${#names[@]} configurations: ${names[*]}; concurrency ${CONCURRENCY}"
+failures=()
+for i in "${!names[@]}"; do
+  name=${names[$i]}
+  t0=$(date +%s)
+  log "=== ($((i + 1))/${#names[@]}) $name ==="
+  if run_one "$name"; then
+    log "=== $name done in $(($(date +%s) - t0)) s (total $(($(date +%s) - started)) s) ==="
+  else
+    failures+=("$name")
+    log "=== $name FAILED after $(($(date +%s) - t0)) s: see $RUN_DIR/$name.*log ==="
+  fi
+done
+
+"$PYTHON" - "$RUN_DIR/run.json" "$(($(date +%s) - started))" "${failures[*]:-}" <<'EOF'
+import json, sys
+path, duration, failures = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+run = json.load(open(path))
+run.update(duration_s=duration, failures=failures, load_end=open("/proc/loadavg").read().split()[0])
+json.dump(run, open(path, "w"), indent=1)
+EOF
+
+collect_args=("$RUN_DIR")
+if [ -n "$LATEST" ]; then collect_args+=(--latest "$LATEST"); fi
+"$PYTHON" "$BENCH_DIR/collect.py" "${collect_args[@]}"
+if [ "${#failures[@]}" -gt 0 ]; then
+  die "failed configurations: ${failures[*]}"
+fi
+log "done in $(($(date +%s) - started)) s: $RUN_DIR"

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Serve a named benchmark configuration with `vllm serve` on 127.0.0.1, or stop it.
+#
+#   benchmark/serve.sh NAME          export if needed, start, wait for /health, write RUN_DIR/NAME.pid
+#   benchmark/serve.sh --stop NAME   stop the server whose PID is in RUN_DIR/NAME.pid
+#
+# Plugin configurations (an artifact exported with `optimum-cli export neuron`, served by the plugin):
+#   ce-ods               context encoding (one sequence-length prefill graph) + on-device sampling
+#   ce-host              context encoding + host sampling
+#   chunked-host         chunked prefill (CHUNK_SIZE tokens per graph call) + host sampling
+#   chunked-hybrid       chunked prefill + on-device sampling, serial prefill (ONP_PREFILL_MODE=serial)
+#   chunked-interleaved  chunked-hybrid with ONP_PREFILL_MODE=interleaved
+# Peers (the original model, vLLM's own CPU backend, plugin off):
+#   vllm-cpu             with torch.compile (vLLM's default; slow start)
+#   vllm-cpu-eager       with --enforce-eager
+# Knobs (environment): see benchmark/common.sh. PORT (default 8200), RUN_DIR (pid, log, ONP_STATS_FILE).
+set -euo pipefail
+# shellcheck source=benchmark/common.sh
+source "$(dirname "$0")/common.sh"
+
+stop_server() {
+  local name=$1 file pid
+  file=$(pid_file "$name")
+  [ -f "$file" ] || return 0
+  pid=$(cat "$file")
+  if kill -0 "$pid" 2>/dev/null; then
+    log "stopping $name (pid $pid)"
+    # The server was started as the leader of its own process group: stop the API server and its
+    # engine-core child together, by that group's id.
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 60); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 0.5
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      log "$name did not stop in 30 s: killing it"
+      kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+    fi
+  fi
+  rm -f "$file"
+}
+
+export_artifact() {
+  local name=$1 out chunk ods _mode
+  out=$(config_artifact "$name")
+  if [ -f "$out/neuron_config.json" ]; then
+    log "$name: using $out"
+    return 0
+  fi
+  read -r chunk ods _mode <<<"$(config_settings "$name")"
+  local args=(--model "$MODEL" --batch-size "$BATCH_SIZE" --sequence-length "$SEQUENCE_LENGTH"
+    --prefill-chunk-size "$chunk" --tensor-parallel-size "$TP" --backend "$BACKEND")
+  [ "$ods" = 1 ] || args+=(--no-on-device-sampling)
+  log "$name: exporting into $out (optimum-cli export neuron ${args[*]})"
+  mkdir -p "$(dirname "$out")"
+  "$VENV_BIN/optimum-cli" export neuron "${args[@]}" "$out" >"$RUN_DIR/$name.export.log" 2>&1 ||
+    {
+      tail -20 "$RUN_DIR/$name.export.log" >&2
+      die "$name: export failed (log: $RUN_DIR/$name.export.log)"
+    }
+}
+
+write_meta() {
+  local name=$1 kind=$2 dir=$3 chunk=$4 ods=$5 mode=$6 seconds=$7
+  "$PYTHON" - "$RUN_DIR/$name.meta.json" <<EOF
+import json, sys
+json.dump({"name": "$name", "kind": "$kind", "served_dir": "$dir", "chunk_size": $chunk,
+           "on_device_sampling": $([ "$ods" = 1 ] && echo True || echo False), "prefill_mode": "$mode",
+           "batch_size": $BATCH_SIZE, "sequence_length": $SEQUENCE_LENGTH, "tp": $TP,
+           "port": $PORT, "start_seconds": $seconds}, open(sys.argv[1], "w"), indent=1)
+EOF
+}
+
+start_server() {
+  local name=$1 kind dir chunk=0 ods=0 mode=none
+  kind=$(config_kind "$name")
+  [ "$kind" != hf ] || die "$name is not a server: run benchmark/drive.sh $name directly"
+  mkdir -p "$RUN_DIR"
+  if [ -f "$(pid_file "$name")" ] && kill -0 "$(cat "$(pid_file "$name")")" 2>/dev/null; then
+    die "$name is already running (pid $(cat "$(pid_file "$name")")); stop it with $0 --stop $name"
+  fi
+  if curl -sf "http://$HOST:$PORT/health" >/dev/null 2>&1; then
+    die "port $PORT is already in use by another server: set PORT"
+  fi
+  local cmd=("$VENV_BIN/vllm" serve)
+  local envs=()
+  if [ "$kind" = plugin ]; then
+    export_artifact "$name"
+    dir=$(config_artifact "$name")
+    read -r chunk ods mode <<<"$(config_settings "$name")"
+    envs+=(ONP_PREFILL_MODE="$mode" ONP_STATS_FILE="$RUN_DIR/$name.stats.jsonl")
+    # The CPU reference backend must be asked for; on a Neuron host the plugin activates by itself.
+    if [ "$BACKEND" = cpu ]; then envs+=(ONP_BACKEND=cpu); fi
+    : >"$RUN_DIR/$name.stats.jsonl"
+    cmd+=("$dir")
+  else
+    dir=$(ensure_hf_model)
+    # Plugin off: vLLM's own CPU backend runs the original model.
+    envs+=(ONP_BACKEND=off VLLM_CPU_KVCACHE_SPACE="$VLLM_CPU_KVCACHE_SPACE"
+      VLLM_CPU_OMP_THREADS_BIND="$VLLM_CPU_OMP_THREADS_BIND")
+    cmd+=("$dir" --max-model-len "$SEQUENCE_LENGTH" --max-num-seqs "$BATCH_SIZE" --dtype "$VLLM_CPU_DTYPE")
+    if [ "$name" = vllm-cpu-eager ]; then cmd+=(--enforce-eager); fi
+  fi
+  local extra=()
+  read -ra extra <<<"${VLLM_SERVE_ARGS:-}"
+  cmd+=(--host "$HOST" --port "$PORT" --seed "$SEED" "${extra[@]}")
+  local logfile=$RUN_DIR/$name.server.log
+  log "$name: ${envs[*]} ${cmd[*]} (log: $logfile)"
+  local start
+  start=$(date +%s)
+  # setsid: the server leads its own process group, which stop_server signals as a whole.
+  env -u ONP_BACKEND -u ONP_PREFILL_MODE -u ONP_STATS_FILE "${envs[@]}" setsid "${cmd[@]}" >"$logfile" 2>&1 &
+  local pid=$!
+  echo "$pid" >"$(pid_file "$name")"
+  local waited=0
+  until curl -sf "http://$HOST:$PORT/health" >/dev/null 2>&1; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      tail -30 "$logfile" >&2
+      rm -f "$(pid_file "$name")"
+      die "$name: server exited before answering /health (log: $logfile)"
+    fi
+    if [ "$waited" -ge "$SERVER_TIMEOUT" ]; then
+      tail -30 "$logfile" >&2
+      stop_server "$name"
+      die "$name: no /health answer in $SERVER_TIMEOUT s (log: $logfile)"
+    fi
+    if [ $((waited % 30)) = 29 ]; then log "$name: waiting for /health (${waited}s)"; fi
+    sleep 1
+    waited=$((waited + 1))
+  done
+  local seconds=$(($(date +%s) - start))
+  write_meta "$name" "$kind" "$dir" "$chunk" "$ods" "$mode" "$seconds"
+  log "$name: ready on http://$HOST:$PORT after ${seconds}s (pid $pid)"
+}
+
+case "${1:-}" in
+  --stop)
+    [ $# = 2 ] || die "usage: $0 --stop NAME"
+    stop_server "$2"
+    ;;
+  "" | -h | --help)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+    ;;
+  *)
+    [ $# = 1 ] || die "usage: $0 NAME | $0 --stop NAME"
+    start_server "$1"
+    ;;
+esac
