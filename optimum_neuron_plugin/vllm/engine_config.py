@@ -10,6 +10,7 @@ graphs, prefix caching, async scheduling, multi-process workers).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,7 @@ def fit_to_artifact(vllm_config: VllmConfig) -> ServingLimits:
     _fit_scheduler(vllm_config, neuron_config, mode)
     _fit_kv_cache(vllm_config)
     _disable_compilation(vllm_config)
+    _prefer_spawn()
     return ServingLimits(
         max_model_len=vllm_config.model_config.max_model_len,
         sequence_length=neuron_config.sequence_length,
@@ -180,6 +182,16 @@ def _fit_kv_cache(vllm_config: VllmConfig) -> None:
         vllm_config.model_config.max_model_len,
         cache_config.block_size,
     )
+
+
+def _prefer_spawn() -> None:
+    """Start vLLM's engine process with spawn, as vLLM's own CPU platform does.
+
+    A forked child of a process that already ran torch's OpenMP thread pool (e.g. a script that
+    used the runtime or transformers before creating vllm.LLM) can deadlock in its first
+    parallel region. An explicit VLLM_WORKER_MULTIPROC_METHOD is kept.
+    """
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
 def _disable_compilation(vllm_config: VllmConfig) -> None:
