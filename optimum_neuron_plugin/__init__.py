@@ -4,15 +4,18 @@ __version__ = "0.1.0"
 
 from .config import NeuronConfig  # noqa: E402
 from .errors import ArtifactError, ExportError, InputError, NeuronConfigError  # noqa: E402
-from .sampling import SamplingParams  # noqa: E402
 
 
 def __getattr__(name: str):
-    # Lazy: importing the package stays cheap (no torch.export machinery until needed).
+    # Lazy: importing the package (and the CLI's argument checks) stays cheap: no torch until needed.
     if name == "NeuronModelForCausalLM":
         from .runtime import NeuronModelForCausalLM
 
         return NeuronModelForCausalLM
+    if name == "SamplingParams":
+        from .sampling import SamplingParams
+
+        return SamplingParams
     raise AttributeError(name)
 
 

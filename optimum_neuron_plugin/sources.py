@@ -42,9 +42,7 @@ def read_config(model: str | Path) -> tuple[dict, ModelArgs]:
     location, kwargs = _location(model)
     try:
         config = AutoConfig.from_pretrained(location, **kwargs)
-    except OSError as error:
-        raise ExportError(f"cannot read model {model}: {_first_line(error)}") from None
-    except ValueError as error:
+    except Exception as error:  # noqa: BLE001 - any reader failure (struct.error on a truncated GGUF, ...)
         raise ExportError(f"cannot read model {model}: {_first_line(error)}") from None
     hf_config = config.to_dict()
     try:
@@ -60,7 +58,7 @@ def load_source(model: str | Path) -> Source:
     location, kwargs = _location(model)
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
-    except (OSError, ValueError, RuntimeError) as error:
+    except Exception as error:  # noqa: BLE001 - truncated safetensors, corrupt GGUF tensors, ...
         raise ExportError(f"cannot load the weights of {model}: {_first_line(error)}") from None
     state_dict = {k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}
     try:

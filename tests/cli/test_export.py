@@ -245,14 +245,6 @@ def test_unreadable_model_config(tmp_path):
     assert_refused(run_export("--model", model, *TINY_ARGS, output), output, "cannot read model")
 
 
-# The runtime's sources.py wraps only OSError/ValueError/RuntimeError; safetensors raises SafetensorError and the
-# GGUF reader struct.error. Reported to the lead: wrap every exception raised while reading a model in ExportError.
-LEAKS_READER_ERRORS = pytest.mark.xfail(
-    reason="optimum_neuron_plugin/sources.py lets SafetensorError / struct.error escape (traceback)", strict=False
-)
-
-
-@LEAKS_READER_ERRORS
 def test_corrupt_weights(tiny_models, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(tiny_models["llama"], model)
@@ -262,7 +254,6 @@ def test_corrupt_weights(tiny_models, tmp_path):
     assert_refused(run_export("--model", model, *TINY_ARGS, output), output, "weights")
 
 
-@LEAKS_READER_ERRORS
 def test_corrupt_gguf(tmp_path):
     real = smollm2_gguf().read_bytes()
     output = tmp_path / "out"
