@@ -29,6 +29,9 @@ OUTPUT_LEN=${OUTPUT_LEN:-48}
 NUM_PROMPTS=${NUM_PROMPTS:-16}
 NUM_WARMUPS=${NUM_WARMUPS:-1}
 SEED=${SEED:-0}
+# Sampling temperature of the benchmark requests: 0 = greedy (vllm bench's default would leave it
+# to the server, i.e. 1.0 with full-vocabulary sampling).
+TEMPERATURE=${TEMPERATURE:-0}
 CONFIGS=${CONFIGS:-ce-ods ce-host chunked-host chunked-hybrid chunked-interleaved}
 PEERS=${PEERS-vllm-cpu vllm-cpu-eager hf-generate}
 PORT=${PORT:-8200}
@@ -47,7 +50,7 @@ ARTIFACTS=${ARTIFACTS:-$RESULTS_ROOT/artifacts}
 RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/manual}
 
 export MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE TP BACKEND CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
-  NUM_WARMUPS SEED CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
+  NUM_WARMUPS SEED TEMPERATURE CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 
 log() { printf '[%s %s] %s\n' "$(basename "$0" .sh)" "$(date +%H:%M:%S)" "$*" >&2; }

@@ -22,7 +22,7 @@ tokenizer=$(served_dir "$name")
 
 # Options shared by vllm bench serve and hf_generate.py (which samples the same prompts with them).
 dataset_args=(--dataset-name random --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN"
-  --num-prompts "$NUM_PROMPTS" --seed "$SEED" --tokenizer "$tokenizer")
+  --num-prompts "$NUM_PROMPTS" --seed "$SEED" --tokenizer "$tokenizer" --temperature "$TEMPERATURE")
 
 line_count() { if [ -f "$1" ]; then wc -l <"$1"; else echo 0; fi; }
 

@@ -6,9 +6,9 @@
 
 The options after `--` are vllm bench serve's own: its dataset code samples the prompts, so they are
 the very prompts the servers get. Prompts run in static batches of `--concurrency` (left padded,
-greedy, exactly output-len new tokens each). Per batch, a stopping-criteria hook timestamps every
-decoding step: TTFT is the time to the first step, ITL the gaps between steps, end-to-end latency
-the batch's time. The result JSON has vllm bench's keys (request_throughput, output_throughput,
+greedy unless --temperature is given, exactly output-len new tokens each). Per batch, a
+stopping-criteria hook timestamps every decoding step: TTFT is the time to the first step, ITL the
+gaps between steps, end-to-end latency the batch's time. The result JSON has vllm bench's keys (request_throughput, output_throughput,
 p50_ttft_ms, p99_itl_ms, ...), so collect.py reads it like the others.
 """
 
@@ -81,6 +81,7 @@ def main() -> None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     output_len = bench.random_output_len
+    temperature = bench.temperature or 0.0
 
     def run(batch) -> tuple[float, StepClock, int]:
         inputs = tokenizer([r.prompt for r in batch], return_tensors="pt", padding=True)
@@ -91,7 +92,8 @@ def main() -> None:
                 **inputs,
                 max_new_tokens=output_len,
                 min_new_tokens=output_len,
-                do_sample=False,
+                do_sample=bool(temperature),
+                temperature=temperature or None,
                 pad_token_id=tokenizer.pad_token_id,
                 stopping_criteria=StoppingCriteriaList([clock]),
             )
