@@ -153,6 +153,10 @@ def _fit_scheduler(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: P
         if scheduler_config.max_num_batched_tokens in VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS:
             # Unset: one compiled chunk of prompt per step next to the decodes.
             scheduler_config.max_num_batched_tokens = neuron_config.prefill_length + scheduler_config.max_num_seqs
+        if scheduler_config.long_prefill_token_threshold == 0 and neuron_config.chunked:
+            # At most one compiled chunk per request and step while others run: slices then
+            # start on chunk boundaries and cost one graph call each.
+            scheduler_config.long_prefill_token_threshold = min(neuron_config.prefill_chunk_size, max_model_len)
         if not neuron_config.chunked:
             logger.warning(
                 "prefill_mode=interleaved with an artifact compiled without prefill chunks: every partial prefill "
