@@ -1,0 +1,92 @@
+"""SmolLM2-135M-Instruct (real weights, tokenizer and chat template) against Hugging Face greedy generation.
+
+One export for the module (batch 2, sequence_length 256, chunk 32). transformers dequantizes the bundled GGUF
+to fp32 once; that model is the reference and, saved as a plain checkpoint, the export source (loading the GGUF
+a second time inside export would double the ~30 s dequantization).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+
+from .helpers import smollm2_gguf
+
+pytestmark = pytest.mark.slow
+
+CHUNK = 32
+NEW_TOKENS = 16
+QUESTION = "What is the capital of France?"
+LONG_QUESTION = (
+    "Here are some notes about rivers. The Seine flows through Paris and reaches the English Channel at Le Havre. "
+    "The Loire is the longest river in France and runs past many castles. The Rhone starts in a Swiss glacier, "
+    "crosses Lake Geneva and ends in the Mediterranean Sea near Marseille. The Garonne flows from the Pyrenees "
+    "to Bordeaux. Using these notes, which river flows through Paris, and where does it end?"
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The dequantized weights as a plain checkpoint (a GGUF-loaded model refuses save_pretrained).
+    config = type(hf.config).from_dict({k: v for k, v in hf.config.to_dict().items() if k != "quantization_config"})
+    plain = type(hf)(config).eval()
+    plain.load_state_dict(hf.state_dict())
+    source = tmp_path_factory.mktemp("smollm2-source")
+    plain.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    del plain
+    model = NeuronModelForCausalLM.export(
+        source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=CHUNK)
+    )
+    return hf, tokenizer, model
+
+
+def chat_ids(tokenizer, question: str) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def hf_greedy(hf, ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          max_new_tokens=NEW_TOKENS, do_sample=False)  # fmt: skip
+    return out[0, len(ids) :].tolist()
+
+
+def test_chat_and_multi_chunk_prompts_batched_match_hf(smollm2):
+    hf, tokenizer, model = smollm2
+    prompts = [chat_ids(tokenizer, QUESTION), chat_ids(tokenizer, LONG_QUESTION)]
+    assert len(prompts[1]) > 2 * CHUNK and len(prompts[1]) % CHUNK  # several chunks and a remainder
+    width = max(map(len, prompts))
+    eos = model.config.eos_token_ids[0]
+    # Left-padded batch of two different lengths in one generate call: slots 0 and 1 together.
+    ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
+    for row, ids_ in enumerate(prompts):
+        reference = hf_greedy(hf, ids_)
+        new = out[row, width:].tolist()
+        assert new[: len(reference)] == reference, (
+            f"prompt {row}: {tokenizer.decode(new)!r} vs {tokenizer.decode(reference)!r}"
+        )
+        assert all(t == eos for t in new[len(reference) :])
+    answer = out[0, width:]
+    assert tokenizer.decode(answer, skip_special_tokens=True).strip() == "The capital of France is Paris."
+
+
+def test_multi_chunk_logits_close_to_hf(smollm2):
+    hf, tokenizer, model = smollm2
+    ids = chat_ids(tokenizer, LONG_QUESTION)
+    logits = model.prefill(1, ids)
+    with torch.no_grad():
+        reference = hf(torch.tensor([ids])).logits[0, -1]
+    torch.testing.assert_close(logits, reference, atol=1e-3, rtol=0)
