@@ -229,13 +229,14 @@ class NeuronModelForCausalLM:
         generators = [
             make_generator(None if seed is None else seed + i) if do_sample else None for i in range(len(prompts))
         ]
-        outputs: list[list[int]] = []
         for slot, prompt in enumerate(prompts):
             if len(prompt) >= nc.sequence_length:
                 raise InputError(
                     f"prompt {slot} has {len(prompt)} tokens; sequence_length {nc.sequence_length} leaves no room to "
                     "generate: shorten it or export with a larger --sequence-length"
                 )
+        outputs: list[list[int]] = []
+        for slot, prompt in enumerate(prompts):
             logits = self.prefill(slot, prompt)
             outputs.append([int(sample_on_host(logits[None], [params], [generators[slot]])[0])])
         live = [i for i in range(len(prompts)) if outputs[i][-1] not in eos and max_new_tokens > 1]

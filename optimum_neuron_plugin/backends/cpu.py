@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ArtifactError
 from ..graphs import DecoderGraph, example_inputs
 
 GRAPH_DIR = "graphs"
@@ -31,14 +32,19 @@ def compile_graph(graph: DecoderGraph, params: dict, caches: list[torch.Tensor],
     torch.export.save(program, str(path))
 
 
+def _load(path: Path) -> Callable:
+    try:
+        return torch.export.load(str(path)).module()
+    except Exception as error:  # noqa: BLE001 - BadZipFile, unpickling or version errors all mean "re-export"
+        raise ArtifactError(f"{path}: cannot load the compiled graph ({error}); export the model again") from None
+
+
 class CpuGraphs:
     """Loaded programs plus the state they share: weights and the KV cache."""
 
     def __init__(self, directory: Path, names: list[str], params: dict, caches: list[torch.Tensor]) -> None:
         self.params, self.caches = params, caches
-        self.programs: dict[str, Callable] = {
-            n: torch.export.load(str(graph_path(directory, n))).module() for n in names
-        }
+        self.programs: dict[str, Callable] = {n: _load(graph_path(directory, n)) for n in names}
 
     def __call__(self, name: str, *inputs: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
