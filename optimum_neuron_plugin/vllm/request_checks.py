@@ -42,14 +42,15 @@ def check_prompt(limits: ServingLimits, engine_input: object) -> None:
             "multimodal or encoder-decoder inputs)"
         )
     prompt_len = len(engine_input["prompt_token_ids"])
-    limit = min(limits.max_model_len, limits.sequence_length)
+    # One position is left for the first generated token (vLLM's own rule too).
+    limit = min(limits.max_model_len, limits.sequence_length) - 1
     if prompt_len == 0:
         raise VLLMValidationError("the prompt is empty", parameter="prompt", value=0)
     if prompt_len > limit:
         raise VLLMValidationError(
-            f"the prompt has {prompt_len} tokens but this model serves at most {limit} "
-            f"(max_model_len={limits.max_model_len}, compiled sequence_length={limits.sequence_length}): "
-            "shorten the prompt",
+            f"the prompt has {prompt_len} tokens but this model accepts at most {limit} "
+            f"(max_model_len={limits.max_model_len}, compiled sequence_length={limits.sequence_length}, "
+            "minus one position for the generated token): shorten the prompt",
             parameter="prompt",
             value=prompt_len,
         )

@@ -1,0 +1,52 @@
+"""Session fixtures for the vLLM plugin tests.
+
+ONP_BACKEND=cpu must be set before vLLM resolves its platform (at its first import in this process).
+The in-process engines run vLLM's engine core inside the test process (VLLM_ENABLE_V1_MULTIPROCESSING=0):
+seconds to start instead of a minute; the server tests cover vLLM's multi-process path.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["ONP_BACKEND"] = "cpu"
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
+from vllm_helpers import CHUNK, build_tiny_hf, export  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def vllm_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("vllm-plugin")
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(vllm_root) -> Path:
+    return build_tiny_hf(vllm_root / "tiny-hf")
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tiny_hf_dir) -> LlamaForCausalLM:
+    return LlamaForCausalLM.from_pretrained(tiny_hf_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_hf_dir):
+    return AutoTokenizer.from_pretrained(tiny_hf_dir)
+
+
+@pytest.fixture(scope="session")
+def chunked_dir(vllm_root, tiny_hf_dir) -> Path:
+    """Chunked prefill (16-token chunks), on-device sampling: the production shape."""
+    return export(tiny_hf_dir, vllm_root / "chunked", prefill_chunk_size=CHUNK, on_device_sampling=True)
+
+
+@pytest.fixture(scope="session")
+def full_host_dir(vllm_root, tiny_hf_dir) -> Path:
+    """One context_encoding graph (no chunks); token_generation returns logits (host sampling, logprobs)."""
+    return export(tiny_hf_dir, vllm_root / "full-host", prefill_chunk_size=0, on_device_sampling=False)

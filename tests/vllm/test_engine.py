@@ -1,0 +1,113 @@
+"""In-process vllm.LLM on a chunked, on-device-sampling artifact (serial prefill mode)."""
+
+from __future__ import annotations
+
+import pytest
+from vllm.exceptions import VLLMValidationError
+from vllm_helpers import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, close_llm, hf_greedy, make_llm, prompt_of, runtime_greedy
+
+from optimum_neuron_plugin import NeuronModelForCausalLM
+
+NEW_TOKENS = 10
+# Below one chunk, exactly one, several chunks plus a rest, one token; more prompts than batch_size.
+LENGTHS = [5, CHUNK, 3 * CHUNK + 7, 1, 2 * CHUNK, 70, 9]
+
+
+@pytest.fixture(scope="module")
+def llm(chunked_dir):
+    engine = make_llm(chunked_dir)
+    yield engine
+    close_llm(engine)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    return [prompt_of(n, tokenizer, offset=i) for i, n in enumerate(LENGTHS)]
+
+
+def greedy(max_tokens: int = NEW_TOKENS, **kwargs):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kwargs)
+
+
+def generate(llm, prompts: list[list[int]], params) -> list[list[int]]:
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def test_greedy_equals_runtime_and_transformers(llm, prompts, chunked_dir, tiny_hf):
+    assert len(prompts) > BATCH_SIZE
+    assert [len(p) for p in prompts] == LENGTHS
+    served = generate(llm, prompts, greedy())
+    runtime = NeuronModelForCausalLM.from_pretrained(chunked_dir)
+    for prompt, tokens in zip(prompts, served, strict=True):
+        assert tokens == runtime_greedy(runtime, prompt, NEW_TOKENS) == hf_greedy(tiny_hf, prompt, NEW_TOKENS)
+
+
+def test_batch_equals_one_at_a_time(llm, prompts):
+    short, long = prompts[0], prompts[5]
+    together = generate(llm, [short, long], greedy())
+    alone = [generate(llm, [p], greedy())[0] for p in (short, long)]
+    assert together == alone
+
+
+def test_seeded_sampling_is_reproducible(llm, prompts):
+    from vllm import SamplingParams
+
+    def sample(seed):
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=1.0, top_p=0.9, top_k=50, seed=seed, ignore_eos=True)
+        return generate(llm, prompts[:3], params)
+
+    first = sample(1234)
+    assert sample(1234) == first
+    assert sample(4321) != first
+
+
+def test_max_tokens_stop_token_ids_and_n(llm, prompts):
+    from vllm import SamplingParams
+
+    reference = generate(llm, [prompts[0]], greedy())[0]
+    stop_at = reference[3]
+    out = llm.generate([{"prompt_token_ids": prompts[0]}], greedy(stop_token_ids=[stop_at]), use_tqdm=False)[0].outputs[
+        0
+    ]
+    assert list(out.token_ids) == reference[: reference.index(stop_at) + 1]
+    assert out.finish_reason == "stop"
+    out = llm.generate([{"prompt_token_ids": prompts[0]}], greedy(max_tokens=3), use_tqdm=False)[0].outputs[0]
+    assert list(out.token_ids) == reference[:3] and out.finish_reason == "length"
+    # n > 1: vLLM fans the request out into independent requests (one cache slot each).
+    params = SamplingParams(n=3, max_tokens=4, temperature=1.0, seed=7, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": prompts[0]}], params, use_tqdm=False)[0].outputs
+    assert len(outs) == 3 and all(len(o.token_ids) == 4 for o in outs)
+
+
+def test_a_prompt_may_fill_the_whole_sequence(llm, tokenizer):
+    prompt = prompt_of(SEQUENCE_LENGTH - 1, tokenizer)
+    tokens = generate(llm, [prompt], greedy())[0]
+    assert len(tokens) == 1  # sampled from the prefill logits; the sequence is then full
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (dict(logprobs=2), "logprobs are not available"),
+        (dict(min_tokens=2), "min_tokens is not supported"),
+        (dict(min_p=0.1), "min_p is not supported"),
+        (dict(top_k=1000), "top_k=1000 exceeds"),
+        (dict(presence_penalty=0.5), "presence_penalty is not supported"),
+    ],
+)
+def test_unsupported_parameters_are_rejected(llm, prompts, params, message):
+    from vllm import SamplingParams
+
+    with pytest.raises(VLLMValidationError, match=message):
+        llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=2, **params), use_tqdm=False)
+
+
+def test_too_long_prompt_is_rejected_and_the_engine_keeps_serving(llm, tokenizer, prompts):
+    # vLLM's renderer rejects prompts beyond max_model_len itself; the platform rejects the rest.
+    for length in (SEQUENCE_LENGTH, SEQUENCE_LENGTH + 1):
+        with pytest.raises(VLLMValidationError, match=r"(shorten|reduce the length of) the (input )?prompt"):
+            generate(llm, [prompt_of(length, tokenizer)], greedy())
+    assert len(generate(llm, [prompts[0]], greedy())[0]) == NEW_TOKENS

