@@ -51,6 +51,10 @@ class NeuronWorker(WorkerBase):
     def get_model(self) -> NeuronModelForCausalLM:
         return self.model
 
+    def get_model_inspection(self) -> str:
+        nc = self.model.neuron_config
+        return f"{self.model.config.architecture} (compiled: {nc})"
+
     def get_supported_tasks(self) -> tuple[str, ...]:
         return ("generate",)
 

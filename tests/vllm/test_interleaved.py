@@ -1,0 +1,69 @@
+"""prefill_mode=interleaved: vLLM's scheduler chunks prompts; decodes keep running while a long prompt prefills."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm_helpers import CHUNK, close_llm, hf_greedy, make_llm, prompt_of
+
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def stats_file(vllm_root):
+    return vllm_root / "interleaved-stats.jsonl"
+
+
+@pytest.fixture(scope="module")
+def llm(chunked_dir, stats_file):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ONP_STATS_FILE", str(stats_file))
+        engine = make_llm(chunked_dir, additional_config={"prefill_mode": "interleaved"})
+        yield engine
+        close_llm(engine)
+
+
+def params(max_tokens: int, **kwargs):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kwargs)
+
+
+def test_the_scheduler_chunks_prompts(llm):
+    scheduler = llm.llm_engine.vllm_config.scheduler_config
+    assert scheduler.enable_chunked_prefill and scheduler.long_prefill_token_threshold == CHUNK
+
+
+def test_mixed_workload_equals_transformers(llm, tokenizer, tiny_hf):
+    # Long prompts (several chunks) arrive with short ones: more requests than slots, prompts split across steps.
+    prompts = [prompt_of(n, tokenizer, offset=i) for i, n in enumerate([90, 4, 57, 2 * CHUNK, 9, 110, 1])]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params(NEW_TOKENS), use_tqdm=False)
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert list(output.outputs[0].token_ids) == hf_greedy(tiny_hf, prompt, NEW_TOKENS)
+
+
+def test_running_requests_decode_while_a_long_prompt_prefills(llm, tokenizer, stats_file, tiny_hf):
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = llm.llm_engine
+    short, long = prompt_of(5, tokenizer), prompt_of(100, tokenizer, offset=7)
+    engine.add_request("short", {"prompt_token_ids": short}, params(40, output_kind=RequestOutputKind.DELTA))
+    for _ in range(2):
+        engine.step()
+    engine.add_request("long", {"prompt_token_ids": long}, params(NEW_TOKENS, output_kind=RequestOutputKind.DELTA))
+    steps_decoding_during_prefill = 0
+    long_tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        new = {o.request_id: list(o.outputs[0].token_ids) for o in engine.step()}
+        if not long_tokens and not new.get("long") and new.get("short"):
+            steps_decoding_during_prefill += 1
+        long_tokens += new.get("long", [])
+    # 100 tokens at one 16-token chunk per step: the short request got a token in every step before
+    # the long prompt's first token.
+    assert steps_decoding_during_prefill >= 100 // CHUNK - 1
+    assert long_tokens == hf_greedy(tiny_hf, long, NEW_TOKENS)
+    records = [json.loads(line) for line in stats_file.read_text().splitlines()]
+    long_record = next(r for r in records if r["prompt_tokens"] == 100 and r["prefill_steps"] > 1)
+    assert long_record["interleaved"] is True
+    assert long_record["prefill_calls"] >= -(-100 // CHUNK)
