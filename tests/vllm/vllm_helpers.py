@@ -6,6 +6,7 @@ detokenizer run for real, with random fp32 weights that make every engine step c
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -176,13 +177,16 @@ class Server:
         raise TimeoutError(f"vllm serve not ready after {timeout} s; log:\n{self.log.read_text()[-4000:]}")
 
     def stop(self) -> int:
+        """SIGTERM to the server's PID (vLLM stops its engine process), then SIGKILL to any straggler of its group."""
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.send_signal(signal.SIGTERM)
             try:
-                self.process.wait(timeout=60)
+                self.process.wait(timeout=90)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.kill()
                 self.process.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
         return self.process.returncode
 
     def post(self, path: str, body: dict) -> tuple[int, dict]:
