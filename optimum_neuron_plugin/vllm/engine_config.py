@@ -70,6 +70,7 @@ def fit_to_artifact(vllm_config: VllmConfig) -> ServingLimits:
     _fit_scheduler(vllm_config, neuron_config, mode)
     _fit_kv_cache(vllm_config)
     _disable_compilation(vllm_config)
+    _use_artifact_dtype(vllm_config, neuron_config)
     _prefer_spawn()
     return ServingLimits(
         max_model_len=vllm_config.model_config.max_model_len,
@@ -181,11 +182,28 @@ def _fit_kv_cache(vllm_config: VllmConfig) -> None:
     cache_config = vllm_config.cache_config
     cache_config.enable_prefix_caching = False
     # The runtime owns the KV cache (batch_size rows); vLLM's blocks are bookkeeping only.
-    cache_config.num_gpu_blocks_override = kv_blocks_needed(
+    needed = kv_blocks_needed(
         vllm_config.scheduler_config.max_num_seqs,
         vllm_config.model_config.max_model_len,
         cache_config.block_size,
     )
+    explicit = cache_config.num_gpu_blocks_override
+    if explicit is not None and explicit < needed:
+        logger.warning(
+            "num_gpu_blocks_override=%d is below the %d blocks that max_num_seqs requests of max_model_len need: "
+            "vLLM may preempt requests, which are then prefilled again",
+            explicit,
+            needed,
+        )
+        return
+    cache_config.num_gpu_blocks_override = max(needed, explicit or 0)
+
+
+def _use_artifact_dtype(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> None:
+    """The graphs were compiled for one dtype; vLLM's own guess (e.g. downcasting fp32) does not apply."""
+    from ..artifact import torch_dtype
+
+    vllm_config.model_config.dtype = torch_dtype(neuron_config)
 
 
 def _prefer_spawn() -> None:
