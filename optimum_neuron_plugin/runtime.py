@@ -69,7 +69,9 @@ class NeuronModelForCausalLM:
         progress(f"loading weights of {model}")
         source = load_source(model)
         params = _to_params(source.state_dict, args, artifact.torch_dtype(neuron_config))
-        hf_config = {**source.hf_config, "architectures": [args.architecture]}
+        # The weights are stored dequantized (a GGUF source's quantization_config no longer applies).
+        hf_config = {k: v for k, v in source.hf_config.items() if k != "quantization_config"}
+        hf_config["architectures"] = [args.architecture]
         workdir = Path(tempfile.mkdtemp(prefix="onp-graphs-"))
         caches = empty_cache(
             args.num_hidden_layers, neuron_config.batch_size, neuron_config.sequence_length,
