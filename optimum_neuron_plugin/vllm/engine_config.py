@@ -23,6 +23,7 @@ from .options import PrefillMode, prefill_mode
 logger = logging.getLogger(__name__)
 
 WORKER_CLS = "optimum_neuron_plugin.vllm.worker.NeuronWorker"
+SCHEDULER_CLS = "optimum_neuron_plugin.vllm.scheduler.NeuronScheduler"
 
 # What vLLM picks for max_num_seqs / max_num_batched_tokens when the user sets nothing
 # (EngineArgs.get_batch_defaults, x2 in throughput mode). vLLM does not record whether the
@@ -141,6 +142,12 @@ def _fit_scheduler(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: P
     scheduler_config = vllm_config.scheduler_config
     max_model_len = vllm_config.model_config.max_model_len
     scheduler_config.async_scheduling = False
+    if scheduler_config.scheduler_cls not in (None, SCHEDULER_CLS):
+        raise ConfigMismatchError(
+            f"scheduler_cls={scheduler_config.scheduler_cls!r} is not supported by the Neuron plugin: omit "
+            "--scheduler-cls (the plugin's NeuronScheduler fails the requests of a graph call that raises, not the engine)"
+        )
+    scheduler_config.scheduler_cls = SCHEDULER_CLS
     if mode is PrefillMode.SERIAL:
         # Whole prompts only: the runner's chunk loop does the chunking. The budget must hold a
         # full-length prompt next to every running decode, or such a prompt would wait.

@@ -17,10 +17,14 @@ import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 
+from .. import backends
+from ..errors import ArtifactError
+from ..graphs import TOKEN_GENERATION
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY
 from .host_sampling import TokenLogprobs, logprobs_lists, sample_token, token_logprobs
 from .requests import RequestState, SlotPool
+from .scheduler import NeuronRunnerOutput
 from .stats import StatsSink
 from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids
 
@@ -88,17 +92,46 @@ class NeuronModelRunner:
         plan = self.plan(scheduler_output)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, TokenLogprobs] = {}
+        failed: list[str] = []
         if plan.decodes:
-            self._decode(plan.decodes, sampled, logprobs)
+            try:
+                self._decode(plan.decodes, sampled, logprobs)
+            except Exception as error:  # noqa: BLE001 - any graph failure fails its requests (scheduler.py)
+                failed += self._graph_failed(TOKEN_GENERATION, plan.decodes, error)
         for work in plan.prefills:
-            self._prefill(work, interleaved=bool(plan.decodes), sampled=sampled, logprobs=logprobs)
+            try:
+                self._prefill(work, interleaved=bool(plan.decodes), sampled=sampled, logprobs=logprobs)
+            except Exception as error:  # noqa: BLE001
+                failed += self._graph_failed(self.model.neuron_config.prefill_graph, [work], error)
+        for req_id in failed:
+            sampled.pop(req_id, None)
+            logprobs.pop(req_id, None)
         req_ids = list(scheduler_output.num_scheduled_tokens)
-        return ModelRunnerOutput(
+        return NeuronRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
             sampled_token_ids=[sampled.get(req_id, []) for req_id in req_ids],
             logprobs=logprobs_lists([logprobs.get(req_id) for req_id in req_ids]),
+            failed_req_ids=failed,
         )
+
+    def _graph_failed(self, graph: str, work: list[ScheduledSlice], error: Exception) -> list[str]:
+        """The requests of a graph call that raised: NeuronScheduler finishes them with an error."""
+        req_ids = [w.req_id for w in work]
+        logger.error(
+            "graph %s (%s) raised %s: %s; failing request(s) %s, the server keeps serving",
+            graph,
+            self._graph_files(graph),
+            type(error).__name__,
+            error,
+            ", ".join(req_ids),
+            exc_info=error,
+        )
+        return req_ids
+
+    def _graph_files(self, graph: str) -> str:
+        nc = self.model.neuron_config
+        return ", ".join(str(path) for path in backends.graph_files(nc, self.model.graphs_dir, [graph]))
 
     def _decode(self, work: list[ScheduledSlice], sampled, logprobs) -> None:
         states = [self.requests[w.req_id] for w in work]
@@ -144,10 +177,23 @@ class NeuronModelRunner:
             logprobs[state.req_id] = token_logprobs(logits, token, state.params.logprobs)
 
     def warm_up(self) -> float:
-        """One prefill and one decode on slot 0 (rewritten by the next request that uses it)."""
+        """One prefill and one decode on slot 0 (rewritten by the next request that uses it).
+
+        A graph that cannot run (e.g. a file from another export) stops the startup with its file named.
+        """
         began = time.perf_counter()
-        self.model.prefill(0, [0])
-        self.model.decode([0], [0], [1])
+        for graph, call in (
+            (self.model.neuron_config.prefill_graph, lambda: self.model.prefill(0, [0])),
+            (TOKEN_GENERATION, lambda: self.model.decode([0], [0], [1])),
+        ):
+            try:
+                call()
+            except Exception as error:  # noqa: BLE001 - shape, dtype or runtime errors all mean "re-export"
+                raise ArtifactError(
+                    f"{self._graph_files(graph)}: the compiled graph {graph} fails on its first call "
+                    f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); the artifact "
+                    "is corrupt or mixes files of different exports: export the model again"
+                ) from error
         return time.perf_counter() - began
 
     def shutdown(self) -> None:

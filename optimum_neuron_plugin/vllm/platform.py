@@ -99,6 +99,15 @@ class NeuronPlatform(Platform):
 
             check_request(cls.serving_limits, processed_inputs, params)
 
+    def get_max_output_tokens(self, prompt_len: int) -> int:
+        # The OpenAI server calls this before it caps max_tokens to max_model_len - prompt_len: a prompt
+        # that fills the whole sequence gets the plugin's message instead of "max_tokens must be at least 1, got 0".
+        if self.serving_limits is not None and prompt_len > 0:
+            from .request_checks import check_prompt_length
+
+            check_prompt_length(self.serving_limits, prompt_len)
+        return super().get_max_output_tokens(prompt_len)
+
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
         raise NotImplementedError("the Neuron plugin runs compiled graphs; vLLM attention backends are not used")

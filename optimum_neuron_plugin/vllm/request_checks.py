@@ -41,7 +41,10 @@ def check_prompt(limits: ServingLimits, engine_input: object) -> None:
             f"only token prompts are supported by the Neuron plugin (got {kind!r} input: no prompt embeddings, "
             "multimodal or encoder-decoder inputs)"
         )
-    prompt_len = len(engine_input["prompt_token_ids"])
+    check_prompt_length(limits, len(engine_input["prompt_token_ids"]))
+
+
+def check_prompt_length(limits: ServingLimits, prompt_len: int) -> None:
     # One position is left for the first generated token (vLLM's own rule too).
     limit = min(limits.max_model_len, limits.sequence_length) - 1
     if prompt_len == 0:

@@ -1,0 +1,190 @@
+"""Session fixtures for the reliability tests: tiny artifacts and corrupt variants, two servers, refusals.
+
+- `server`: `vllm serve` of the chunked tiny model (batch 4, sequence 128, chunks of 16, on-device
+  sampling) in the default serial prefill mode; the bad-request, abort, overload and soak modules share it.
+- `interleaved_server`: `vllm serve` in interleaved prefill mode of a tiny model whose embedding table
+  (1000 rows) is smaller than its tokenizer (49152 ids): a prompt with a larger id makes the prefill
+  graph raise at run time (the graph-failure tests), and prompts are prefilled over several engine
+  steps (aborts in the middle of a prefill).
+- `refusals`: `vllm serve` runs that must exit non-zero at startup (corrupt artifacts, configuration
+  mismatches), started in the background, two at a time, from the first test of the directory on.
+
+Everything listens on and talks to 127.0.0.1; every process is stopped by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))  # vllm_helpers: tiny model, Server
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+from vllm_helpers import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, build_tiny_hf, export  # noqa: E402
+
+from .helpers import Refusals, ReliabilityServer, completion_tokens, greedy  # noqa: E402
+
+SMALL_VOCAB = 1000
+SERVER_START_TIMEOUT = 300
+
+
+@pytest.fixture(scope="session")
+def rel_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("reliability")
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_dir(rel_root) -> Path:
+    return build_tiny_hf(rel_root / "tiny-hf")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_hf_dir):
+    return AutoTokenizer.from_pretrained(tiny_hf_dir)
+
+
+@pytest.fixture(scope="session")
+def chunked_dir(rel_root, tiny_hf_dir) -> Path:
+    return export(tiny_hf_dir, rel_root / "chunked", prefill_chunk_size=CHUNK, on_device_sampling=True)
+
+
+@pytest.fixture(scope="session")
+def small_vocab_dir(rel_root, tiny_hf_dir) -> Path:
+    """The tiny Llama with a 1000-row embedding table, exported with SmolLM2's 49152-id tokenizer.
+
+    vLLM accepts any id the tokenizer knows, so a prompt id >= 1000 reaches the graph, whose
+    embedding lookup raises (IndexError) at run time; ids < 1000 are served normally.
+    """
+    source = rel_root / "small-vocab-hf"
+    if not (source / "config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dir)
+        torch.manual_seed(1)
+        config = LlamaConfig(
+            vocab_size=SMALL_VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+            initializer_range=0.1,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            tie_word_embeddings=False,
+        )
+        LlamaForCausalLM(config).save_pretrained(source)
+        tokenizer.save_pretrained(source)
+    return export(source, rel_root / "small-vocab", prefill_chunk_size=CHUNK, on_device_sampling=True)
+
+
+# ---- corrupt artifacts and startup mismatches ------------------------------------------------------
+
+
+def corrupt_variants(chunked: Path, foreign: Path, root: Path) -> dict[str, Path]:
+    """Copies of the chunked artifact, each broken in one way."""
+
+    def variant(name: str) -> Path:
+        directory = root / name
+        if directory.exists():
+            shutil.rmtree(directory)
+        shutil.copytree(chunked, directory)
+        return directory
+
+    def edit_config(directory: Path, change) -> None:
+        path = directory / "neuron_config.json"
+        config = json.loads(path.read_text())
+        change(config)
+        path.write_text(json.dumps(config, indent=2))
+
+    variants = {}
+    variants["missing-graph"] = directory = variant("missing-graph")
+    (directory / "graphs/token_generation.pt2").unlink()
+    variants["truncated-weights"] = directory = variant("truncated-weights")
+    weights = directory / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    variants["newer-format"] = directory = variant("newer-format")
+    edit_config(directory, lambda c: c.update(format_version=c["format_version"] + 1))
+    variants["missing-field"] = directory = variant("missing-field")
+    edit_config(directory, lambda c: c.pop("sequence_length"))
+    # token_generation.pt2 of another export (a 1000-row embedding): it loads, then fails on its first call.
+    variants["foreign-graph"] = directory = variant("foreign-graph")
+    shutil.copyfile(foreign / "graphs/token_generation.pt2", directory / "graphs/token_generation.pt2")
+    return variants
+
+
+@pytest.fixture(scope="session")
+def refusals(rel_root, chunked_dir, small_vocab_dir):
+    variants = corrupt_variants(chunked_dir, small_vocab_dir, rel_root / "corrupt")
+    cases = {name: (directory, []) for name, directory in variants.items()}
+    cases["max-num-seqs"] = (chunked_dir, ["--max-num-seqs", str(BATCH_SIZE + 1)])
+    cases["max-model-len"] = (chunked_dir, ["--max-model-len", str(2 * SEQUENCE_LENGTH)])
+    cases["tensor-parallel-size"] = (chunked_dir, ["--tensor-parallel-size", "2"])
+    runner = Refusals(cases, rel_root / "refusal-logs", workers=2)
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_refusals_early(request):
+    """Start the refusal runs before the first test when any selected test needs them (they overlap the rest)."""
+    if any("refusals" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("refusals")
+
+
+# ---- servers --------------------------------------------------------------------------------------
+
+
+def _serve(model: Path, log: Path, *args: str, env: dict[str, str] | None = None):
+    server = ReliabilityServer(model, log, *args, env=env)
+    server.stats_file = Path(env["ONP_STATS_FILE"]) if env and "ONP_STATS_FILE" in env else None
+    try:
+        server.wait_ready(timeout=SERVER_START_TIMEOUT)
+        yield server
+    finally:
+        server.stop()
+    assert server.process.poll() is not None
+
+
+@pytest.fixture(scope="session")
+def server(chunked_dir, rel_root):
+    yield from _serve(chunked_dir, rel_root / "server.log")
+
+
+@pytest.fixture(scope="session")
+def interleaved_server(small_vocab_dir, rel_root):
+    stats = rel_root / "interleaved-stats.jsonl"
+    yield from _serve(
+        small_vocab_dir,
+        rel_root / "interleaved-server.log",
+        "--additional-config",
+        json.dumps({"prefill_mode": "interleaved"}),
+        env={"ONP_STATS_FILE": str(stats)},
+    )
+
+
+class Alone:
+    """Greedy outputs of prompts run alone on a server (one request, nothing else in flight), computed once."""
+
+    def __init__(self, server) -> None:
+        self.server = server
+        self.cache: dict[tuple[tuple[int, ...], int], list[int]] = {}
+
+    def __call__(self, prompt: list[int], max_tokens: int) -> list[int]:
+        key = (tuple(prompt), max_tokens)
+        if key not in self.cache:
+            self.cache[key] = completion_tokens(self.server.port, greedy(self.server.model, list(prompt), max_tokens))
+        return self.cache[key]
+
+
+@pytest.fixture(scope="session")
+def alone(server) -> Alone:
+    return Alone(server)
+
+
+@pytest.fixture(scope="session")
+def alone_interleaved(interleaved_server) -> Alone:
+    return Alone(interleaved_server)

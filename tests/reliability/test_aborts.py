@@ -1,0 +1,133 @@
+"""Clients that disconnect free their slot, whenever they leave; after 100 aborts a full batch is served.
+
+A leaked slot would show twice: vLLM would keep the request running or waiting (/metrics), and the
+runner's slot pool would run dry when batch_size requests arrive together (the engine would fail).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+
+from vllm_helpers import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
+
+from .helpers import abort, completion_tokens, concurrently, greedy, wait_idle
+
+ABORTS = 100
+LONG = SEQUENCE_LENGTH - 8  # several compiled chunks
+NEW_TOKENS = 24
+
+
+def full_batch(server, prompts: list[list[int]]) -> tuple[list[list[int]], float]:
+    """batch_size requests at once: their outputs and the wall time."""
+    began = time.perf_counter()
+    outputs = concurrently(
+        lambda p: completion_tokens(server.port, greedy(server.model, p, NEW_TOKENS)), prompts, len(prompts)
+    )
+    return outputs, time.perf_counter() - began
+
+
+def test_disconnect_mid_stream_frees_the_slots(server, tokenizer, alone):
+    prompts = [prompt_of(10 + 9 * i, tokenizer, offset=i) for i in range(BATCH_SIZE)]
+    reads = concurrently(
+        lambda p: abort(server.port, greedy(server.model, p, 100), after_events=3), prompts, BATCH_SIZE
+    )
+    assert reads == [3] * BATCH_SIZE
+    wait_idle(server.port)
+    outputs, _ = full_batch(server, prompts)
+    assert outputs == [alone(p, NEW_TOKENS) for p in prompts]
+
+
+def test_disconnect_during_the_prefill_of_a_long_prompt(server, tokenizer, alone):
+    prompt = prompt_of(LONG, tokenizer, offset=5)
+    assert LONG > 4 * CHUNK
+    # Gone right after sending, or a few milliseconds later: queued, or inside the prompt's chunk loop.
+    for delay in (0.0, 0.005, 0.02, 0.05):
+        abort(server.port, greedy(server.model, prompt, 50), after_events=0, delay=delay)
+        abort(server.port, greedy(server.model, prompt, 50), after_events=0, delay=delay, stream=False)
+    wait_idle(server.port)
+    assert completion_tokens(server.port, greedy(server.model, prompt, 8)) == alone(prompt, 8)
+
+
+def test_after_100_aborted_requests_a_full_batch_is_served(server, tokenizer, alone):
+    batch = [prompt_of(n, tokenizer, offset=n) for n in (9, CHUNK, 2 * CHUNK + 5, 70)][:BATCH_SIZE]
+    batch += [prompt_of(3 + i, tokenizer) for i in range(BATCH_SIZE - len(batch))]
+    expected = [alone(p, NEW_TOKENS) for p in batch]
+    before, before_seconds = full_batch(server, batch)
+    assert before == expected
+
+    short, medium, long = (prompt_of(n, tokenizer, offset=2) for n in (6, 40, LONG))
+    # (prompt, events read before hanging up, delay, streamed): mid-stream, while queued, during the prefill.
+    kinds = [
+        (short, 1, 0.0, True),
+        (medium, 5, 0.0, True),
+        (long, 0, 0.0, True),
+        (long, 0, 0.01, False),
+        (medium, 0, 0.0, False),
+        (long, 2, 0.0, True),
+        (short, 0, 0.003, True),
+    ]
+    plan = list(itertools.islice(itertools.cycle(kinds), ABORTS))
+    # More clients than batch_size: some are dropped while they wait for a slot.
+    reads = concurrently(
+        lambda k: abort(server.port, greedy(server.model, k[0], 60), after_events=k[1], delay=k[2], stream=k[3]),
+        plan,
+        2 * BATCH_SIZE,
+    )
+    assert len(reads) == ABORTS
+    idle = wait_idle(server.port)
+
+    after, after_seconds = full_batch(server, batch)
+    assert after == expected
+    print(
+        f"\n{ABORTS} aborted requests; full batch of {BATCH_SIZE}: {before_seconds:.2f} s before, "
+        f"{after_seconds:.2f} s after; vllm:num_requests_running={idle.get('vllm:num_requests_running')}"
+    )
+    # Same speed (loose: the host's CPUs are shared with other work).
+    assert after_seconds < 3 * before_seconds + 2
+
+
+def test_abort_in_the_middle_of_an_interleaved_prefill(interleaved_server, alone_interleaved):
+    """Interleaved mode prefills a long prompt one chunk per engine step: a client can leave half way."""
+    server = interleaved_server
+    long = [100 + (7 * i) % 800 for i in range(LONG)]  # ids the small-vocab model knows
+    steps_needed = -(-LONG // CHUNK)
+    background = [[200 + i, 300 + i, 400 + i] for i in range(BATCH_SIZE - 1)]
+
+    def aborted_mid_prefill() -> list[dict]:
+        if not server.stats_file.is_file():
+            return []
+        records = [json.loads(line) for line in server.stats_file.read_text().splitlines()]
+        return [
+            r
+            for r in records
+            if r["prompt_tokens"] == LONG and r["output_tokens"] == 0 and 0 < r["prefill_steps"] < steps_needed
+        ]
+
+    def run_or_drop(job) -> None:
+        prompt, new_tokens, drop_after = job
+        body = greedy(server.model, prompt, new_tokens)
+        if drop_after:
+            abort(server.port, body, after_events=0, delay=drop_after)
+        else:
+            completion_tokens(server.port, body)
+
+    found = []
+    for attempt in range(12):
+        # Decoding neighbours keep one prompt slice per step; the long prompt is dropped after `delay`.
+        delay = 0.02 + 0.015 * (attempt % 6)
+        jobs = [(p, 40, 0.0) for p in background] + [(long, 30, delay)]
+        concurrently(run_or_drop, jobs, len(jobs))
+        wait_idle(server.port)
+        found = aborted_mid_prefill()
+        if found:
+            break
+    assert found, "no abort landed inside the prefill in 12 attempts"
+    print(f"\naborted after {found[0]['prefill_steps']} of {steps_needed} prefill steps (attempt {attempt + 1})")
+
+    batch = [long[:50], *background]
+    outputs = concurrently(
+        lambda p: completion_tokens(server.port, greedy(server.model, p, NEW_TOKENS)), batch, len(batch)
+    )
+    assert outputs == [alone_interleaved(p, NEW_TOKENS) for p in batch]

@@ -1,0 +1,98 @@
+"""Faults: corrupt artifacts stop `vllm serve` at startup naming the file; a graph that raises while
+serving fails only its requests (500) and the server keeps serving.
+
+Startup: a missing graph, truncated weights, a neuron_config.json from a newer format or missing a
+field, and a graph file from another export (it loads, then fails its first call in the warm-up).
+Serving: the interleaved server's model has a 1000-row embedding table behind a 49152-id tokenizer;
+a prompt holding id >= 1000 passes vLLM's checks and makes the prefill graph raise (IndexError),
+a real run-time graph failure with no mock. Decision (README, Serve): the requests of the failing
+graph call finish with an error (HTTP 500, "Internal server error"; the server log names the graph
+file and the error), their cache slots are freed, and every other request is served.
+"""
+
+from __future__ import annotations
+
+import pytest
+from vllm_helpers import BATCH_SIZE
+
+from .conftest import SMALL_VOCAB
+from .helpers import call, completion_tokens, concurrently, greedy, health, stream_tokens, wait_idle
+
+CORRUPT = {
+    "missing-graph": ("graphs/token_generation.pt2", "missing compiled graph; export the model again"),
+    "truncated-weights": ("model.safetensors", "unreadable or truncated"),
+    "newer-format": ("neuron_config.json", "format_version 2 is not supported by this optimum-neuron-plugin"),
+    "missing-field": ("neuron_config.json", "missing field(s) sequence_length; export the model again"),
+    "foreign-graph": ("graphs/token_generation.pt2", "the compiled graph token_generation fails on its first call"),
+}
+NEW_TOKENS = 12
+
+
+@pytest.mark.parametrize("name", CORRUPT)
+def test_corrupt_artifact_stops_the_server_at_startup(refusals, rel_root, name):
+    file, message = CORRUPT[name]
+    result = refusals.result(name)
+    assert not result.timed_out, f"vllm serve still running after {result.seconds:.0f} s:\n{result.output[-3000:]}"
+    assert result.returncode != 0, result.output[-3000:]
+    assert f"{rel_root / 'corrupt' / name / file}: " in result.output, result.output[-3000:]
+    assert message in result.output
+    assert "export the model again" in result.output or "upgrade the plugin" in result.output
+    assert "Starting vLLM server" not in result.output
+
+
+def good_prompts() -> list[list[int]]:
+    return [[100 + 3 * i + j for j in range(5 + 11 * i)] for i in range(BATCH_SIZE)]
+
+
+def bad_prompt(n: int) -> list[int]:
+    return [5, 6, 7 + n, SMALL_VOCAB + 4000 + n, 8]  # one id beyond the embedding table
+
+
+def test_a_graph_failure_fails_its_request_and_the_server_keeps_serving(interleaved_server, alone_interleaved):
+    server = interleaved_server
+    good = good_prompts()
+    expected = [alone_interleaved(p, NEW_TOKENS) for p in good]
+
+    def run(job):
+        kind, prompt = job
+        body = greedy(server.model, prompt, NEW_TOKENS)
+        if kind == "stream":
+            return stream_tokens(server.port, body)
+        return call(server.port, "/v1/completions", body)
+
+    # Good requests running while two bad ones (one streamed) fail next to them.
+    jobs = [("plain", p) for p in good[:-1]] + [("plain", bad_prompt(0)), ("stream", bad_prompt(1))]
+    results = concurrently(run, jobs, len(jobs))
+    for (status, body), want in zip(results[: len(good) - 1], expected, strict=False):
+        assert status == 200, body
+        assert body["choices"][0]["token_ids"] == want
+    status, body = results[-2]
+    assert status == 500, body
+    assert body["error"]["code"] == 500 and body["error"]["message"] == "Internal server error"
+    status, tokens, errors = results[-1]
+    assert status == 200 and tokens == []  # the stream had started: the error is its last event
+    assert errors and errors[0]["error"]["code"] == 500, errors
+
+    log = server.log.read_text()
+    graph_file = f"{server.model}/graphs/chunked_prefill.pt2"
+    assert f"graph chunked_prefill ({graph_file}) raised IndexError" in log
+    assert "the server keeps serving" in log
+    assert server.process.poll() is None and health(server.port) == 200
+
+
+def test_repeated_graph_failures_leak_no_slot(interleaved_server, alone_interleaved):
+    server = interleaved_server
+    statuses = concurrently(
+        lambda n: call(server.port, "/v1/completions", greedy(server.model, bad_prompt(n), 4))[0],
+        range(3 * BATCH_SIZE),
+        2 * BATCH_SIZE,
+    )
+    assert statuses == [500] * (3 * BATCH_SIZE)
+    wait_idle(server.port)
+    # batch_size requests together need every slot back.
+    good = good_prompts()
+    outputs = concurrently(
+        lambda p: completion_tokens(server.port, greedy(server.model, p, NEW_TOKENS)), good, len(good)
+    )
+    assert outputs == [alone_interleaved(p, NEW_TOKENS) for p in good]
+    assert server.process.poll() is None and health(server.port) == 200
