@@ -42,9 +42,14 @@ PORT=${PORT:-8200}
 HOST=127.0.0.1
 # Seconds a server may take to answer /health (vLLM's torch.compile start takes minutes here).
 SERVER_TIMEOUT=${SERVER_TIMEOUT:-900}
+# Intra-op threads of every CPU configuration (OMP_NUM_THREADS of the plugin's servers and of
+# hf-generate; vLLM's CPU backend binds one thread per core of VLLM_CPU_OMP_THREADS_BIND). Default:
+# all cores. On a host other jobs are using, THREADS=1 can be several times faster: threads that
+# wait for each other at every op lose their core to the other jobs.
+THREADS=${THREADS:-$(nproc)}
 # vLLM's own CPU backend (the vllm-cpu peers): KV cache GiB and the cores its OpenMP threads use.
 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
-VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-0-$(($(nproc) - 1))}
+VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-0-$((THREADS - 1))}
 # The peers' dtype: float32 like the CPU reference backend's exports.
 VLLM_CPU_DTYPE=${VLLM_CPU_DTYPE:-float32}
 
@@ -54,7 +59,7 @@ ARTIFACTS=${ARTIFACTS:-$RESULTS_ROOT/artifacts}
 RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/manual}
 
 export MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE TP BACKEND CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
-  NUM_WARMUPS SEED TEMPERATURE CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
+  NUM_WARMUPS SEED TEMPERATURE THREADS CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 
 log() { printf '[%s %s] %s\n' "$(basename "$0" .sh)" "$(date +%H:%M:%S)" "$*" >&2; }

@@ -44,7 +44,7 @@ for i in "${!levels[@]}"; do
   log "$name: concurrency $c ($((i + 1))/${#levels[@]}), $NUM_PROMPTS prompts, $INPUT_LEN in / $OUTPUT_LEN out tokens"
   if [ "$kind" = hf ]; then
     model=$(ensure_hf_model)
-    "$PYTHON" "$BENCH_DIR/hf_generate.py" --model "$model" --concurrency "$c" --num-warmups "$NUM_WARMUPS" \
+    "$PYTHON" "$BENCH_DIR/hf_generate.py" --model "$model" --concurrency "$c" --num-warmups "$NUM_WARMUPS" --threads "$THREADS" \
       --out "$result" -- "${dataset_args[@]}" >"$RUN_DIR/$name-c$c.log" 2>&1 ||
       {
         tail -30 "$RUN_DIR/$name-c$c.log" >&2

@@ -26,11 +26,26 @@ for name in "${names[@]}"; do config_kind "$name" >/dev/null; done
 mkdir -p "$RUN_DIR"
 
 current=""
+child=""
 cleanup() {
+  # The step still running (its own process group, see run_step), then the server.
+  if [ -n "$child" ]; then kill -TERM -- "-$child" 2>/dev/null || true; fi
   if [ -n "$current" ]; then "$BENCH_DIR/serve.sh" --stop "$current" || true; fi
 }
 trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT TERM
+
+# Runs a step in its own process group and waits for it: `wait` returns as soon as a signal
+# arrives (a foreground command would delay the trap until it ends), and cleanup can stop the
+# step's whole group.
+run_step() {
+  setsid "$@" &
+  child=$!
+  local status=0
+  wait "$child" || status=$?
+  child=""
+  return "$status"
+}
 
 "$PYTHON" - "$RUN_DIR/run.json" <<'EOF'
 import json, os, platform, sys, time
@@ -62,6 +77,7 @@ run = {
     "sequence_length": int(env["SEQUENCE_LENGTH"]),
     "chunk_size": int(env["CHUNK_SIZE"]),
     "tp": int(env["TP"]),
+    "threads": int(env["THREADS"]),
     "concurrency": env["CONCURRENCY"],
     "input_len": int(env["INPUT_LEN"]),
     "output_len": int(env["OUTPUT_LEN"]),
@@ -88,19 +104,19 @@ interleave_wanted() {
 run_one() {
   local name=$1
   if [ "$(config_kind "$name")" = hf ]; then
-    "$BENCH_DIR/drive.sh" "$name"
+    run_step "$BENCH_DIR/drive.sh" "$name"
     return
   fi
   current=$name
-  "$BENCH_DIR/serve.sh" "$name" || {
+  run_step "$BENCH_DIR/serve.sh" "$name" || {
     current=""
     return 1
   }
   local ok=1
-  "$BENCH_DIR/drive.sh" "$name" || ok=0
+  run_step "$BENCH_DIR/drive.sh" "$name" || ok=0
   if [ "$ok" = 1 ] && interleave_wanted "$name"; then
     log "$name: serial vs interleaved scenario"
-    "$PYTHON" "$BENCH_DIR/interleave.py" --name "$name" --url "http://$HOST:$PORT" \
+    run_step "$PYTHON" "$BENCH_DIR/interleave.py" --name "$name" --url "http://$HOST:$PORT" \
       --model-dir "$(served_dir "$name")" --out "$RUN_DIR/interleave-$name.json" \
       --stats-file "$RUN_DIR/$name.stats.jsonl" 2>"$RUN_DIR/interleave-$name.log" || ok=0
     tail -1 "$RUN_DIR/interleave-$name.log" >&2

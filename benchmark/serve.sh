@@ -90,7 +90,7 @@ start_server() {
     export_artifact "$name"
     dir=$(config_artifact "$name")
     read -r chunk ods mode <<<"$(config_settings "$name")"
-    envs+=(ONP_PREFILL_MODE="$mode" ONP_STATS_FILE="$RUN_DIR/$name.stats.jsonl")
+    envs+=(ONP_PREFILL_MODE="$mode" ONP_STATS_FILE="$RUN_DIR/$name.stats.jsonl" OMP_NUM_THREADS="$THREADS")
     # The CPU reference backend must be asked for; on a Neuron host the plugin activates by itself.
     if [ "$BACKEND" = cpu ]; then envs+=(ONP_BACKEND=cpu); fi
     : >"$RUN_DIR/$name.stats.jsonl"

@@ -94,7 +94,7 @@ def test_matrix_tiny(tiny_model, bench_cache, tmp_path):
         ARTIFACTS=str(bench_cache / "artifacts"),
         LATEST=str(results / "latest"),
         # Tiny graphs gain nothing from a second intra-op thread on a busy 2-core host.
-        OMP_NUM_THREADS="1",
+        THREADS="1",
         SERVER_TIMEOUT="400",
     )
     done = subprocess.run(
