@@ -22,7 +22,7 @@ fi
 # model = MODEL as given.
 EXPORT_SOURCE=${EXPORT_SOURCE:-hf}
 BATCH_SIZE=${BATCH_SIZE:-4}
-SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-1024}
+SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-512}
 CHUNK_SIZE=${CHUNK_SIZE:-128}
 TP=${TP:-1}
 # Export backend: cpu (reference backend, any host), neuron or auto.
