@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_helpers import GGUF, close_llm, make_llm
+from vllm_helpers import GGUF, close_llm, hf_greedy, make_llm
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 
@@ -62,13 +62,5 @@ def test_chat_greedy_equals_transformers(smollm2):
     finally:
         close_llm(llm)
     for prompt_ids, output in zip(ids, outputs, strict=True):
-        with torch.no_grad():
-            reference = hf.generate(
-                torch.tensor([prompt_ids]),
-                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-                max_new_tokens=NEW_TOKENS,
-                min_new_tokens=NEW_TOKENS,
-                do_sample=False,
-            )[0, len(prompt_ids) :].tolist()
-        assert list(output.outputs[0].token_ids) == reference
+        assert list(output.outputs[0].token_ids) == hf_greedy(hf, prompt_ids, NEW_TOKENS)
     assert "Paris" in outputs[0].outputs[0].text

@@ -98,17 +98,14 @@ def export(source: Path, directory: Path, **config) -> Path:
     return directory
 
 
-def hf_greedy(model: LlamaForCausalLM, prompt: list[int], max_new_tokens: int) -> list[int]:
-    ids = torch.tensor([prompt])
-    out = model.generate(
-        ids,
-        attention_mask=torch.ones_like(ids),
-        max_new_tokens=max_new_tokens,
-        min_new_tokens=max_new_tokens,
-        do_sample=False,
-        pad_token_id=0,
-    )
-    return out[0, len(prompt) :].tolist()
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    """Plain argmax over Hugging Face logits, no logits processors (EOS is a token like any other, as with ignore_eos)."""
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(torch.tensor([tokens])).logits[0, -1]
+            tokens.append(int(logits.argmax()))
+    return tokens[len(prompt) :]
 
 
 def runtime_greedy(model: NeuronModelForCausalLM, prompt: list[int], max_new_tokens: int) -> list[int]:
