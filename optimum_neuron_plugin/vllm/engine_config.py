@@ -9,7 +9,6 @@ graphs, prefix caching, async scheduling, multi-process workers).
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,10 @@ from vllm.config import CompilationMode, VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 
 from ..config import NEURON_CONFIG_FILE, NeuronConfig, NeuronConfigError
+from .log import get_logger
 from .options import PrefillMode, prefill_mode
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 WORKER_CLS = "optimum_neuron_plugin.vllm.worker.NeuronWorker"
 SCHEDULER_CLS = "optimum_neuron_plugin.vllm.scheduler.NeuronScheduler"

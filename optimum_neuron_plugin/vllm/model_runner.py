@@ -10,7 +10,6 @@ serial mode vLLM schedules whole prompts, in interleaved mode vLLM's scheduler h
 
 from __future__ import annotations
 
-import logging
 import time
 
 import torch
@@ -23,12 +22,13 @@ from ..graphs import TOKEN_GENERATION
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY
 from .host_sampling import TokenLogprobs, logprobs_lists, sample_token, token_logprobs
+from .log import get_logger
 from .requests import RequestState, SlotPool
 from .scheduler import NeuronRunnerOutput
 from .stats import StatsSink
 from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class NeuronModelRunner:

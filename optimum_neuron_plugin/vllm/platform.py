@@ -27,7 +27,6 @@ class NeuronPlatform(Platform):
     device_type: str = "cpu"
     dispatch_key: str = "CPU"
     dist_backend: str = "gloo"
-    device_control_env_var: str = "NEURON_RT_VISIBLE_CORES"
     simple_compile_backend: str = "eager"
     supported_quantization: list[str] = []
 

@@ -7,8 +7,6 @@ and returns None, then sample_tokens(grammar_output) returns it. A step with no 
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
@@ -18,9 +16,10 @@ from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from ..runtime import NeuronModelForCausalLM
 from .kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
+from .log import get_logger
 from .model_runner import NeuronModelRunner
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 
 class NeuronWorker(WorkerBase):
