@@ -27,9 +27,16 @@ TIMEOUT = 120  # seconds, per socket operation
 
 
 def server_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without its vLLM / plugin settings, plus the CPU backend."""
+    """The test process's environment without its vLLM / plugin settings, plus the CPU backend.
+
+    One intra-op thread: the tiny model's ops gain nothing from more, and on a shared host OpenMP
+    threads waiting for each other make every graph call 10-20x slower (measured: decode 11 ms with
+    one thread, 124 ms with two, under a load of 3 on 2 cores).
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "ONP_"))}
-    return {**env, "ONP_BACKEND": "cpu", **extra}
+    # No usage-stats report and no hub lookups: the servers talk to 127.0.0.1 only.
+    quiet = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+    return {**env, **quiet, "ONP_BACKEND": "cpu", "OMP_NUM_THREADS": "1", **extra}
 
 
 class ReliabilityServer(Server):
