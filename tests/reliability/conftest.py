@@ -9,7 +9,8 @@
 - `refusals`: `vllm serve` runs that must exit non-zero at startup (corrupt artifacts, configuration
   mismatches), started in the background, two at a time, from the first test of the directory on.
 
-Everything listens on and talks to 127.0.0.1; every process is stopped by PID.
+Everything listens on and talks to 127.0.0.1; every process is stopped by PID, and gets SIGTERM
+if the test process dies first (helpers.die_with_test_process).
 """
 
 from __future__ import annotations

@@ -6,12 +6,14 @@ Everything talks to 127.0.0.1 only, with a timeout on every socket, so no test c
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import http.client
 import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -24,6 +26,16 @@ from vllm_helpers import VENV_BIN, Server, free_port
 
 HOST = "127.0.0.1"
 TIMEOUT = 120  # seconds, per socket operation
+PR_SET_PDEATHSIG = 1
+# Resolved here, not in the forked child (which should run as little as possible before exec).
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+
+
+def die_with_test_process() -> None:
+    """Popen preexec_fn: the server gets SIGTERM when the thread that started it ends, so a test
+    process killed before its fixtures' teardown (SIGKILL, a CI timeout) leaves no server behind."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def server_env(**extra: str) -> dict[str, str]:
@@ -49,7 +61,12 @@ class ReliabilityServer(Server):
         command = [str(VENV_BIN / "vllm"), "serve", self.model, "--host", HOST, "--port", str(self.port), *args]
         with log.open("w") as out:
             self.process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, env=server_env(**(env or {})), start_new_session=True
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=server_env(**(env or {})),
+                start_new_session=True,
+                preexec_fn=die_with_test_process,
             )
 
 
@@ -268,8 +285,14 @@ class Refusals:
         log = self.logs / f"{name}.log"
         began = time.monotonic()
         with log.open("w") as out:
+            # Started from a pool thread, which lives until close(): the run outlives no test process.
             process = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, env=server_env(), start_new_session=True
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=server_env(),
+                start_new_session=True,
+                preexec_fn=die_with_test_process,
             )
             with self._lock:
                 self._processes.append(process)
