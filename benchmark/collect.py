@@ -236,6 +236,8 @@ def run_header(run: dict, run_dir: Path) -> str:
         )
     if run.get("duration_s"):
         lines.append(f"- Wall time of the whole matrix: {run['duration_s'] / 60:.1f} min.")
+    if run.get("note"):
+        lines.append(f"- Note: {run['note']}.")
     if run.get("failures"):
         lines.append(f"- Failed configurations: {run['failures']} (see their logs in the run directory).")
     return "\n".join(lines)
