@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16")
+CPU_COMPILERS = ("inductor", "export")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 INSTANCE_TYPES = ("inf2", "trn1", "trn1n", "trn2")
 BACKENDS = ("auto", "neuron", "cpu")
@@ -144,11 +145,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "host; auto (default): neuron when /dev/neuron* devices exist, else cpu",
     )
     optional.add_argument(
+        *_spellings("context-buckets"),
+        dest="context_buckets",
+        metavar="L1,L2,...",
+        type=_buckets,
+        default=None,
+        help="cache lengths to compile each graph for, increasing, ending with the sequence length; a call runs "
+        "the graph of the smallest bucket holding its context. Default: doubling lengths from the chunk size "
+        "up to the sequence length, at most 4",
+    )
+    optional.add_argument(
+        *_spellings("cpu-compiler"),
+        dest="cpu_compiler",
+        choices=CPU_COMPILERS,
+        default="inductor",
+        help="cpu backend only: inductor (default) compiles the graphs to C++ with AOTInductor; export keeps "
+        "torch.export programs (exports in seconds, runs slower: for quick validation)",
+    )
+    optional.add_argument(
         *_spellings("overwrite"),
         dest="overwrite",
         action="store_true",
         help="replace OUTPUT if it exists and is not empty (otherwise refused)",
     )
+
+
+def _buckets(value: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a comma-separated list of lengths, e.g. 512,1024,2048"
+        ) from None
 
 
 def resolve_chunk_size(prefill_chunk_size: int | None, sequence_length: int) -> int:
@@ -189,6 +217,8 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         max_topk=args.max_topk,
         target=args.instance_type,
         backend=backend,
+        context_buckets=args.context_buckets,
+        cpu_compiler=args.cpu_compiler,
     )
     return ExportRequest(model=args.model, neuron_config=config, output=args.output, overwrite=args.overwrite)
 

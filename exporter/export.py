@@ -260,7 +260,7 @@ def export(request: ExportRequest, progress: Callable[[str], None] = _progress) 
 
     start = time.monotonic()
     model = NeuronModelForCausalLM.export(source, config, progress=progress)
-    progress(f"compiled {len(model.graph_names)} graph(s) in {time.monotonic() - start:.1f} s")
+    progress(f"compiled {len(model.specs)} graph(s) in {time.monotonic() - start:.1f} s")
     with staging_directory(target) as staging:
         progress(f"writing {request.output}")
         model.save_pretrained(staging)

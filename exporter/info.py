@@ -63,16 +63,17 @@ def describe(directory: str | Path) -> list[str]:
     for key, value in extra.items():
         lines.append(f"  {key}: {json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value}")
 
-    from optimum_neuron_plugin.backends import graph_files
+    from optimum_neuron_plugin.backends import get_backend
     from optimum_neuron_plugin.graphs import graph_specs
 
     specs = graph_specs(neuron_config)
     lines.append(f"graphs ({len(specs)}):")
     for spec in specs:
         shape = f"[{spec.rows} x {spec.tokens}]"
-        lines.append(f"  {spec.name:<18} {shape:<10} {'sampling on device' if spec.samples else 'returns logits'}")
+        output = "sampling on device" if spec.samples else "returns logits"
+        lines.append(f"  {spec.name:<18} {shape:<10} context bucket {spec.bucket:<6} {output}")
     # One file per graph on the cpu backend; one NxDModel holding every graph on the neuron backend.
-    programs = graph_files(neuron_config, directory, [spec.name for spec in specs])
+    programs = get_backend(neuron_config).graph_files(directory, specs)
     missing = [p for p in programs if not p.is_file()]
     if missing:
         lines.append(f"MISSING compiled program(s): {', '.join(str(p.relative_to(directory)) for p in missing)}")

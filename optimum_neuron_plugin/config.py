@@ -7,10 +7,14 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 NEURON_CONFIG_FILE = "neuron_config.json"
-FORMAT_VERSION = 1
+# 2: context-length buckets (one graph file per graph and bucket).
+FORMAT_VERSION = 2
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
 TARGETS = ("inf2", "trn1", "trn1n", "trn2")
+CPU_COMPILERS = ("inductor", "export")
+# Default context buckets: doubling lengths ending at sequence_length, at most this many.
+MAX_DEFAULT_BUCKETS = 4
 
 
 class NeuronConfigError(ValueError):
@@ -29,6 +33,12 @@ class NeuronConfig:
     max_topk: int = 256
     target: str | None = None
     backend: str = "cpu"
+    # Cache lengths the graphs are compiled for: a graph for bucket L reads cache positions [0, L) only.
+    # None: default_context_buckets(). The last bucket is always sequence_length.
+    context_buckets: tuple[int, ...] | None = None
+    # CPU backend only: "inductor" compiles each graph to C++ (AOTInductor), "export" keeps the
+    # torch.export program (run op by op: exports in seconds, runs slower).
+    cpu_compiler: str = "inductor"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk"):
@@ -49,6 +59,30 @@ class NeuronConfig:
             _fail("target", self.target, f"one of {', '.join(TARGETS)} or null")
         if not isinstance(self.on_device_sampling, bool):
             _fail("on_device_sampling", self.on_device_sampling, "true or false")
+        if self.cpu_compiler not in CPU_COMPILERS:
+            _fail("cpu_compiler", self.cpu_compiler, f"one of {', '.join(CPU_COMPILERS)}")
+        object.__setattr__(self, "context_buckets", self._checked_buckets())
+
+    def _checked_buckets(self) -> tuple[int, ...]:
+        if self.context_buckets is None:
+            return default_context_buckets(self.sequence_length, self.prefill_chunk_size)
+        buckets = self.context_buckets
+        if isinstance(buckets, int | str) or not all(isinstance(b, int) and not isinstance(b, bool) for b in buckets):
+            _fail("context_buckets", buckets, "a list of integers")
+        buckets = tuple(buckets)
+        if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
+            _fail("context_buckets", list(buckets), "strictly increasing positive lengths")
+        if buckets[-1] != self.sequence_length:
+            _fail(
+                "context_buckets",
+                list(buckets),
+                f"lengths ending with sequence_length ({self.sequence_length}), the bucket that covers every position",
+            )
+        return buckets
+
+    def bucket_for(self, prior_length: int) -> int:
+        """The smallest bucket holding `prior_length` cached positions (a call's first position)."""
+        return next(b for b in self.context_buckets if b >= prior_length)
 
     @property
     def chunked(self) -> bool:
@@ -82,12 +116,17 @@ class NeuronConfig:
             )
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data["context_buckets"] = list(self.context_buckets)
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> NeuronConfig:
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        values = {k: v for k, v in data.items() if k in known}
+        if isinstance(values.get("context_buckets"), list):
+            values["context_buckets"] = tuple(values["context_buckets"])
+        return cls(**values)
 
     def save(self, directory: str | Path, **extra: object) -> None:
         data = {"format_version": FORMAT_VERSION, **self.to_dict(), **extra}
@@ -109,6 +148,11 @@ class NeuronConfig:
                 f"{path}: format_version {version!r} is not supported by this optimum-neuron-plugin "
                 f"(it reads up to {FORMAT_VERSION}); upgrade the plugin or export the model again"
             )
+        if version < FORMAT_VERSION:
+            raise NeuronConfigError(
+                f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
+                f"{FORMAT_VERSION}: graphs per context bucket); export the model again"
+            )
         missing = [f.name for f in fields(cls) if f.name not in data]
         if missing:
             raise NeuronConfigError(f"{path}: missing field(s) {', '.join(missing)}; export the model again")
@@ -116,6 +160,17 @@ class NeuronConfig:
             return cls.from_dict(data)
         except NeuronConfigError as error:
             raise NeuronConfigError(f"{path}: {error}") from None
+
+
+def default_context_buckets(sequence_length: int, prefill_chunk_size: int) -> tuple[int, ...]:
+    """Doubling lengths from the chunk size (512 without chunking) up to sequence_length, the largest
+    MAX_DEFAULT_BUCKETS of them: each bucket is one more graph of each kind to compile."""
+    length = min(prefill_chunk_size or 512, sequence_length)
+    buckets = []
+    while length < sequence_length:
+        buckets.append(length)
+        length *= 2
+    return (*buckets[-(MAX_DEFAULT_BUCKETS - 1) :], sequence_length) if buckets else (sequence_length,)
 
 
 def _require_positive_int(name: str, value: object) -> None:

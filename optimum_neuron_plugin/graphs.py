@@ -1,8 +1,12 @@
-"""The compiled graphs: one fixed-shape program each, sharing the weights and the KV cache.
+"""The compiled graphs: one fixed-shape program per graph kind and context bucket, sharing the
+weights and the KV cache.
 
 - chunked_prefill  : 1 sequence x C tokens -> logits [1, V] of the last real token (no sampling)
 - context_encoding : 1 sequence x S tokens -> logits [1, V] (only when prefill_chunk_size is 0)
 - token_generation : B sequences x 1 token -> token ids [B] (on-device sampling) or logits [B, V]
+
+Each kind is compiled once per context bucket L (NeuronConfig.context_buckets): that graph reads
+and attends only cache positions [0, L). A call whose rows start at positions <= L can use it.
 """
 
 from __future__ import annotations
@@ -29,14 +33,21 @@ class GraphSpec:
     rows: int
     tokens: int
     samples: bool  # on-device sampling: returns token ids instead of logits
+    bucket: int  # cache positions the graph reads: [0, bucket)
+
+    @property
+    def key(self) -> str:
+        """Unique per compiled graph: names its file in the artifact."""
+        return f"{self.name}_{self.bucket}"
 
 
 def graph_specs(neuron_config: NeuronConfig) -> list[GraphSpec]:
     nc = neuron_config
-    return [
-        GraphSpec(nc.prefill_graph, rows=1, tokens=nc.prefill_length, samples=False),
-        GraphSpec(TOKEN_GENERATION, rows=nc.batch_size, tokens=1, samples=nc.on_device_sampling),
-    ]
+    specs = []
+    for bucket in nc.context_buckets:
+        specs.append(GraphSpec(nc.prefill_graph, 1, nc.prefill_length, samples=False, bucket=bucket))
+        specs.append(GraphSpec(TOKEN_GENERATION, nc.batch_size, 1, samples=nc.on_device_sampling, bucket=bucket))
+    return specs
 
 
 class DecoderGraph(nn.Module):
@@ -48,7 +59,9 @@ class DecoderGraph(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=True)
 
     def forward(self, params, caches, input_ids, position_ids, seq_ids, sampling_params=None, uniform=None):
-        logits = decoder_logits(self.args, params, caches, self.inv_freq, input_ids, position_ids, seq_ids)
+        logits = decoder_logits(
+            self.args, params, caches, self.inv_freq, input_ids, position_ids, seq_ids, self.spec.bucket
+        )
         if self.spec.samples:
             return sample(logits, sampling_params, uniform, self.max_topk)
         return logits

@@ -19,7 +19,7 @@ import torch
 from . import __version__, artifact, backends
 from .config import NeuronConfig
 from .errors import ArtifactError, ExportError, InputError
-from .graphs import TOKEN_GENERATION, DecoderGraph, graph_specs
+from .graphs import TOKEN_GENERATION, DecoderGraph, GraphSpec, graph_specs
 from .models.args import ModelArgs
 from .models.kv_cache import empty_cache
 from .models.llama import weight_names
@@ -45,14 +45,17 @@ class NeuronModelForCausalLM:
     ) -> None:
         self.config, self.neuron_config, self.hf_config = args, neuron_config, hf_config
         self.params, self.tokenizer, self.generation_config = params, tokenizer, generation_config
-        self.graph_names = [spec.name for spec in graph_specs(neuron_config)]
+        self.specs = graph_specs(neuron_config)
         self.graphs_dir = Path(graphs_dir)
         nc = neuron_config
         self.caches = empty_cache(
             args.num_hidden_layers, nc.batch_size, nc.sequence_length, args.num_key_value_heads, args.head_dim,
             artifact.torch_dtype(nc),
         )  # fmt: skip
-        self.graphs = backends.load_graphs(nc, args, self.graph_names, params, self.caches, self.graphs_dir)
+        self.backend = backends.get_backend(nc)
+        modules = [DecoderGraph(args, spec, nc.max_topk) for spec in self.specs]
+        self.graphs = self.backend.load(modules, params, self.caches, self.graphs_dir)
+        self._by_bucket = {(spec.name, spec.bucket): spec for spec in self.specs}
 
     # ---- export / save / load -------------------------------------------------------------
 
@@ -65,7 +68,8 @@ class NeuronModelForCausalLM:
 
         _, args = read_config(model)
         _check_model(neuron_config, args)
-        backends.check_can_compile(neuron_config)
+        backend = backends.get_backend(neuron_config)
+        backend.check_can_compile()
         progress(f"loading weights of {model}")
         source = load_source(model)
         params = _to_params(source.state_dict, args, artifact.torch_dtype(neuron_config))
@@ -79,7 +83,7 @@ class NeuronModelForCausalLM:
         )  # fmt: skip
         graphs = [DecoderGraph(args, spec, neuron_config.max_topk) for spec in graph_specs(neuron_config)]
         try:
-            backends.compile_graphs(neuron_config, args, graphs, params, caches, workdir, progress)
+            backend.compile(graphs, params, caches, workdir, progress)
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
@@ -97,13 +101,13 @@ class NeuronModelForCausalLM:
         if self.generation_config is not None:
             self.generation_config.save_pretrained(str(directory))
         artifact.save_weights(self.params, directory)
-        for path in backends.graph_files(self.neuron_config, self.graphs_dir, self.graph_names):
+        for path in self.graph_files():
             target = directory / path.relative_to(self.graphs_dir)
             target.parent.mkdir(parents=True, exist_ok=True)
             if path.resolve() != target.resolve():
                 shutil.copyfile(path, target)
         versions = {"optimum_neuron_plugin_version": __version__}
-        self.neuron_config.save(directory, **versions, compiler=backends.compiler_version(self.neuron_config))
+        self.neuron_config.save(directory, **versions, compiler=self.backend.versions())
 
     @classmethod
     def from_pretrained(cls, directory: str | Path) -> NeuronModelForCausalLM:
@@ -114,7 +118,7 @@ class NeuronModelForCausalLM:
             )
         neuron_config = artifact.load_neuron_config(directory)
         hf_config, args = artifact.load_config(directory)
-        for path in backends.graph_files(neuron_config, directory, [s.name for s in graph_specs(neuron_config)]):
+        for path in backends.get_backend(neuron_config).graph_files(directory, graph_specs(neuron_config)):
             if not path.is_file():
                 raise ArtifactError(f"{path}: missing compiled graph; export the model again")
         params = artifact.load_weights(directory, weight_names(args))
@@ -127,6 +131,15 @@ class NeuronModelForCausalLM:
             raise ArtifactError(
                 f"{directory / 'graphs'}: cannot load a compiled graph ({error}); export again"
             ) from None
+
+    def graph_files(self, name: str | None = None) -> list[Path]:
+        """The compiled files of every graph, or of every bucket of graph kind `name`."""
+        specs = [spec for spec in self.specs if name in (None, spec.name)]
+        return self.backend.graph_files(self.graphs_dir, specs)
+
+    def graph_for(self, name: str, first_positions: Sequence[int]) -> GraphSpec:
+        """The graph `name` of the smallest context bucket holding every row's prior positions."""
+        return self._by_bucket[name, self.neuron_config.bucket_for(max(first_positions))]
 
     # ---- host loops ---------------------------------------------------------------------------
 
@@ -157,7 +170,7 @@ class NeuronModelForCausalLM:
             pad = size - len(chunk)
             ids = torch.tensor([chunk + chunk[-1:] * pad])
             pos = torch.tensor([positions + positions[-1:] * pad])
-            logits = self.graphs(nc.prefill_graph, ids, pos, seq_ids)
+            logits = self.graphs(self.graph_for(nc.prefill_graph, [positions[0]]), ids, pos, seq_ids)
         # Clone: the runtime may reuse the graph's output buffer on the next call.
         return logits[0].clone()
 
@@ -182,9 +195,9 @@ class NeuronModelForCausalLM:
         if nc.on_device_sampling:
             params = params_tensor(sampling + [sampling[0]] * pad, nc.max_topk)
             uniform = torch.cat((draw_uniform(generators), torch.zeros(pad, 1)))
-            tokens = self.graphs(TOKEN_GENERATION, ids, pos, seqs, params, uniform)
+            tokens = self.graphs(self.graph_for(TOKEN_GENERATION, positions), ids, pos, seqs, params, uniform)
             return DecodeResult(tokens[:n].tolist(), None)
-        logits = self.graphs(TOKEN_GENERATION, ids, pos, seqs)[:n].clone()
+        logits = self.graphs(self.graph_for(TOKEN_GENERATION, positions), ids, pos, seqs)[:n].clone()
         return DecodeResult(sample_on_host(logits, sampling, generators).tolist(), logits)
 
     def _check_seq_id(self, seq_id: int) -> None:

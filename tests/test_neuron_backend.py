@@ -91,7 +91,7 @@ def test_exporter_without_sdk_raises_and_writes_nothing(tiny_llama, tmp_path, mo
 
 def test_tensor_parallel_is_refused_before_anything(tmp_path):
     with pytest.raises(ExportError, match=r"tp_degree=2 .*--tensor-parallel-size 1"):
-        neuron.compile_graphs(neuron_config(tp_degree=2), None, [], {}, [], tmp_path, print)
+        neuron.NeuronBackend(neuron_config(tp_degree=2)).compile([], {}, [], tmp_path, print)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -105,7 +105,8 @@ def test_load_without_sdk_raises_artifact_error(tiny_llama, tmp_path):
     artifact.save_config({**source.hf_config, "architectures": [source.args.architecture]}, tmp_path)
     artifact.save_weights(params, tmp_path)
     config.save(tmp_path)
-    for path in neuron.graph_files(tmp_path):  # a placeholder: the SDK check comes before reading it
+    # A placeholder file: the SDK check comes before reading it.
+    for path in neuron.NeuronBackend(config).graph_files(tmp_path, []):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"")
     with pytest.raises(ArtifactError) as raised:
@@ -120,8 +121,9 @@ def test_compiler_args_and_files(tmp_path, monkeypatch):
     assert "--target trn2" in tkg and "--lnc=2" in tkg and "-O2" in tkg and "--auto-cast=none" in tkg
     assert "--lnc=1" in neuron.compiler_args("chunked_prefill", "trn1")
     assert neuron.TARGETS["trn1n"] == "trn1"
-    assert neuron.graph_files(tmp_path) == [tmp_path / "graphs" / "nxd_model.pt"]
-    assert neuron.compiler_version()["name"] == "neuronx-cc"
+    backend = neuron.NeuronBackend(neuron_config())
+    assert backend.graph_files(tmp_path, []) == [tmp_path / "graphs" / "nxd_model.pt"]
+    assert backend.versions()["name"] == "neuronx-cc"
 
 
 def test_device_decoder_matches_the_graph_and_updates_its_cache():
@@ -138,10 +140,10 @@ def test_device_decoder_matches_the_graph_and_updates_its_cache():
     make_caches = lambda: empty_cache(2, 2, 64, 2, args.head_dim, torch.float32)  # noqa: E731
     specs = graph_specs(config)
     decoder = neuron.DeviceDecoder([DecoderGraph(args, s, config.max_topk) for s in specs], params, make_caches())
-    assert set(decoder.checkpoint()) == set(params) | {f"graphs.{s.name}.inv_freq" for s in specs}
+    assert set(decoder.checkpoint()) == set(params) | {f"graphs.{s.key}.inv_freq" for s in specs}
     reference, caches = DecoderGraph(args, specs[0], config.max_topk), make_caches()
     ids, positions, seq = torch.arange(16)[None] % 128, torch.arange(16)[None], torch.tensor([1])
-    decoder.active = specs[0].name
+    decoder.active = specs[0].key
     assert torch.equal(decoder(ids, positions, seq), reference(params, caches, ids, positions, seq))
     for i, cache in enumerate(caches):
         assert torch.equal(getattr(decoder, f"kv_cache_{i}"), cache)

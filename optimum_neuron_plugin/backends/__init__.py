@@ -1,8 +1,25 @@
-"""Compile backends: `cpu` (torch.export programs run on the host) and `neuron` (the Neuron SDK)."""
+"""Compile backends, one object each, chosen once per artifact from neuron_config.backend.
+
+- cpu    (backends/cpu.py): each graph exported with torch.export and compiled to C++ with AOTInductor
+         (or kept as the exported program), run on the host.
+- neuron (backends/neuron.py): the same graphs compiled for NeuronCores by the Neuron SDK.
+
+A backend compiles the graphs into an artifact directory, lists the files it wrote, and loads them
+back as one callable `graphs(spec, *inputs) -> output` that owns the weights and the KV cache.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from ..config import NeuronConfig
+from ..graphs import DecoderGraph, GraphSpec
+
+Progress = Callable[[str], None]
 
 
 def neuron_devices_present() -> bool:
@@ -16,54 +33,38 @@ def resolve_backend(name: str) -> str:
     return name
 
 
-def check_can_compile(neuron_config) -> None:
-    """Fail before loading any weight when the backend cannot compile (e.g. the Neuron SDK is absent)."""
+class LoadedGraphs(Protocol):
+    def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor: ...
+
+
+class Backend(Protocol):
+    name: str
+
+    def check_can_compile(self) -> None:
+        """Fail before any weight is loaded when this host cannot compile (e.g. the SDK is absent)."""
+
+    def compile(
+        self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path, progress: Progress
+    ) -> None:
+        """Compile every graph into directory (the artifact being written)."""
+
+    def graph_files(self, directory: Path, specs: list[GraphSpec]) -> list[Path]:
+        """The files holding the compiled specs."""
+
+    def load(
+        self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path
+    ) -> LoadedGraphs:
+        """The compiled form of each graph, ready to call; they share params and caches."""
+
+    def versions(self) -> dict:
+        """What compiled the graphs, recorded in neuron_config.json."""
+
+
+def get_backend(neuron_config: NeuronConfig) -> Backend:
     if neuron_config.backend == "neuron":
-        from . import neuron
+        from .neuron import NeuronBackend
 
-        neuron.check_can_compile(neuron_config)
+        return NeuronBackend(neuron_config)
+    from .cpu import CpuBackend
 
-
-def compile_graphs(neuron_config, args, graphs, params, caches, directory: Path, progress) -> None:
-    """Compile every graph into directory (the artifact being written)."""
-    if neuron_config.backend == "neuron":
-        from . import neuron
-
-        neuron.compile_graphs(neuron_config, args, graphs, params, caches, directory, progress)
-        return
-    from . import cpu
-
-    for graph in graphs:
-        progress(f"compiling graph {graph.spec.name} [{graph.spec.rows} x {graph.spec.tokens}] with torch.export")
-        cpu.compile_graph(graph, params, caches, cpu.graph_path(directory, graph.spec.name))
-
-
-def load_graphs(neuron_config, args, names: list[str], params, caches, directory: Path):
-    """A callable `(graph_name, *inputs) -> output` owning the weights and the KV cache."""
-    if neuron_config.backend == "neuron":
-        from . import neuron
-
-        return neuron.NeuronGraphs(neuron_config, args, names, params, directory)
-    from . import cpu
-
-    return cpu.CpuGraphs(directory, names, params, caches)
-
-
-def graph_files(neuron_config, directory: Path, names: list[str]) -> list[Path]:
-    if neuron_config.backend == "neuron":
-        from . import neuron
-
-        return neuron.graph_files(directory)
-    from . import cpu
-
-    return [cpu.graph_path(directory, n) for n in names]
-
-
-def compiler_version(neuron_config) -> dict:
-    if neuron_config.backend == "neuron":
-        from . import neuron
-
-        return neuron.compiler_version()
-    import torch
-
-    return {"name": "torch.export", "version": torch.__version__}
+    return CpuBackend(neuron_config)

@@ -1,51 +1,106 @@
-"""CPU backend: each graph is a torch.export program saved in the artifact and run on the host.
+"""CPU backend: each graph exported with torch.export, compiled to C++ by AOTInductor (or kept as the
+exported program, run op by op), saved in the artifact and run on the host.
 
-Weights and KV caches are graph inputs: programs hold no weights (the artifact stores them
-once) and write the caller's cache tensors in place (index_copy_ stays an in-place op).
+Weights and KV caches are graph inputs: programs hold no weights (the artifact stores them once)
+and write the caller's cache tensors in place (index_copy_ stays an in-place op, in both forms).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..config import NeuronConfig
 from ..errors import ArtifactError
-from ..graphs import DecoderGraph, example_inputs
+from ..graphs import DecoderGraph, GraphSpec, example_inputs
+from . import Progress
 
 GRAPH_DIR = "graphs"
-SUFFIX = ".pt2"
 
 
-def graph_path(directory: Path, name: str) -> Path:
-    return Path(directory) / GRAPH_DIR / f"{name}{SUFFIX}"
+@dataclass(frozen=True)
+class ProgramFormat:
+    """How one kind of CPU program is written and read back."""
+
+    suffix: str
+    description: str
+    save: Callable[[torch.export.ExportedProgram, Path], None]
+    load: Callable[[Path], Callable]
 
 
-def compile_graph(graph: DecoderGraph, params: dict, caches: list[torch.Tensor], path: Path) -> None:
-    args = (params, caches, *example_inputs(graph.spec))
-    with torch.no_grad():
-        program = torch.export.export(graph, args, strict=False)
+def _save_aoti(program: torch.export.ExportedProgram, path: Path) -> None:
+    # Kernels read the thread count at run time: the artifact runs with any number of threads.
+    with torch._inductor.config.patch({"cpp.dynamic_threads": True}):
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+
+
+def _save_exported(program: torch.export.ExportedProgram, path: Path) -> None:
     # The program would otherwise save its example inputs: a full copy of the weights per graph.
     program._example_inputs = None
-    path.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(program, str(path))
 
 
-def _load(path: Path) -> Callable:
-    try:
-        return torch.export.load(str(path)).module()
-    except Exception as error:  # noqa: BLE001 - BadZipFile, unpickling or version errors all mean "re-export"
-        raise ArtifactError(f"{path}: cannot load the compiled graph ({error}); export the model again") from None
+FORMATS = {
+    "inductor": ProgramFormat(
+        ".aoti.pt2", "AOTInductor", _save_aoti, lambda p: torch._inductor.aoti_load_package(str(p))
+    ),
+    "export": ProgramFormat(".pt2", "torch.export", _save_exported, lambda p: torch.export.load(str(p)).module()),
+}
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def __init__(self, neuron_config: NeuronConfig) -> None:
+        self.format = FORMATS[neuron_config.cpu_compiler]
+
+    def check_can_compile(self) -> None:
+        """torch is all it needs."""
+
+    def graph_path(self, directory: Path, spec: GraphSpec) -> Path:
+        return Path(directory) / GRAPH_DIR / f"{spec.key}{self.format.suffix}"
+
+    def graph_files(self, directory: Path, specs: list[GraphSpec]) -> list[Path]:
+        return [self.graph_path(directory, spec) for spec in specs]
+
+    def compile(
+        self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path, progress: Progress
+    ) -> None:
+        for graph in graphs:
+            spec = graph.spec
+            progress(
+                f"compiling graph {spec.name} [{spec.rows} x {spec.tokens}], context bucket {spec.bucket}, "
+                f"with {self.format.description}"
+            )
+            with torch.no_grad():
+                program = torch.export.export(graph, (params, caches, *example_inputs(spec)), strict=False)
+            path = self.graph_path(directory, spec)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.format.save(program, path)
+
+    def load(self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path) -> CpuGraphs:
+        programs = {g.spec: self._load_program(self.graph_path(directory, g.spec)) for g in graphs}
+        return CpuGraphs(programs, params, caches)
+
+    def _load_program(self, path: Path) -> Callable:
+        try:
+            return self.format.load(path)
+        except Exception as error:  # noqa: BLE001 - BadZipFile, unpickling or version errors all mean "re-export"
+            raise ArtifactError(f"{path}: cannot load the compiled graph ({error}); export the model again") from None
+
+    def versions(self) -> dict:
+        return {"name": self.format.description, "version": torch.__version__}
 
 
 class CpuGraphs:
     """Loaded programs plus the state they share: weights and the KV cache."""
 
-    def __init__(self, directory: Path, names: list[str], params: dict, caches: list[torch.Tensor]) -> None:
-        self.params, self.caches = params, caches
-        self.programs: dict[str, Callable] = {n: _load(graph_path(directory, n)) for n in names}
+    def __init__(self, programs: dict[GraphSpec, Callable], params: dict, caches: list[torch.Tensor]) -> None:
+        self.programs, self.params, self.caches = programs, params, caches
 
-    def __call__(self, name: str, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return self.programs[name](self.params, self.caches, *inputs)
+            return self.programs[spec](self.params, self.caches, *inputs)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import ArtifactError, ExportError
-from ..graphs import TOKEN_GENERATION, DecoderGraph, example_inputs, graph_specs
+from ..graphs import TOKEN_GENERATION, DecoderGraph, GraphSpec, example_inputs
 from . import neuron_devices_present
 
 MODEL_FILE = Path("graphs") / "nxd_model.pt"
@@ -45,12 +45,26 @@ RUNTIME_PACKAGES = {"torch-neuronx": "torch_neuronx", "neuronx-distributed": "ne
 SDK = "the Neuron SDK pip repository (pip install --extra-index-url https://pip.repos.neuron.amazonaws.com {}) or a Neuron DLAMI"
 
 
-def graph_files(directory: Path) -> list[Path]:
-    return [Path(directory) / MODEL_FILE]
+class NeuronBackend:
+    name = "neuron"
 
+    def __init__(self, neuron_config) -> None:
+        self.neuron_config = neuron_config
 
-def compiler_version() -> dict:
-    return {"name": "neuronx-cc", "version": _version("neuronx-cc")}
+    def check_can_compile(self) -> None:
+        check_can_compile(self.neuron_config)
+
+    def compile(self, graphs, params, caches, directory: Path, progress) -> None:
+        compile_graphs(self.neuron_config, graphs, params, caches, directory, progress)
+
+    def graph_files(self, directory: Path, specs: list[GraphSpec]) -> list[Path]:
+        return [Path(directory) / MODEL_FILE]
+
+    def load(self, graphs, params, caches, directory: Path) -> NeuronGraphs:
+        return NeuronGraphs(self.neuron_config, graphs, params, directory)
+
+    def versions(self) -> dict:
+        return {"name": "neuronx-cc", "version": _version("neuronx-cc")}
 
 
 class DeviceDecoder(nn.Module):
@@ -58,8 +72,8 @@ class DeviceDecoder(nn.Module):
 
     def __init__(self, graphs: list[DecoderGraph], params: dict[str, torch.Tensor], caches: list[torch.Tensor]):
         super().__init__()
-        self.graphs = nn.ModuleDict({graph.spec.name: graph for graph in graphs})
-        self.active = graphs[0].spec.name
+        self.graphs = nn.ModuleDict({graph.spec.key: graph for graph in graphs})
+        self.active = graphs[0].spec.key
         self.weight_names = list(params)
         for name, tensor in params.items():
             *path, leaf = name.split(".")
@@ -104,25 +118,25 @@ def check_can_compile(neuron_config) -> None:
     _target(neuron_config)
 
 
-def compile_graphs(neuron_config, args, graphs, params, caches, directory: Path, progress) -> None:
+def compile_graphs(neuron_config, graphs, params, caches, directory: Path, progress) -> None:
     check_can_compile(neuron_config)
     ModelBuilder, _ = _nxd(ExportError)
     target = _target(neuron_config)
     decoder = DeviceDecoder(graphs, params, caches)
     builder = ModelBuilder(decoder)
-    names = [graph.spec.name for graph in graphs]
+    names = [graph.spec.key for graph in graphs]
     workdir = Path(directory) / "neuronx-cc"
     try:
         for graph in graphs:
             spec = graph.spec
-            progress(f"tracing graph {spec.name} [{spec.rows} x {spec.tokens}] for {target}")
-            decoder.active = spec.name
-            builder.trace(kwargs=dict(zip(INPUT_NAMES, example_inputs(spec), strict=False)), tag=spec.name)
+            progress(f"tracing graph {spec.key} [{spec.rows} x {spec.tokens}] for {target}")
+            decoder.active = spec.key
+            builder.trace(kwargs=dict(zip(INPUT_NAMES, example_inputs(spec), strict=False)), tag=spec.key)
         progress(f"compiling {', '.join(names)} with neuronx-cc for {target} (logs in {workdir})")
         nxd_model = builder.compile(
-            priority_model_key=TOKEN_GENERATION if TOKEN_GENERATION in names else None,
+            priority_model_key=next((g.spec.key for g in graphs if g.spec.name == TOKEN_GENERATION), None),
             compiler_workdir=str(workdir),
-            compiler_args={name: compiler_args(name, target) for name in names},
+            compiler_args={g.spec.key: compiler_args(g.spec.name, target) for g in graphs},
         )
     except RuntimeError as error:
         causes, cause = [], error
@@ -132,7 +146,7 @@ def compile_graphs(neuron_config, args, graphs, params, caches, directory: Path,
         raise ExportError(
             f"the Neuron SDK failed to build the graphs ({': '.join(causes)}); compiler logs are in {workdir}"
         ) from None
-    path = graph_files(directory)[0]
+    path = Path(directory) / MODEL_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     nxd_model.save(str(path))
 
@@ -141,11 +155,12 @@ class NeuronGraphs:
     """The NxDModel of every graph; weights and KV cache live on the device. Loaded lazily without a device
     (an export compiled for a target on a host without Neuron devices still saves its artifact)."""
 
-    def __init__(self, neuron_config, args, names: list[str], params: dict, directory: Path) -> None:
+    def __init__(self, neuron_config, graphs: list[DecoderGraph], params: dict, directory: Path) -> None:
         _check_tp(neuron_config, ArtifactError)
         _require(RUNTIME_PACKAGES, ArtifactError, "or export the model again with --backend cpu")
-        self.neuron_config, self.args, self.names, self.params = neuron_config, args, names, params
-        self.path = graph_files(directory)[0]
+        self.neuron_config, self.graphs, self.params = neuron_config, graphs, params
+        self.names = [graph.spec.key for graph in graphs]
+        self.path = Path(directory) / MODEL_FILE
         self.model = self._load() if neuron_devices_present() else None
 
     def _load(self):
@@ -156,13 +171,11 @@ class NeuronGraphs:
         missing = set(self.names) - model.get_available_keys()
         if missing:
             raise ArtifactError(f"{self.path}: lacks graph(s) {', '.join(sorted(missing))}; export the model again")
-        nc = self.neuron_config
-        graphs = [DecoderGraph(self.args, spec, nc.max_topk) for spec in graph_specs(nc)]
-        model.set_weights([DeviceDecoder(graphs, self.params, []).checkpoint()])
+        model.set_weights([DeviceDecoder(self.graphs, self.params, []).checkpoint()])
         model.to_neuron()
         return model
 
-    def __call__(self, name: str, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
         if self.model is None:
             if not neuron_devices_present():
                 raise RuntimeError(
@@ -171,7 +184,7 @@ class NeuronGraphs:
                 )
             self.model = self._load()
         with torch.inference_mode():
-            output = self.model(**dict(zip(INPUT_NAMES, inputs, strict=False)), model_name=name)
+            output = self.model(**dict(zip(INPUT_NAMES, inputs, strict=False)), model_name=spec.key)
         return output[0] if isinstance(output, list | tuple) else output
 
 

@@ -19,13 +19,18 @@ def empty_cache(
 
 
 def write(cache: torch.Tensor, seq_ids: torch.Tensor, position_ids: torch.Tensor, values: torch.Tensor) -> None:
-    """Scatter values [n, T, kv_heads, head_dim] to rows seq_ids [n] at positions position_ids [n, T]."""
+    """The KV scatter: values [n, T, kv_heads, head_dim] to rows seq_ids [n] at positions position_ids [n, T]."""
     rows, kv_heads, length, head_dim = cache.shape
     heads = torch.arange(kv_heads, device=cache.device)
     flat_index = (seq_ids[:, None, None] * kv_heads + heads) * length + position_ids[:, :, None]
     cache.view(-1, head_dim).index_copy_(0, flat_index.reshape(-1), values.reshape(-1, head_dim))
 
 
-def read(cache: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
-    """The cached rows of seq_ids: [n, kv_heads, S, head_dim]."""
-    return cache.index_select(0, seq_ids)
+def read(cache: torch.Tensor, seq_ids: torch.Tensor, bucket: int) -> torch.Tensor:
+    """Positions [0, bucket) of the rows seq_ids: [n, kv_heads, bucket, head_dim] (a copy of n rows)."""
+    return cache[:, :, :bucket].index_select(0, seq_ids)
+
+
+def all_rows(cache: torch.Tensor, bucket: int) -> torch.Tensor:
+    """Positions [0, bucket) of every row, in slot order: a view, nothing is copied."""
+    return cache[:, :, :bucket]

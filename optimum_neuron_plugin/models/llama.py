@@ -42,12 +42,15 @@ def decoder_logits(
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
     seq_ids: torch.Tensor,
+    bucket: int,
 ) -> torch.Tensor:
     """Runs n rows of T tokens, writes their K/V into the cache rows seq_ids, returns the fp32
-    logits [n, vocab] of each row's last real token (the last column: padding repeats it)."""
+    logits [n, vocab] of each row's last real token (the last column: padding repeats it).
+
+    Only cache positions [0, bucket) are read: every row's first position must be <= bucket."""
     x = params["model.embed_tokens.weight"][input_ids]
     cos, sin = rope_cos_sin(position_ids, inv_freq, x.dtype)
-    prior = masks.prior_mask(position_ids, caches[0].shape[2])
+    prior = masks.prior_mask(position_ids, bucket)
     active = masks.active_mask(position_ids)
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."

@@ -31,7 +31,7 @@ def active_mask(position_ids: torch.Tensor) -> torch.Tensor:
     return causal[None] & actual_token_mask(position_ids)[:, None, :]
 
 
-def prior_mask(position_ids: torch.Tensor, sequence_length: int) -> torch.Tensor:
-    """[n, 1, S]: cached positions strictly before this call's first position (older context only)."""
-    cache_positions = torch.arange(sequence_length, device=position_ids.device)
+def prior_mask(position_ids: torch.Tensor, bucket: int) -> torch.Tensor:
+    """[n, 1, L]: cached positions [0, L) strictly before this call's first position (older context only)."""
+    cache_positions = torch.arange(bucket, device=position_ids.device)
     return cache_positions[None, None, :] < position_ids[:, :1, None]

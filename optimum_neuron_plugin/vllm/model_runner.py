@@ -16,7 +16,6 @@ import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 
-from .. import backends
 from ..errors import ArtifactError
 from ..graphs import TOKEN_GENERATION
 from ..runtime import NeuronModelForCausalLM
@@ -130,8 +129,7 @@ class NeuronModelRunner:
         return req_ids
 
     def _graph_files(self, graph: str) -> str:
-        nc = self.model.neuron_config
-        return ", ".join(str(path) for path in backends.graph_files(nc, self.model.graphs_dir, [graph]))
+        return ", ".join(str(path) for path in self.model.graph_files(graph))
 
     def _decode(self, work: list[ScheduledSlice], sampled, logprobs) -> None:
         states = [self.requests[w.req_id] for w in work]

