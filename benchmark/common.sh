@@ -27,6 +27,8 @@ CHUNK_SIZE=${CHUNK_SIZE:-128}
 TP=${TP:-1}
 # Export backend: cpu (reference backend, any host), neuron or auto.
 BACKEND=${BACKEND:-cpu}
+# CPU backend compiler of the plugin's exports: inductor (AOTInductor C++, default) or export (op by op).
+CPU_COMPILER=${CPU_COMPILER:-inductor}
 CONCURRENCY=${CONCURRENCY:-1 4}
 INPUT_LEN=${INPUT_LEN:-256}
 OUTPUT_LEN=${OUTPUT_LEN:-32}
@@ -58,7 +60,7 @@ ARTIFACTS=${ARTIFACTS:-$RESULTS_ROOT/artifacts}
 # Where serve.sh / drive.sh put PID files, logs and raw results; matrix.sh sets a timestamped one.
 RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/manual}
 
-export MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE TP BACKEND CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
+export MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
   NUM_WARMUPS SEED TEMPERATURE THREADS CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 
@@ -107,7 +109,7 @@ config_artifact() {
   read -r chunk ods _mode <<<"$(config_settings "$1")"
   if [ "$chunk" = 0 ]; then variant=ce; else variant=chunked; fi
   if [ "$ods" = 1 ]; then variant=$variant-ods; else variant=$variant-host; fi
-  echo "$ARTIFACTS/$variant-$(model_tag)-b$BATCH_SIZE-s$SEQUENCE_LENGTH-c$chunk-tp$TP-$BACKEND"
+  echo "$ARTIFACTS/$variant-$(model_tag)-b$BATCH_SIZE-s$SEQUENCE_LENGTH-c$chunk-tp$TP-$BACKEND-$CPU_COMPILER"
 }
 
 # The original model as a Hugging Face directory (the peers serve it): MODEL itself unless it is

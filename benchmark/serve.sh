@@ -51,7 +51,7 @@ export_artifact() {
   local source=$MODEL
   if [ "$EXPORT_SOURCE" = hf ]; then source=$(ensure_hf_model); fi
   local args=(--model "$source" --batch-size "$BATCH_SIZE" --sequence-length "$SEQUENCE_LENGTH"
-    --prefill-chunk-size "$chunk" --tensor-parallel-size "$TP" --backend "$BACKEND")
+    --prefill-chunk-size "$chunk" --tensor-parallel-size "$TP" --backend "$BACKEND" --cpu-compiler "$CPU_COMPILER")
   [ "$ods" = 1 ] || args+=(--no-on-device-sampling)
   log "$name: exporting into $out (optimum-cli export neuron ${args[*]})"
   mkdir -p "$(dirname "$out")"

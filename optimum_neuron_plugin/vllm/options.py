@@ -8,6 +8,8 @@ with `VLLM_`, so the plugin never uses that prefix.
   activates it. Unset: active only when Neuron devices (/dev/neuron0) are present.
 - `ONP_PREFILL_MODE`: `serial` (default) or `interleaved`, see `PrefillMode`. vLLM's
   `--additional-config '{"prefill_mode": "interleaved"}'` takes precedence over the variable.
+- `ONP_CPU_THREADS`: intra-op threads of the CPU backend's graphs (default: OMP_NUM_THREADS if
+  set, else every core this process may run on).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 BACKEND_ENV = "ONP_BACKEND"
 PREFILL_MODE_ENV = "ONP_PREFILL_MODE"
 PREFILL_MODE_KEY = "prefill_mode"
+CPU_THREADS_ENV = "ONP_CPU_THREADS"
 NEURON_DEVICE = Path("/dev/neuron0")
 
 
@@ -67,3 +70,13 @@ def prefill_mode(additional_config: object = None) -> PrefillMode:
             f"prefill mode {value!r} is not allowed: set {PREFILL_MODE_ENV} (or additional_config "
             f"{PREFILL_MODE_KEY!r}) to one of {allowed}"
         ) from None
+
+
+def cpu_threads() -> int:
+    value = os.environ.get(CPU_THREADS_ENV, "").strip()
+    if not value:
+        omp = os.environ.get("OMP_NUM_THREADS", "")
+        return int(omp) if omp.isdigit() and int(omp) > 0 else len(os.sched_getaffinity(0))
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{CPU_THREADS_ENV}={value!r} is not allowed: set it to a number of threads >= 1, or unset it")
+    return int(value)

@@ -18,6 +18,7 @@ from ..runtime import NeuronModelForCausalLM
 from .kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
 from .log import get_logger
 from .model_runner import NeuronModelRunner
+from .options import CPU_THREADS_ENV, cpu_threads
 
 logger = get_logger(__name__)
 
@@ -40,6 +41,9 @@ class NeuronWorker(WorkerBase):
 
     def init_device(self) -> None:
         self.device = torch.device("cpu")
+        threads = cpu_threads()
+        torch.set_num_threads(threads)
+        logger.info("graphs run with %d intra-op thread(s) (set %s to change)", threads, CPU_THREADS_ENV)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         path = self.model_config.model

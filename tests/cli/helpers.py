@@ -45,8 +45,13 @@ def cli_env(**overrides: str) -> dict[str, str]:
 
 
 def run_export(*args: object, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 600):
-    """Runs the real `optimum-cli export neuron ARGS` in a subprocess."""
-    command = [str(OPTIMUM_CLI), "export", "neuron", *map(str, args)]
+    """Runs the real `optimum-cli export neuron ARGS` in a subprocess; with `--cpu-compiler export` unless
+    ARGS choose one (C++ compilation costs seconds per graph; tests that need it ask for it)."""
+    args = tuple(map(str, args))
+    compiler = (
+        () if any(a.startswith(("--cpu-compiler", "--cpu_compiler")) for a in args) else ("--cpu-compiler", "export")
+    )
+    command = [str(OPTIMUM_CLI), "export", "neuron", *compiler, *args]
     done = subprocess.run(
         command, capture_output=True, text=True, env=env or cli_env(), cwd=cwd or REPO, timeout=timeout
     )

@@ -90,7 +90,8 @@ def build_tiny_hf(directory: Path) -> Path:
 
 def export(source: Path, directory: Path, **config) -> Path:
     if not (directory / "neuron_config.json").is_file():
-        neuron_config = NeuronConfig(batch_size=BATCH_SIZE, sequence_length=SEQUENCE_LENGTH, **config)
+        config = {"batch_size": BATCH_SIZE, "sequence_length": SEQUENCE_LENGTH, "cpu_compiler": "export", **config}
+        neuron_config = NeuronConfig(**config)
         model = NeuronModelForCausalLM.export(str(source), neuron_config)
         model.save_pretrained(directory)
         del model
