@@ -27,8 +27,8 @@ CHUNK_SIZE=${CHUNK_SIZE:-128}
 TP=${TP:-1}
 # Export backend: cpu (reference backend, any host), neuron or auto.
 BACKEND=${BACKEND:-cpu}
-# CPU backend compiler of the plugin's exports: inductor (AOTInductor C++, default) or export (op by op).
-CPU_COMPILER=${CPU_COMPILER:-inductor}
+# CPU backend compiler of the plugin's exports: export (op by op, default) or inductor (AOTInductor C++).
+CPU_COMPILER=${CPU_COMPILER:-export}
 CONCURRENCY=${CONCURRENCY:-1 4}
 INPUT_LEN=${INPUT_LEN:-256}
 OUTPUT_LEN=${OUTPUT_LEN:-32}

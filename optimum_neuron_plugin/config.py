@@ -12,7 +12,7 @@ FORMAT_VERSION = 2
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
 TARGETS = ("inf2", "trn1", "trn1n", "trn2")
-CPU_COMPILERS = ("inductor", "export")
+CPU_COMPILERS = ("export", "inductor")
 # Default context buckets: doubling lengths ending at sequence_length, at most this many.
 MAX_DEFAULT_BUCKETS = 4
 
@@ -36,9 +36,9 @@ class NeuronConfig:
     # Cache lengths the graphs are compiled for: a graph for bucket L reads cache positions [0, L) only.
     # None: default_context_buckets(). The last bucket is always sequence_length.
     context_buckets: tuple[int, ...] | None = None
-    # CPU backend only: "inductor" compiles each graph to C++ (AOTInductor), "export" keeps the
-    # torch.export program (run op by op: exports in seconds, runs slower).
-    cpu_compiler: str = "inductor"
+    # CPU backend only: "export" keeps each graph's torch.export program (run op by op), "inductor"
+    # compiles it to C++ with AOTInductor (minutes per graph for a real model).
+    cpu_compiler: str = "export"
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk"):

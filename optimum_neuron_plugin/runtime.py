@@ -19,7 +19,7 @@ import torch
 from . import __version__, artifact, backends
 from .config import NeuronConfig
 from .errors import ArtifactError, ExportError, InputError
-from .graphs import TOKEN_GENERATION, DecoderGraph, GraphSpec, graph_specs
+from .graphs import TOKEN_GENERATION, DecoderGraph, GraphSpec, example_inputs, graph_specs
 from .models.args import ModelArgs
 from .models.kv_cache import empty_cache
 from .models.llama import weight_names
@@ -140,6 +140,22 @@ class NeuronModelForCausalLM:
     def graph_for(self, name: str, first_positions: Sequence[int]) -> GraphSpec:
         """The graph `name` of the smallest context bucket holding every row's prior positions."""
         return self._by_bucket[name, self.neuron_config.bucket_for(max(first_positions))]
+
+    def warm_up(self) -> None:
+        """Runs every compiled graph once on slot 0 (rewritten by the next request that uses it).
+
+        A graph that cannot run (e.g. a file from another export) raises ArtifactError naming its file.
+        """
+        for spec in self.specs:
+            try:
+                self.graphs(spec, *example_inputs(spec))
+            except Exception as error:  # noqa: BLE001 - shape, dtype or runtime errors all mean "re-export"
+                first_line = str(error).splitlines()[0] if str(error) else ""
+                raise ArtifactError(
+                    f"{', '.join(map(str, self.backend.graph_files(self.graphs_dir, [spec])))}: the compiled graph "
+                    f"{spec.name} fails on its first call (context bucket {spec.bucket}; {type(error).__name__}: "
+                    f"{first_line}); the artifact is corrupt or mixes files of different exports: export the model again"
+                ) from error
 
     # ---- host loops ---------------------------------------------------------------------------
 

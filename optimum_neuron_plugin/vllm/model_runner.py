@@ -16,7 +16,6 @@ import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 
-from ..errors import ArtifactError
 from ..graphs import TOKEN_GENERATION
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY
@@ -175,23 +174,9 @@ class NeuronModelRunner:
             logprobs[state.req_id] = token_logprobs(logits, token, state.params.logprobs)
 
     def warm_up(self) -> float:
-        """One prefill and one decode on slot 0 (rewritten by the next request that uses it).
-
-        A graph that cannot run (e.g. a file from another export) stops the startup with its file named.
-        """
+        """Every compiled graph once (runtime.warm_up): a graph that cannot run stops the startup, naming its file."""
         began = time.perf_counter()
-        for graph, call in (
-            (self.model.neuron_config.prefill_graph, lambda: self.model.prefill(0, [0])),
-            (TOKEN_GENERATION, lambda: self.model.decode([0], [0], [1])),
-        ):
-            try:
-                call()
-            except Exception as error:  # noqa: BLE001 - shape, dtype or runtime errors all mean "re-export"
-                raise ArtifactError(
-                    f"{self._graph_files(graph)}: the compiled graph {graph} fails on its first call "
-                    f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}); the artifact "
-                    "is corrupt or mixes files of different exports: export the model again"
-                ) from error
+        self.model.warm_up()
         return time.perf_counter() - began
 
     def shutdown(self) -> None:

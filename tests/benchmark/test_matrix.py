@@ -95,7 +95,6 @@ def test_matrix_tiny(tiny_model, bench_cache, tmp_path):
         LATEST=str(results / "latest"),
         # Tiny graphs gain nothing from a second intra-op thread on a busy 2-core host.
         THREADS="1",
-        CPU_COMPILER="export",
         SERVER_TIMEOUT="400",
     )
     done = subprocess.run(

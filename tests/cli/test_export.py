@@ -106,9 +106,13 @@ TINY_ARGS = ["--batch-size", "2", "--sequence-length", "64", "--backend", "cpu"]
 
 @pytest.fixture(scope="module")
 def llama_export(tiny_models, tmp_path_factory) -> tuple[Path, object]:
-    """One chunked export of the tiny Llama shared by several tests (the slow part of this module)."""
+    """One chunked export of the tiny Llama, compiled to C++ (AOTInductor) for two context buckets, shared by
+    several tests (the slow part of this module)."""
     output = tmp_path_factory.mktemp("llama") / "exported"
-    result = run_export("--model", tiny_models["llama"], *TINY_ARGS, "--prefill-chunk-size", "16", output)
+    result = run_export(
+        "--model", tiny_models["llama"], *TINY_ARGS, "--prefill-chunk-size", "16", "--context-buckets", "32,64",
+        "--cpu-compiler", "inductor", output,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return output, result
 
@@ -119,7 +123,10 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     for name in ("config.json", "neuron_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert name in files, sorted(files)
     graphs = sorted(f for f in files if f.startswith("graphs/"))
-    assert [Path(g).stem for g in graphs] == ["chunked_prefill", "token_generation"], graphs
+    expected = [
+        f"{graph}_{bucket}.aoti.pt2" for graph in ("chunked_prefill", "token_generation") for bucket in (32, 64)
+    ]
+    assert [Path(g).name for g in graphs] == expected, graphs
     assert [f for f in files if f.endswith(".safetensors")] == ["model.safetensors"]  # weights once
     # progress and summary
     assert "[export]" in result.stdout and "chunked_prefill" in result.stdout
@@ -130,6 +137,7 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     assert config["batch_size"] == 2 and config["sequence_length"] == 64 and config["prefill_chunk_size"] == 16
     assert config["backend"] == "cpu" and config["torch_dtype"] == "float32" and config["tp_degree"] == 1
     assert config["on_device_sampling"] is True and config["max_topk"] == 256 and config["target"] is None
+    assert config["context_buckets"] == [32, 64] and config["cpu_compiler"] == "inductor"
     assert config["optimum_neuron_plugin_version"]
     assert config["compiler"]["name"] and config["compiler"]["version"]
 
@@ -138,11 +146,11 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     assert_same_greedy(output, load_hf(tiny_models["llama"]), ids, eos=set())
 
 
-def test_export_is_deterministic(llama_export, tiny_models, tmp_path):
-    first, _ = llama_export
-    second = tmp_path / "again"
-    result = run_export("--model", tiny_models["llama"], *TINY_ARGS, "--prefill-chunk-size", "16", second)
-    assert result.returncode == 0, result.stderr
+def test_export_is_deterministic(tiny_models, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "again"
+    for output in (first, second):
+        result = run_export("--model", tiny_models["llama"], *TINY_ARGS, "--prefill-chunk-size", "16", output)
+        assert result.returncode == 0, result.stderr
     for name in ("neuron_config.json", "model.safetensors", "config.json"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
 
@@ -157,7 +165,10 @@ def test_export_qwen2_underscore_spelling_context_encoding(tiny_models, tmp_path
     assert result.returncode == 0, result.stderr
     config = neuron_config(output)
     assert config["prefill_chunk_size"] == 0 and config["on_device_sampling"] is False and config["max_topk"] == 8
-    assert sorted(p.stem for p in (output / "graphs").iterdir()) == ["context_encoding", "token_generation"]
+    assert sorted(p.name for p in (output / "graphs").iterdir()) == [
+        "context_encoding_64.pt2",
+        "token_generation_64.pt2",
+    ]
     assert_same_greedy(output, load_hf(tiny_models["qwen2"]), prompt_ids(tiny_models["qwen2"]), eos=set())
 
 

@@ -111,7 +111,7 @@ class Zoo:
         key = (name, tuple(sorted(config.items())))
         if key not in self._artifacts:
             tiny = self.tiny(name)
-            exported = NeuronModelForCausalLM.export(tiny.path, NeuronConfig(**{"cpu_compiler": "export", **config}))
+            exported = NeuronModelForCausalLM.export(tiny.path, NeuronConfig(**config))
             path = self.root / "artifacts" / f"{name}-{len(self._artifacts)}"
             exported.save_pretrained(path)
             self._artifacts[key] = Artifact(NeuronModelForCausalLM.from_pretrained(path), path, tiny.hf, exported)

@@ -43,7 +43,7 @@ def smollm2(tmp_path_factory):
     tokenizer.save_pretrained(source)
     del plain
     model = NeuronModelForCausalLM.export(
-        source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=CHUNK, cpu_compiler="export")
+        source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=CHUNK)
     )
     return hf, tokenizer, model
 

@@ -103,7 +103,7 @@ def corrupt_variants(chunked: Path, foreign: Path, root: Path) -> dict[str, Path
 
     variants = {}
     variants["missing-graph"] = directory = variant("missing-graph")
-    (directory / "graphs/token_generation.pt2").unlink()
+    (directory / "graphs/token_generation_128.pt2").unlink()
     variants["truncated-weights"] = directory = variant("truncated-weights")
     weights = directory / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
@@ -111,9 +111,10 @@ def corrupt_variants(chunked: Path, foreign: Path, root: Path) -> dict[str, Path
     edit_config(directory, lambda c: c.update(format_version=c["format_version"] + 1))
     variants["missing-field"] = directory = variant("missing-field")
     edit_config(directory, lambda c: c.pop("sequence_length"))
-    # token_generation.pt2 of another export (a 1000-row embedding): it loads, then fails on its first call.
+    # A token_generation graph of another export (a 1000-row embedding): it loads, then fails on its first call.
     variants["foreign-graph"] = directory = variant("foreign-graph")
-    shutil.copyfile(foreign / "graphs/token_generation.pt2", directory / "graphs/token_generation.pt2")
+    graph = "graphs/token_generation_128.pt2"
+    shutil.copyfile(foreign / graph, directory / graph)
     return variants
 
 

@@ -19,11 +19,11 @@ from .conftest import SMALL_VOCAB
 from .helpers import call, completion_tokens, concurrently, greedy, health, stream_tokens, wait_idle
 
 CORRUPT = {
-    "missing-graph": ("graphs/token_generation.pt2", "missing compiled graph; export the model again"),
+    "missing-graph": ("graphs/token_generation_128.pt2", "missing compiled graph; export the model again"),
     "truncated-weights": ("model.safetensors", "unreadable or truncated"),
-    "newer-format": ("neuron_config.json", "format_version 2 is not supported by this optimum-neuron-plugin"),
+    "newer-format": ("neuron_config.json", "format_version 3 is not supported by this optimum-neuron-plugin"),
     "missing-field": ("neuron_config.json", "missing field(s) sequence_length; export the model again"),
-    "foreign-graph": ("graphs/token_generation.pt2", "the compiled graph token_generation fails on its first call"),
+    "foreign-graph": ("graphs/token_generation_128.pt2", "the compiled graph token_generation fails on its first call"),
 }
 NEW_TOKENS = 12
 
@@ -74,8 +74,8 @@ def test_a_graph_failure_fails_its_request_and_the_server_keeps_serving(interlea
     assert errors and errors[0]["error"]["code"] == 500, errors
 
     log = server.log.read_text()
-    graph_file = f"{server.model}/graphs/chunked_prefill.pt2"
-    assert f"graph chunked_prefill ({graph_file}) raised IndexError" in log
+    graph_files = ", ".join(f"{server.model}/graphs/chunked_prefill_{bucket}.pt2" for bucket in (16, 32, 64, 128))
+    assert f"graph chunked_prefill ({graph_files}) raised IndexError" in log
     assert "the server keeps serving" in log
     assert server.process.poll() is None and health(server.port) == 200
 

@@ -40,7 +40,7 @@ def smollm2(tmp_path_factory):
     del plain
     out = tmp_path_factory.mktemp("smollm2-exported")
     NeuronModelForCausalLM.export(
-        source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=32, cpu_compiler="export")
+        source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=32)
     ).save_pretrained(out)
     return hf, tokenizer, out
 

@@ -90,8 +90,7 @@ def build_tiny_hf(directory: Path) -> Path:
 
 def export(source: Path, directory: Path, **config) -> Path:
     if not (directory / "neuron_config.json").is_file():
-        config = {"batch_size": BATCH_SIZE, "sequence_length": SEQUENCE_LENGTH, "cpu_compiler": "export", **config}
-        neuron_config = NeuronConfig(**config)
+        neuron_config = NeuronConfig(batch_size=BATCH_SIZE, sequence_length=SEQUENCE_LENGTH, **config)
         model = NeuronModelForCausalLM.export(str(source), neuron_config)
         model.save_pretrained(directory)
         del model
