@@ -8,6 +8,8 @@ with `VLLM_`, so the plugin never uses that prefix.
   activates it. Unset: active only when Neuron devices (/dev/neuron0) are present.
 - `ONP_PREFILL_MODE`: `serial` (default) or `interleaved`, see `PrefillMode`. vLLM's
   `--additional-config '{"prefill_mode": "interleaved"}'` takes precedence over the variable.
+- `ONP_PREFILL_CHUNK_BUDGET`: interleaved mode only, prefill graph calls (compiled chunks) per
+  engine step next to the decodes (default 2); additional_config key `prefill_chunk_budget`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ from pathlib import Path
 BACKEND_ENV = "ONP_BACKEND"
 PREFILL_MODE_ENV = "ONP_PREFILL_MODE"
 PREFILL_MODE_KEY = "prefill_mode"
+PREFILL_CHUNK_BUDGET_ENV = "ONP_PREFILL_CHUNK_BUDGET"
+PREFILL_CHUNK_BUDGET_KEY = "prefill_chunk_budget"
+DEFAULT_PREFILL_CHUNK_BUDGET = 2
 NEURON_DEVICE = Path("/dev/neuron0")
 
 
@@ -67,3 +72,22 @@ def prefill_mode(additional_config: object = None) -> PrefillMode:
             f"prefill mode {value!r} is not allowed: set {PREFILL_MODE_ENV} (or additional_config "
             f"{PREFILL_MODE_KEY!r}) to one of {allowed}"
         ) from None
+
+
+def prefill_chunk_budget(additional_config: object = None) -> int:
+    """Interleaved mode: prefill graph calls per engine step (see interleave.py)."""
+    value = None
+    if isinstance(additional_config, dict):
+        value = additional_config.get(PREFILL_CHUNK_BUDGET_KEY)
+    if value is None:
+        value = os.environ.get(PREFILL_CHUNK_BUDGET_ENV) or DEFAULT_PREFILL_CHUNK_BUDGET
+    try:
+        budget = int(str(value).strip())
+    except ValueError:
+        budget = 0
+    if budget < 1:
+        raise ValueError(
+            f"prefill chunk budget {value!r} is not allowed: set {PREFILL_CHUNK_BUDGET_ENV} (or additional_config "
+            f"{PREFILL_CHUNK_BUDGET_KEY!r}) to a whole number of chunk calls per step, 1 or more"
+        )
+    return budget
