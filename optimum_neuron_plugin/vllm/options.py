@@ -32,9 +32,10 @@ class PrefillMode(str, Enum):
 
     SERIAL: vLLM schedules each prompt whole; the runner prefills it in one step with its own
     chunk loop (one graph call per compiled chunk), after the step's batched decode.
-    INTERLEAVED: vLLM's scheduler chunks prompts under its per-step token budget
-    (max_num_batched_tokens); the runner prefills the scheduled slice of each prompt in the same
-    step as the decode of the running requests, so a long prompt does not stall them.
+    INTERLEAVED: the scheduler hands out prompt slices (whole compiled chunks, at most
+    ONP_PREFILL_CHUNK_BUDGET chunk calls per step, shortest remaining prompt first: interleave.py);
+    the runner prefills them in the same step as the decode of the running requests, so a long
+    prompt does not stall them.
     """
 
     SERIAL = "serial"

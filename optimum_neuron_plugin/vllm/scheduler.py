@@ -80,7 +80,7 @@ class NeuronScheduler(Scheduler):
             self._slices = None
         served = output.num_scheduled_tokens
         any_served = any(c.req_id in served for c in candidates)
-        self._passes = {c.req_id: 0 if c.req_id in served else c.passes + any_served for c in candidates}
+        self._passes = {c.req_id: 0 if c.req_id in served else c.passes + int(any_served) for c in candidates}
         return output
 
     def _admittable_waiting(self) -> list[Request]:
@@ -98,9 +98,12 @@ class NeuronScheduler(Scheduler):
 
     def _reserve_prefill_lookahead(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> int:
         num_new_tokens = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
-        if self._slices is None or request.request_id not in self._slices:
-            return num_new_tokens  # serial mode, or a decode
-        return min(num_new_tokens, self._slices[request.request_id])
+        if self._slices is None:
+            return num_new_tokens  # serial mode
+        if request.num_tokens - num_computed_tokens == 1 and request.num_output_tokens > 0:
+            return num_new_tokens  # a decode
+        # A prefill the plan did not choose (e.g. a request that became ready during this step) waits.
+        return min(num_new_tokens, self._slices.get(request.request_id, 0))
 
     # ---- failures -----------------------------------------------------------------------------
 
