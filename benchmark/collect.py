@@ -79,6 +79,7 @@ INTERLEAVE_METRICS = [
     ("decode ITL p50 before the long prompts (ms)", ("decode_itl_before", "p50_ms")),
     ("prefill chunk calls per long prompt", ("long_prefill_calls",)),
     ("prefill steps per long prompt", ("long_prefill_steps",)),
+    ("prefill chunk calls per queued short prompt", ("short_prefill_calls",)),
 ]
 
 

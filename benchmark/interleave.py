@@ -144,7 +144,7 @@ async def scenario(args) -> dict:
             )
             await asyncio.sleep(args.short_delay)
             short_task = asyncio.create_task(
-                stream_completion(session, args.url, model, tokens(args.short_len), args.short_output, short)
+                stream_completion(session, args.url, model, tokens(args.queued_len), args.short_output, short)
             )
             await asyncio.gather(long_task, short_task)
             longs.append(long)
@@ -163,6 +163,7 @@ async def scenario(args) -> dict:
         "rounds": args.rounds,
         "long_len": args.long_len,
         "short_len": args.short_len,
+        "queued_len": args.queued_len,
         "chunk_size": args.chunk_size,
         "short_delay": args.short_delay,
         "round_gap": args.round_gap,
@@ -176,20 +177,26 @@ async def scenario(args) -> dict:
     }
 
 
-def long_prefill_facts(stats_file: Path | None, before: int) -> dict:
+def prefill_facts(stats_file: Path | None, before: int) -> dict:
+    """Chunk calls, engine steps and seconds of the long and the queued short prompts' prefills."""
     if stats_file is None or not stats_file.is_file():
         return {}
     lines = stats_file.read_text().splitlines()[before:]
     records = [json.loads(line) for line in lines if line.strip()]
-    longs = [r for r in records if "interleave-long-" in str(r.get("req_id"))]
-    if not longs:
-        return {}
-    return {
-        "long_prefill_calls": float(np.mean([r["prefill_calls"] for r in longs])),
-        "long_prefill_steps": float(np.mean([r.get("prefill_steps", 0) for r in longs])),
-        "long_prefill_seconds": float(np.mean([r["prefill_seconds"] for r in longs])),
-        "long_interleaved_fraction": float(np.mean([bool(r.get("interleaved")) for r in longs])),
-    }
+    facts = {}
+    for kind in ("long", "short"):
+        mine = [r for r in records if f"interleave-{kind}-" in str(r.get("req_id"))]
+        if not mine:
+            continue
+        facts.update(
+            {
+                f"{kind}_prefill_calls": float(np.mean([r["prefill_calls"] for r in mine])),
+                f"{kind}_prefill_steps": float(np.mean([r.get("prefill_steps", 0) for r in mine])),
+                f"{kind}_prefill_seconds": float(np.mean([r["prefill_seconds"] for r in mine])),
+                f"{kind}_interleaved_fraction": float(np.mean([bool(r.get("interleaved")) for r in mine])),
+            }
+        )
+    return facts
 
 
 def main() -> None:
@@ -210,6 +217,12 @@ def main() -> None:
     default_long = min(env_int("INTERLEAVE_CHUNKS", 4) * chunk, sequence_length - 16)
     parser.add_argument("--long-len", type=int, default=env_int("INTERLEAVE_LONG_LEN", default_long))
     parser.add_argument("--short-len", type=int, default=env_int("INTERLEAVE_SHORT_LEN", 16))
+    parser.add_argument(
+        "--queued-len",
+        type=int,
+        default=env_int("INTERLEAVE_QUEUED_LEN", 17),
+        help="the short request behind each long one",
+    )
     parser.add_argument("--long-output", type=int, default=4)
     parser.add_argument("--short-output", type=int, default=4)
     parser.add_argument("--warm-tokens", type=int, default=4)
@@ -229,13 +242,15 @@ def main() -> None:
     before = len(args.stats_file.read_text().splitlines()) if args.stats_file and args.stats_file.is_file() else 0
     result = {"name": args.name, **asyncio.run(scenario(args))}
     time.sleep(0.5)  # the runner writes a request's stats line just after its last token
-    result.update(long_prefill_facts(args.stats_file, before))
+    result.update(prefill_facts(args.stats_file, before))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
     during, short = result["decode_itl_during"], result["queued_short_ttft"]
     print(
         f"[interleave] {args.name}: decode ITL while long prompts arrive p50 {during['p50_ms']:.1f} ms, "
-        f"p99 {during['p99_ms']:.1f} ms; queued short TTFT p50 {short['p50_ms']:.0f} ms",
+        f"max {during['max_ms']:.1f} ms; queued short TTFT p50 {short['p50_ms']:.0f} ms; "
+        f"long TTFT p50 {result['long_ttft']['p50_ms']:.0f} ms; chunk calls long {result.get('long_prefill_calls')}, "
+        f"short {result.get('short_prefill_calls')}",
         file=sys.stderr,
     )
 

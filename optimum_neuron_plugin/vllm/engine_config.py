@@ -18,7 +18,7 @@ from vllm.config.compilation import CUDAGraphMode
 
 from ..config import NEURON_CONFIG_FILE, NeuronConfig, NeuronConfigError
 from .log import get_logger
-from .options import PrefillMode, prefill_mode
+from .options import PrefillMode, prefill_chunk_budget, prefill_mode
 
 logger = get_logger(__name__)
 
@@ -158,13 +158,13 @@ def _fit_scheduler(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: P
         scheduler_config.max_num_batched_tokens = max(budget, max_model_len + seqs)
     else:
         scheduler_config.enable_chunked_prefill = True
+        calls = prefill_chunk_budget(vllm_config.additional_config)
         if scheduler_config.max_num_batched_tokens in VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS:
-            # Unset: one compiled chunk of prompt per step next to the decodes.
-            scheduler_config.max_num_batched_tokens = neuron_config.prefill_length + scheduler_config.max_num_seqs
-        if scheduler_config.long_prefill_token_threshold == 0 and neuron_config.chunked:
-            # At most one compiled chunk per request and step while others run: slices then
-            # start on chunk boundaries and cost one graph call each.
-            scheduler_config.long_prefill_token_threshold = min(neuron_config.prefill_chunk_size, max_model_len)
+            # Unset: room for the step's prefill budget (NeuronScheduler plans the slices in
+            # chunk calls, interleave.py) next to every decode.
+            scheduler_config.max_num_batched_tokens = (
+                calls * neuron_config.prefill_length + scheduler_config.max_num_seqs
+            )
         if not neuron_config.chunked:
             logger.warning(
                 "prefill_mode=interleaved with an artifact compiled without prefill chunks: every partial prefill "

@@ -10,6 +10,8 @@ with `VLLM_`, so the plugin never uses that prefix.
   `--additional-config '{"prefill_mode": "interleaved"}'` takes precedence over the variable.
 - `ONP_CPU_THREADS`: intra-op threads of the CPU backend's graphs (default: OMP_NUM_THREADS if
   set, else every core this process may run on).
+- `ONP_PREFILL_CHUNK_BUDGET`: interleaved mode only, prefill graph calls (compiled chunks) per
+  engine step next to the decodes (default 2); additional_config key `prefill_chunk_budget`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ BACKEND_ENV = "ONP_BACKEND"
 PREFILL_MODE_ENV = "ONP_PREFILL_MODE"
 PREFILL_MODE_KEY = "prefill_mode"
 CPU_THREADS_ENV = "ONP_CPU_THREADS"
+PREFILL_CHUNK_BUDGET_ENV = "ONP_PREFILL_CHUNK_BUDGET"
+PREFILL_CHUNK_BUDGET_KEY = "prefill_chunk_budget"
+DEFAULT_PREFILL_CHUNK_BUDGET = 2
 NEURON_DEVICE = Path("/dev/neuron0")
 
 
@@ -30,9 +35,10 @@ class PrefillMode(str, Enum):
 
     SERIAL: vLLM schedules each prompt whole; the runner prefills it in one step with its own
     chunk loop (one graph call per compiled chunk), after the step's batched decode.
-    INTERLEAVED: vLLM's scheduler chunks prompts under its per-step token budget
-    (max_num_batched_tokens); the runner prefills the scheduled slice of each prompt in the same
-    step as the decode of the running requests, so a long prompt does not stall them.
+    INTERLEAVED: the scheduler hands out prompt slices (whole compiled chunks, at most
+    ONP_PREFILL_CHUNK_BUDGET chunk calls per step, shortest remaining prompt first: interleave.py);
+    the runner prefills them in the same step as the decode of the running requests, so a long
+    prompt does not stall them.
     """
 
     SERIAL = "serial"
@@ -80,3 +86,22 @@ def cpu_threads() -> int:
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{CPU_THREADS_ENV}={value!r} is not allowed: set it to a number of threads >= 1, or unset it")
     return int(value)
+
+
+def prefill_chunk_budget(additional_config: object = None) -> int:
+    """Interleaved mode: prefill graph calls per engine step (see interleave.py)."""
+    value = None
+    if isinstance(additional_config, dict):
+        value = additional_config.get(PREFILL_CHUNK_BUDGET_KEY)
+    if value is None:
+        value = os.environ.get(PREFILL_CHUNK_BUDGET_ENV) or DEFAULT_PREFILL_CHUNK_BUDGET
+    try:
+        budget = int(str(value).strip())
+    except ValueError:
+        budget = 0
+    if budget < 1:
+        raise ValueError(
+            f"prefill chunk budget {value!r} is not allowed: set {PREFILL_CHUNK_BUDGET_ENV} (or additional_config "
+            f"{PREFILL_CHUNK_BUDGET_KEY!r}) to a whole number of chunk calls per step, 1 or more"
+        )
+    return budget

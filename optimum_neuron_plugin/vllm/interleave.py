@@ -1,0 +1,71 @@
+"""Interleaved prefill: which prompts get which slice in one engine step (pure policy, no vLLM).
+
+Rules (prefill_mode=interleaved; NeuronScheduler applies the plan through vLLM's scheduler):
+1. A slice is a whole number of compiled chunks, except the last slice of a prompt. Every slice
+   then starts on a chunk boundary and a prompt of n tokens costs ceil(n / chunk) graph calls,
+   as in serial mode (the runtime pads only a prompt's last chunk).
+2. The step's prefill budget is counted in graph calls (`chunk_budget`), not tokens. Decodes are
+   outside it: every decoding request gets its token each step.
+3. Shortest remaining prompt first, so a short prompt overtakes a long one in progress. Aging: a
+   prompt passed over in `max_passes` steps that prefilled others goes first (most passed first,
+   then arrival order).
+
+The bound: with at most B prompts competing (B = max_num_seqs: candidates are prompts in a slot
+plus the waiting ones that free slots can take), a prompt is passed over at most
+max_passes + B - 1 prefilling steps in a row. Once passed over max_passes times it is aged; only
+prompts passed over at least as often (at most B - 1) go before it, every prefilling step serves
+the first of them, and a served prompt restarts from 0 passes, below it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_MAX_PASSES = 4
+
+
+@dataclass(frozen=True)
+class InterleavePolicy:
+    chunk: int  # tokens per compiled prefill call (neuron_config.prefill_length)
+    chunk_budget: int  # prefill graph calls per engine step
+    max_passes: int = DEFAULT_MAX_PASSES  # aging: steps a prompt may be passed over before it goes first
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A request with prompt tokens left to prefill."""
+
+    req_id: str
+    remaining: int  # prompt tokens not yet prefilled
+    passes: int  # consecutive prefilling steps that passed this request over
+    arrival: float  # FCFS tie-break
+
+
+def priority(candidate: Candidate, policy: InterleavePolicy) -> tuple:
+    if candidate.passes >= policy.max_passes:
+        return (0, -candidate.passes, candidate.arrival)
+    return (1, candidate.remaining, candidate.arrival)
+
+
+def plan_slices(candidates: list[Candidate], policy: InterleavePolicy, token_budget: int) -> dict[str, int]:
+    """Prompt tokens to prefill this step per request (only requests that get a slice).
+
+    token_budget: vLLM's token budget left for prefills once every decode has its token.
+    """
+    chunk = policy.chunk
+    calls_left, tokens_left = policy.chunk_budget, token_budget
+    plan: dict[str, int] = {}
+    for candidate in sorted(candidates, key=lambda c: priority(c, policy)):
+        calls = min(-(-candidate.remaining // chunk), calls_left)
+        tokens = min(candidate.remaining, calls * chunk)
+        if tokens > tokens_left:  # an explicit, small max_num_batched_tokens: whole chunks only
+            calls = tokens_left // chunk
+            tokens = calls * chunk
+        if tokens <= 0:
+            break
+        plan[candidate.req_id] = tokens
+        calls_left -= calls
+        tokens_left -= tokens
+        if calls_left == 0:
+            break
+    return plan

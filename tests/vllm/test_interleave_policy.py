@@ -1,0 +1,246 @@
+"""Interleaved prefill policy: decisions of vLLM's real Scheduler as the plugin configures it, and greedy outputs.
+
+The scheduler is the class the plugin's engine config names (NeuronScheduler on vLLM's Scheduler),
+built from the engine config the platform derives from a real artifact, fed real vLLM Request
+objects. Each step the test reports back what the runner would: one token for every request that
+finished its prompt or decoded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from itertools import count
+
+import pytest
+from vllm_helpers import BATCH_SIZE, CHUNK, close_llm, hf_greedy, make_llm, prompt_of
+
+from optimum_neuron_plugin.vllm.interleave import DEFAULT_MAX_PASSES
+from optimum_neuron_plugin.vllm.options import prefill_chunk_budget
+
+_arrivals = count()
+
+
+def interleaved_config(model, **additional):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    args = EngineArgs(model=str(model), additional_config={"prefill_mode": "interleaved", **additional})
+    return args.create_engine_config(UsageContext.LLM_CLASS)
+
+
+def make_scheduler(model, **additional):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from optimum_neuron_plugin.vllm.kv_spec import layer_names
+
+    config = interleaved_config(model, **additional)
+    cache = config.cache_config
+    cache.num_gpu_blocks = cache.num_gpu_blocks_override
+    spec = FullAttentionSpec(block_size=cache.block_size, num_kv_heads=2, head_size=16, dtype=config.model_config.dtype)
+    kv_cache_config = KVCacheConfig(
+        num_blocks=cache.num_gpu_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(layer_names(2), spec)],
+    )
+    scheduler_cls = config.scheduler_config.get_scheduler_cls()
+    return scheduler_cls(
+        vllm_config=config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(config),
+        block_size=cache.block_size,
+    )
+
+
+def add(scheduler, req_id: str, prompt_len: int, max_tokens: int = 4) -> None:
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    request = Request(req_id, list(range(1, prompt_len + 1)), params, None, arrival_time=float(next(_arrivals)))
+    scheduler.add_request(request)
+
+
+def step(scheduler) -> dict[str, int]:
+    """One engine step: tokens scheduled per request; requests whose prompt is complete sample token 7."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    output = scheduler.schedule()
+    scheduled = dict(output.num_scheduled_tokens)
+    req_ids = list(scheduled)
+    sampled = []
+    for req_id in req_ids:
+        request = scheduler.requests[req_id]
+        sampled.append([7] if request.num_computed_tokens >= request.num_tokens else [])
+    runner_output = ModelRunnerOutput(
+        req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)}, sampled_token_ids=sampled
+    )
+    scheduler.update_from_output(output, runner_output)
+    return scheduled
+
+
+def calls(tokens: int) -> int:
+    return math.ceil(tokens / CHUNK)
+
+
+@pytest.fixture
+def scheduler(chunked_dir):
+    return make_scheduler(chunked_dir)
+
+
+def test_the_plugin_configures_its_scheduler(chunked_dir):
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from optimum_neuron_plugin.vllm.scheduler import NeuronScheduler
+
+    scheduler = make_scheduler(chunked_dir)
+    assert isinstance(scheduler, NeuronScheduler) and isinstance(scheduler, Scheduler)
+    assert scheduler.interleave.chunk == CHUNK and scheduler.interleave.chunk_budget == 2
+    # The token budget holds the chunk budget next to a decode for every slot.
+    assert scheduler.max_num_scheduled_tokens == 2 * CHUNK + BATCH_SIZE
+
+
+def test_slices_are_whole_chunks_except_the_last(scheduler):
+    lengths = {"a": 5 * CHUNK + 3, "b": 2 * CHUNK + 1, "c": 7, "d": 3 * CHUNK}
+    for req_id, n in lengths.items():
+        add(scheduler, req_id, n)
+    slices: dict[str, list[int]] = {r: [] for r in lengths}
+    prefilled = dict.fromkeys(lengths, 0)
+    for _ in range(40):
+        for req_id, n in step(scheduler).items():
+            if prefilled[req_id] < lengths[req_id]:
+                slices[req_id].append(n)
+                prefilled[req_id] += n
+    assert prefilled == lengths
+    for req_id, parts in slices.items():
+        assert all(part % CHUNK == 0 for part in parts[:-1]), (req_id, parts)
+        # Every slice starts on a chunk boundary: the prompt costs as many chunk calls as in serial mode.
+        assert sum(calls(part) for part in parts) == calls(lengths[req_id]), (req_id, parts)
+
+
+@pytest.mark.parametrize("budget", [1, 2, 3])
+def test_the_budget_counts_chunk_calls_and_decodes_come_first(chunked_dir, budget):
+    scheduler = make_scheduler(chunked_dir, prefill_chunk_budget=budget)
+    add(scheduler, "d1", 3, max_tokens=100)
+    while not scheduler.requests["d1"].num_output_tokens:
+        step(scheduler)
+    lengths = {"long": 6 * CHUNK + 5, "mid": 2 * CHUNK + 9, "tiny": 1}
+    for req_id, n in lengths.items():
+        add(scheduler, req_id, n)
+    prefilled = dict.fromkeys(lengths, 0)
+    steps = 0
+    while prefilled != lengths:
+        scheduled = step(scheduler)
+        steps += 1
+        assert scheduled["d1"] == 1  # the decode, every step
+        prefill = {r: n for r, n in scheduled.items() if r in lengths and prefilled[r] < lengths[r]}
+        assert sum(calls(n) for n in prefill.values()) <= budget
+        for req_id, n in prefill.items():
+            prefilled[req_id] += n
+    # (1 decode + 3 prompts fill the 4 slots.) 7 + 3 + 1 = 11 chunk calls at `budget` per step, nothing wasted but the last step's rest.
+    assert steps == math.ceil(11 / budget)
+
+
+def test_a_short_prompt_overtakes_a_long_one_in_progress(scheduler):
+    add(scheduler, "long", 6 * CHUNK)
+    assert step(scheduler) == {"long": 2 * CHUNK}
+    add(scheduler, "short", 5)
+    assert step(scheduler) == {"short": 5, "long": CHUNK}  # the short one first, the rest of the budget to long
+    assert scheduler.requests["short"].num_output_tokens == 1  # its first token, from the second step
+    assert step(scheduler) == {"short": 1, "long": 2 * CHUNK}
+
+
+def test_fewest_remaining_tokens_first_among_waiting_prompts(chunked_dir):
+    scheduler = make_scheduler(chunked_dir, prefill_chunk_budget=1)
+    add(scheduler, "a", 3 * CHUNK)
+    add(scheduler, "b", 2 * CHUNK)
+    add(scheduler, "c", 10)
+    order = [r for _ in range(6) for r, n in step(scheduler).items() if n > 1]  # decodes have 1 token
+    assert order == ["c", "b", "b", "a", "a", "a"]
+
+
+def test_aging_bounds_how_long_a_prompt_is_passed_over(chunked_dir):
+    """One short prompt arrives every step and would always win on length: aging still serves the long one."""
+    scheduler = make_scheduler(chunked_dir, prefill_chunk_budget=1)
+    add(scheduler, "long", 7 * CHUNK)
+    served_steps = []
+    for i in range(60):
+        add(scheduler, f"short-{i}", 3, max_tokens=1)
+        if "long" in step(scheduler):
+            served_steps.append(i)
+        if scheduler.requests.get("long") is None or scheduler.requests["long"].num_output_tokens:
+            break
+    passed_over = [b - a - 1 for a, b in zip([-1, *served_steps], served_steps, strict=False)]
+    # Passed over exactly max_passes times in a row, then served (the bound is max_passes + max_num_seqs - 1).
+    assert passed_over[1:] and set(passed_over[1:]) == {DEFAULT_MAX_PASSES}
+    assert len(served_steps) == 7
+
+
+def test_prefill_chunk_budget_option(monkeypatch, chunked_dir):
+    monkeypatch.delenv("ONP_PREFILL_CHUNK_BUDGET", raising=False)
+    assert prefill_chunk_budget({}) == 2
+    monkeypatch.setenv("ONP_PREFILL_CHUNK_BUDGET", "3")
+    assert prefill_chunk_budget(None) == 3
+    assert prefill_chunk_budget({"prefill_chunk_budget": 1}) == 1  # additional_config wins
+    for bad in ("0", "two", "-1"):
+        with pytest.raises(ValueError, match="ONP_PREFILL_CHUNK_BUDGET .*1 or more"):
+            prefill_chunk_budget({"prefill_chunk_budget": bad})
+    config = interleaved_config(chunked_dir)
+    assert config.scheduler_config.max_num_batched_tokens == 3 * CHUNK + BATCH_SIZE
+
+
+# ---- end to end ---------------------------------------------------------------------------------
+
+NEW_TOKENS = 6
+
+
+@pytest.fixture(scope="module")
+def stats_file(vllm_root):
+    return vllm_root / "interleave-policy-stats.jsonl"
+
+
+@pytest.fixture(scope="module")
+def llm(chunked_dir, stats_file):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ONP_STATS_FILE", str(stats_file))
+        engine = make_llm(chunked_dir, additional_config={"prefill_mode": "interleaved"})
+        yield engine
+        close_llm(engine)
+
+
+def test_mixed_long_and_short_traffic_equals_transformers(llm, tokenizer, tiny_hf, stats_file):
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    # Long prompts start; short ones arrive while they prefill and overtake them; more requests than slots.
+    waves = [[("long-0", 6 * CHUNK + 3), ("long-1", 4 * CHUNK)], [("short-0", 5), ("mid", 2 * CHUNK + 1)]]
+    waves += [[("short-1", 1), ("short-2", CHUNK)], [("long-2", 5 * CHUNK - 1)]]
+    prompts = {}
+    for offset, (req_id, n) in enumerate(r for wave in waves for r in wave):
+        prompts[req_id] = prompt_of(n, tokenizer, offset=offset)
+    outputs: dict[str, list[int]] = {r: [] for r in prompts}
+    first_token_step: dict[str, int] = {}
+    steps = 0
+    for wave in waves:
+        for req_id, _ in wave:
+            engine.add_request(req_id, {"prompt_token_ids": prompts[req_id]}, params)
+        for out in engine.step():
+            outputs[out.request_id] = list(out.outputs[0].token_ids)
+            first_token_step.setdefault(out.request_id, steps)
+        steps += 1
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.request_id] = list(out.outputs[0].token_ids)
+            first_token_step.setdefault(out.request_id, steps)
+        steps += 1
+    for req_id, prompt in prompts.items():
+        assert outputs[req_id] == hf_greedy(tiny_hf, prompt, NEW_TOKENS), req_id
+    assert first_token_step["short-0"] < first_token_step["long-0"]  # overtook a long prompt in progress
+    # The runner writes a request's stats when the next step tells it the request finished.
+    llm.generate([{"prompt_token_ids": prompt_of(2, tokenizer)}], SamplingParams(max_tokens=1), use_tqdm=False)
+    records = {r["req_id"]: r for r in map(json.loads, stats_file.read_text().splitlines())}
+    for req_id, prompt in prompts.items():
+        record = next(r for k, r in records.items() if k.startswith(req_id))
+        assert record["prefill_calls"] == calls(len(prompt)), req_id  # as many calls as in serial mode
