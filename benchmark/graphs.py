@@ -43,7 +43,8 @@ def export(model: Path, out: Path, args: argparse.Namespace, compiler: str) -> f
     subprocess.run(
         [sys.executable, "-m", "exporter", "--model", str(model), "--batch-size", str(args.batch_size),
          "--sequence-length", str(args.sequence_length), "--prefill-chunk-size", str(args.chunk),
-         "--backend", "cpu", "--cpu-compiler", compiler, "--overwrite", str(out)],
+         "--backend", "cpu", "--cpu-compiler", compiler, "--overwrite", str(out),
+         *(["--context-buckets", args.context_buckets] if args.context_buckets else [])],
         check=True,
     )  # fmt: skip
     return time.perf_counter() - began
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--sequence-length", type=int, default=2048)
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--chunks", type=int, default=4)
+    parser.add_argument("--context-buckets", default=None, help="e.g. 512,2048 (default: the exporter's)")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
@@ -129,9 +131,11 @@ def main() -> None:
     model = args.model or default_model()
     torch.set_num_threads(args.threads)
     hf = hf_model(model)
-    results = {"threads": args.threads, "context": args.context, "chunk": args.chunk, "compilers": {}}
+    results = {"threads": args.threads, "context": args.context, "chunk": args.chunk, "buckets": args.context_buckets}
+    results["compilers"] = {}
     for compiler in args.compilers.split(","):
-        out = ARTIFACTS / f"smollm2-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}-{compiler}"
+        buckets = f"-l{args.context_buckets.replace(',', '_')}" if args.context_buckets else ""
+        out = ARTIFACTS / f"smollm2-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}{buckets}-{compiler}"
         seconds = export(model, out, args, compiler)
         size = sum(p.stat().st_size for p in (out / "graphs").rglob("*") if p.is_file())
         figures = measure(out, hf, args)
@@ -143,7 +147,7 @@ def main() -> None:
                 flush=True,
             )
         print(f"[graphs] {compiler:<8} export {seconds:.0f} s (0: cached), graphs {size / 2**20:.0f} MiB", flush=True)
-    path = ROOT / "results" / "graphs.json"
+    path = ROOT / "results" / f"graphs{buckets}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"[graphs] wrote {path}")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..config import NeuronConfig
-from ..errors import ArtifactError
+from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from . import Progress
 
@@ -55,10 +55,16 @@ class CpuBackend:
     name = "cpu"
 
     def __init__(self, neuron_config: NeuronConfig) -> None:
+        self.neuron_config = neuron_config
         self.format = FORMATS[neuron_config.cpu_compiler]
 
     def check_can_compile(self) -> None:
-        """torch is all it needs."""
+        """torch is all it needs; the graphs are not sharded, so an artifact is never labelled as if they were."""
+        if self.neuron_config.tp_degree != 1:
+            raise ExportError(
+                f"tp_degree={self.neuron_config.tp_degree} is not supported by the cpu backend yet: its graphs are not "
+                "sharded; export with --tensor-parallel-size 1"
+            )
 
     def graph_path(self, directory: Path, spec: GraphSpec) -> Path:
         return Path(directory) / GRAPH_DIR / f"{spec.key}{self.format.suffix}"
