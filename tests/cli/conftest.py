@@ -12,8 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-from .helpers import smollm2_gguf
+from support.smollm2 import smollm2_gguf
 
 FIXTURE_VERSION = 1
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.smollm2 import smollm2_gguf
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 
-from .helpers import smollm2_gguf
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 CHUNK = 32
 NEW_TOKENS = 16
@@ -55,7 +54,8 @@ def chat_ids(tokenizer, question: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def hf_greedy(hf, ids: list[int]) -> list[int]:
+def hf_generate_until_eos(hf, ids: list[int]) -> list[int]:
+    """HF `generate`, greedy, stopping at EOS like the chat answer does."""
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                           max_new_tokens=NEW_TOKENS, do_sample=False)  # fmt: skip
@@ -73,7 +73,7 @@ def test_chat_and_multi_chunk_prompts_batched_match_hf(smollm2):
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
     for row, ids_ in enumerate(prompts):
-        reference = hf_greedy(hf, ids_)
+        reference = hf_generate_until_eos(hf, ids_)
         new = out[row, width:].tolist()
         assert new[: len(reference)] == reference, (
             f"prompt {row}: {tokenizer.decode(new)!r} vs {tokenizer.decode(reference)!r}"

@@ -18,6 +18,8 @@ from support.references import hf_greedy
 from support.server import Server
 from support.tiny_models import export_chain_model
 
+pytestmark = pytest.mark.slow  # a live `vllm serve`
+
 EMBEDDING_ROWS = 1000
 TRAP, BAD = 900, 1500
 BATCH_SIZE = 4
