@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.smollm2 import smollm2_gguf
+from support.smollm2 import smollm2_hf_and_checkpoint
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 
@@ -28,19 +28,7 @@ LONG_QUESTION = (
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = smollm2_gguf()
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The dequantized weights as a plain checkpoint (a GGUF-loaded model refuses save_pretrained).
-    config = type(hf.config).from_dict({k: v for k, v in hf.config.to_dict().items() if k != "quantization_config"})
-    plain = type(hf)(config).eval()
-    plain.load_state_dict(hf.state_dict())
-    source = tmp_path_factory.mktemp("smollm2-source")
-    plain.save_pretrained(source)
-    tokenizer.save_pretrained(source)
-    del plain
+    hf, tokenizer, source = smollm2_hf_and_checkpoint(tmp_path_factory.mktemp("smollm2-source"))
     model = NeuronModelForCausalLM.export(
         source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=CHUNK)
     )

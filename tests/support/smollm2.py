@@ -26,3 +26,20 @@ def smollm2_tokenizer():
 
     gguf = smollm2_gguf()
     return AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def smollm2_hf_and_checkpoint(directory: Path):
+    """(the HF model read from the GGUF in fp32, eval mode; its tokenizer; `directory` holding its dequantized
+    weights and tokenizer as a plain checkpoint: a GGUF-loaded model refuses save_pretrained)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf = smollm2_gguf()
+    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    tokenizer = smollm2_tokenizer()
+    config = type(hf.config).from_dict({k: v for k, v in hf.config.to_dict().items() if k != "quantization_config"})
+    plain = type(hf)(config).eval()
+    plain.load_state_dict(hf.state_dict())
+    plain.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return hf, tokenizer, directory
