@@ -23,7 +23,15 @@ from .graphs import TOKEN_GENERATION, DecoderGraph, GraphSpec, example_inputs, g
 from .models.args import ModelArgs
 from .models.kv_cache import empty_cache
 from .models.llama import weight_names
-from .sampling import GREEDY, SamplingParams, draw_uniform, make_generator, params_tensor, sample_on_host
+from .sampling import (
+    GREEDY,
+    SamplingParams,
+    draw_uniform,
+    host_topk,
+    make_generator,
+    params_tensor,
+    sample_on_host,
+)
 
 
 @dataclass
@@ -269,7 +277,8 @@ class NeuronModelForCausalLM:
         outputs: list[list[int]] = []
         for slot, prompt in enumerate(prompts):
             logits = self.prefill(slot, prompt)
-            outputs.append([int(sample_on_host(logits[None], [params], [generators[slot]])[0])])
+            cap = host_topk(nc.on_device_sampling, nc.max_topk)
+            outputs.append([int(sample_on_host(logits[None], [params], [generators[slot]], cap)[0])])
         live = [i for i in range(len(prompts)) if outputs[i][-1] not in eos and max_new_tokens > 1]
         while live:
             positions = [len(prompts[i]) + len(outputs[i]) - 1 for i in live]

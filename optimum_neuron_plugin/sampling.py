@@ -2,6 +2,9 @@
 
 The first token of every request is sampled here from the prefill logits; later tokens are
 sampled on device by token_generation (hybrid), or here when the artifact has no on-device sampling.
+Decision: every token of a request follows one rule. The device sampler keeps at most max_topk tokens
+(top_k <= 0 means max_topk there), so when the artifact samples on device the host applies the same cap
+to the first token; without on-device sampling the host uses the full vocabulary.
 """
 
 from __future__ import annotations
@@ -52,11 +55,20 @@ def params_tensor(params: list[SamplingParams], max_k: int) -> torch.Tensor:
     return torch.tensor([p.as_row(max_k) for p in params], dtype=torch.float32)
 
 
+def host_topk(on_device_sampling: bool, max_topk: int) -> int | None:
+    """The top-k cap of host sampling for an artifact: the device's cap when it samples on device, else none."""
+    return max_topk if on_device_sampling else None
+
+
 def sample_on_host(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+    logits: torch.Tensor,
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+    max_topk: int | None = None,
 ) -> torch.Tensor:
-    """logits [n, V] -> token ids [n], with the same algorithm as the on-device sampler over the full vocab."""
-    vocab = logits.shape[-1]
+    """logits [n, V] -> token ids [n], with the on-device sampler's algorithm over at most max_topk tokens
+    (None: the full vocabulary)."""
+    k = logits.shape[-1] if max_topk is None else min(max_topk, logits.shape[-1])
     if all(p.greedy for p in params):
         return logits.argmax(dim=-1)
-    return sample(logits, params_tensor(params, vocab), draw_uniform(generators), vocab)
+    return sample(logits, params_tensor(params, k), draw_uniform(generators), k)

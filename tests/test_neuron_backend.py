@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.tiny_models import COMMON
 
 from optimum_neuron_plugin import ArtifactError, ExportError, NeuronConfig
 from optimum_neuron_plugin.backends import neuron
@@ -19,16 +20,7 @@ from optimum_neuron_plugin.backends import neuron
 SDK_INSTALLED = any(importlib.util.find_spec(m) for m in ("torch_neuronx", "neuronx_distributed"))
 needs_no_sdk = pytest.mark.skipif(SDK_INSTALLED, reason="the Neuron SDK is installed on this host")
 
-TINY = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    tie_word_embeddings=True,
-)
+TINY = dict(COMMON, vocab_size=128, tie_word_embeddings=True)
 
 
 @pytest.fixture(scope="module")

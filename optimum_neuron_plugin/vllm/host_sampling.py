@@ -34,10 +34,11 @@ def process_logits(logits: torch.Tensor, state: RequestState) -> torch.Tensor:
     return logits
 
 
-def sample_token(logits: torch.Tensor, state: RequestState) -> int:
-    """One token from logits [V] with the request's parameters and its own generator."""
+def sample_token(logits: torch.Tensor, state: RequestState, max_topk: int | None = None) -> int:
+    """One token from logits [V] with the request's parameters and its own generator, over at most
+    max_topk tokens (sampling.host_topk: the device's cap when the artifact samples on device)."""
     processed = process_logits(logits, state)
-    return int(sample_on_host(processed[None], [state.sampling], [state.generator])[0])
+    return int(sample_on_host(processed[None], [state.sampling], [state.generator], max_topk)[0])
 
 
 @dataclass(frozen=True)

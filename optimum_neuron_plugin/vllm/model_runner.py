@@ -18,7 +18,7 @@ from vllm.v1.outputs import ModelRunnerOutput
 
 from ..graphs import TOKEN_GENERATION
 from ..runtime import NeuronModelForCausalLM
-from ..sampling import GREEDY
+from ..sampling import GREEDY, host_topk
 from .host_sampling import TokenLogprobs, logprobs_lists, sample_token, token_logprobs
 from .log import get_logger
 from .requests import RequestState, SlotPool
@@ -35,6 +35,8 @@ class NeuronModelRunner:
         self.slots = SlotPool(model.neuron_config.batch_size)
         self.requests: dict[str, RequestState] = {}
         self.stats = stats or StatsSink()
+        nc = model.neuron_config
+        self.host_topk = host_topk(nc.on_device_sampling, nc.max_topk)  # first tokens follow the device's rule
 
     # ---- request bookkeeping ------------------------------------------------------------------
 
@@ -145,7 +147,7 @@ class NeuronModelRunner:
         for i, state in enumerate(states):
             token = result.tokens[i]
             if processed[i]:
-                token = sample_token(self._row_logits(result.logits, i), state)
+                token = sample_token(self._row_logits(result.logits, i), state, self.host_topk)
             self._append(state, token, None if result.logits is None else result.logits[i], sampled, logprobs)
 
     @staticmethod
@@ -164,7 +166,7 @@ class NeuronModelRunner:
         state.stats.prefill_steps += 1
         state.stats.interleaved |= interleaved
         if work.start + work.count == state.num_tokens:
-            self._append(state, sample_token(logits, state), logits, sampled, logprobs)
+            self._append(state, sample_token(logits, state, self.host_topk), logits, sampled, logprobs)
 
     @staticmethod
     def _append(state: RequestState, token: int, logits: torch.Tensor | None, sampled, logprobs) -> None:

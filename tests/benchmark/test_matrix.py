@@ -12,7 +12,6 @@ import csv
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,16 +24,11 @@ BENCH = REPO / "benchmark"
 sys.path.insert(0, str(BENCH))
 
 import collect  # noqa: E402
+from support.server import free_port  # noqa: E402
 
 CONFIGS = ["chunked-hybrid", "chunked-interleaved"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIXTURE_VERSION = 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

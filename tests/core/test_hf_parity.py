@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.references import hf_greedy, hf_last_logits
+from support.references import runtime_greedy as greedy
+from support.tiny_models import ARCHITECTURES
 
 from optimum_neuron_plugin.models.args import ModelArgs
 from optimum_neuron_plugin.models.layers import rope_inv_freq
 
-from .helpers import CHUNK, CHUNK_ONE, CHUNKED, CHUNKED_LOGITS, TINY, greedy, hf_greedy, hf_last_logits, prompt
+from .helpers import CHUNK, CHUNK_ONE, CHUNKED, CHUNKED_LOGITS, prompt
 
 NEW_TOKENS = 12
 # Shorter than one chunk, exactly one chunk, several chunks with a remainder (2 x 8 + 3).
 LENGTHS = {"short": CHUNK - 3, "one_chunk": CHUNK, "chunks_and_remainder": 2 * CHUNK + 3}
-ARCHITECTURES = list(TINY)
 
 
 def chunked(zoo, name):

@@ -4,11 +4,12 @@ exactly what each gives alone; a write for one seq_id touches no other row; padd
 from __future__ import annotations
 
 import torch
+from support.references import hf_greedy, hf_last_logits
 
 from optimum_neuron_plugin.models.layers import rope_inv_freq
 from optimum_neuron_plugin.models.llama import decoder_logits
 
-from .helpers import SEQUENCE_LENGTH, hf_greedy, hf_last_logits, prompt, slot_positions
+from .helpers import SEQUENCE_LENGTH, prompt, slot_positions
 
 SENTINEL = 0.5  # a value no real K/V entry takes exactly
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.smollm2 import smollm2_hf_and_checkpoint
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 
-from .helpers import smollm2_gguf
-
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 CHUNK = 32
 NEW_TOKENS = 16
@@ -29,19 +28,7 @@ LONG_QUESTION = (
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = smollm2_gguf()
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The dequantized weights as a plain checkpoint (a GGUF-loaded model refuses save_pretrained).
-    config = type(hf.config).from_dict({k: v for k, v in hf.config.to_dict().items() if k != "quantization_config"})
-    plain = type(hf)(config).eval()
-    plain.load_state_dict(hf.state_dict())
-    source = tmp_path_factory.mktemp("smollm2-source")
-    plain.save_pretrained(source)
-    tokenizer.save_pretrained(source)
-    del plain
+    hf, tokenizer, source = smollm2_hf_and_checkpoint(tmp_path_factory.mktemp("smollm2-source"))
     model = NeuronModelForCausalLM.export(
         source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=CHUNK)
     )
@@ -55,7 +42,8 @@ def chat_ids(tokenizer, question: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def hf_greedy(hf, ids: list[int]) -> list[int]:
+def hf_generate_until_eos(hf, ids: list[int]) -> list[int]:
+    """HF `generate`, greedy, stopping at EOS like the chat answer does."""
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                           max_new_tokens=NEW_TOKENS, do_sample=False)  # fmt: skip
@@ -73,7 +61,7 @@ def test_chat_and_multi_chunk_prompts_batched_match_hf(smollm2):
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     out = model.generate(ids, attention_mask=mask, max_new_tokens=NEW_TOKENS)
     for row, ids_ in enumerate(prompts):
-        reference = hf_greedy(hf, ids_)
+        reference = hf_generate_until_eos(hf, ids_)
         new = out[row, width:].tolist()
         assert new[: len(reference)] == reference, (
             f"prompt {row}: {tokenizer.decode(new)!r} vs {tokenizer.decode(reference)!r}"

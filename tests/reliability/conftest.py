@@ -10,27 +10,27 @@
   mismatches), started in the background, two at a time, from the first test of the directory on.
 
 Everything listens on and talks to 127.0.0.1; every process is stopped by PID, and gets SIGTERM
-if the test process dies first (helpers.die_with_test_process).
+if the test process dies first (support.server).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))  # vllm_helpers: tiny model, Server
+import pytest
+from support.client import completion_tokens, greedy
+from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, save_served_tiny
+from support.server import serve
+from support.tiny_models import export, save_tiny
+from transformers import AutoTokenizer
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
-from vllm_helpers import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, build_tiny_hf, export  # noqa: E402
-
-from .helpers import Refusals, ReliabilityServer, completion_tokens, greedy  # noqa: E402
+from .helpers import Refusals
 
 SMALL_VOCAB = 1000
 SERVER_START_TIMEOUT = 300
+SHAPE = dict(batch_size=BATCH_SIZE, sequence_length=SEQUENCE_LENGTH)
 
 
 @pytest.fixture(scope="session")
@@ -40,7 +40,7 @@ def rel_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_hf_dir(rel_root) -> Path:
-    return build_tiny_hf(rel_root / "tiny-hf")
+    return save_served_tiny(rel_root / "tiny-hf")
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +50,7 @@ def tokenizer(tiny_hf_dir):
 
 @pytest.fixture(scope="session")
 def chunked_dir(rel_root, tiny_hf_dir) -> Path:
-    return export(tiny_hf_dir, rel_root / "chunked", prefill_chunk_size=CHUNK, on_device_sampling=True)
+    return export(tiny_hf_dir, rel_root / "chunked", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True)
 
 
 @pytest.fixture(scope="session")
@@ -60,26 +60,12 @@ def small_vocab_dir(rel_root, tiny_hf_dir) -> Path:
     vLLM accepts any id the tokenizer knows, so a prompt id >= 1000 reaches the graph, whose
     embedding lookup raises (IndexError) at run time; ids < 1000 are served normally.
     """
-    source = rel_root / "small-vocab-hf"
-    if not (source / "config.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dir)
-        torch.manual_seed(1)
-        config = LlamaConfig(
-            vocab_size=SMALL_VOCAB,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=256,
-            initializer_range=0.1,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            tie_word_embeddings=False,
-        )
-        LlamaForCausalLM(config).save_pretrained(source)
-        tokenizer.save_pretrained(source)
-    return export(source, rel_root / "small-vocab", prefill_chunk_size=CHUNK, on_device_sampling=True)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf_dir)
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    config = dict(vocab_size=SMALL_VOCAB, tie_word_embeddings=False, max_position_embeddings=256, **special)
+    source = save_tiny(rel_root / "small-vocab-hf", "llama", seed=1, **config)
+    tokenizer.save_pretrained(source)
+    return export(source, rel_root / "small-vocab", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True)
 
 
 # ---- corrupt artifacts and startup mismatches ------------------------------------------------------
@@ -140,32 +126,24 @@ def _start_refusals_early(request):
 # ---- servers --------------------------------------------------------------------------------------
 
 
-def _serve(model: Path, log: Path, *args: str, env: dict[str, str] | None = None):
-    server = ReliabilityServer(model, log, *args, env=env)
-    server.stats_file = Path(env["ONP_STATS_FILE"]) if env and "ONP_STATS_FILE" in env else None
-    try:
-        server.wait_ready(timeout=SERVER_START_TIMEOUT)
-        yield server
-    finally:
-        server.stop()
-    assert server.process.poll() is not None
-
-
 @pytest.fixture(scope="session")
 def server(chunked_dir, rel_root):
-    yield from _serve(chunked_dir, rel_root / "server.log")
+    yield from serve(chunked_dir, rel_root / "server.log", timeout=SERVER_START_TIMEOUT)
 
 
 @pytest.fixture(scope="session")
 def interleaved_server(small_vocab_dir, rel_root):
     stats = rel_root / "interleaved-stats.jsonl"
-    yield from _serve(
+    for server in serve(
         small_vocab_dir,
         rel_root / "interleaved-server.log",
         "--additional-config",
         json.dumps({"prefill_mode": "interleaved"}),
         env={"ONP_STATS_FILE": str(stats)},
-    )
+        timeout=SERVER_START_TIMEOUT,
+    ):
+        server.stats_file = stats
+        yield server
 
 
 class Alone:

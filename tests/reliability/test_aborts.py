@@ -10,9 +10,11 @@ import itertools
 import json
 import time
 
-from vllm_helpers import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
+import pytest
+from support.client import abort, completion_tokens, concurrently, greedy, wait_idle
+from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
 
-from .helpers import abort, completion_tokens, concurrently, greedy, wait_idle
+pytestmark = pytest.mark.slow  # a live `vllm serve`
 
 ABORTS = 100
 LONG = SEQUENCE_LENGTH - 8  # several compiled chunks

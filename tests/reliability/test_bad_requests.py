@@ -9,9 +9,10 @@ finish_reason "length" (max_tokens alone above max_model_len is rejected with a 
 from __future__ import annotations
 
 import pytest
-from vllm_helpers import SEQUENCE_LENGTH, prompt_of
+from support.client import call, greedy
+from support.served import SEQUENCE_LENGTH, prompt_of
 
-from .helpers import call, greedy
+pytestmark = pytest.mark.slow  # a live `vllm serve`
 
 PROBE_TOKENS = 4
 

@@ -13,10 +13,12 @@ file and the error), their cache slots are freed, and every other request is ser
 from __future__ import annotations
 
 import pytest
-from vllm_helpers import BATCH_SIZE
+from support.client import call, completion_tokens, concurrently, greedy, health, stream_tokens, wait_idle
+from support.served import BATCH_SIZE
 
 from .conftest import SMALL_VOCAB
-from .helpers import call, completion_tokens, concurrently, greedy, health, stream_tokens, wait_idle
+
+pytestmark = pytest.mark.slow  # a live `vllm serve`
 
 CORRUPT = {
     "missing-graph": ("graphs/token_generation_128.pt2", "missing compiled graph; export the model again"),

@@ -13,19 +13,13 @@ import random
 import threading
 import time
 
-from vllm_helpers import BATCH_SIZE, SEQUENCE_LENGTH, prompt_of
+import pytest
+from support.client import call, completion_tokens, concurrently, greedy, metrics, stream_tokens, wait_idle
+from support.served import BATCH_SIZE, SEQUENCE_LENGTH, prompt_of
 
-from .helpers import (
-    RssSampler,
-    call,
-    completion_tokens,
-    concurrently,
-    greedy,
-    metrics,
-    stream_tokens,
-    tree_rss,
-    wait_idle,
-)
+from .helpers import RssSampler, tree_rss
+
+pytestmark = pytest.mark.slow  # a live `vllm serve`
 
 SOAK_REQUESTS = 300
 SOAK_CONCURRENCY = 2 * BATCH_SIZE

@@ -6,7 +6,9 @@ The runs start in the background with the first test of this directory (conftest
 from __future__ import annotations
 
 import pytest
-from vllm_helpers import BATCH_SIZE, SEQUENCE_LENGTH
+from support.served import BATCH_SIZE, SEQUENCE_LENGTH
+
+pytestmark = pytest.mark.slow  # a live `vllm serve`
 
 MISMATCHES = {
     "max-num-seqs": (

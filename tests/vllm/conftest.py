@@ -16,8 +16,11 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, save_served_tiny  # noqa: E402
+from support.tiny_models import export  # noqa: E402
 from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
-from vllm_helpers import CHUNK, build_tiny_hf, export  # noqa: E402
+
+SHAPE = dict(batch_size=BATCH_SIZE, sequence_length=SEQUENCE_LENGTH)
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +30,7 @@ def vllm_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_hf_dir(vllm_root) -> Path:
-    return build_tiny_hf(vllm_root / "tiny-hf")
+    return save_served_tiny(vllm_root / "tiny-hf")
 
 
 @pytest.fixture(scope="session")
@@ -43,10 +46,10 @@ def tokenizer(tiny_hf_dir):
 @pytest.fixture(scope="session")
 def chunked_dir(vllm_root, tiny_hf_dir) -> Path:
     """Chunked prefill (16-token chunks), on-device sampling: the production shape."""
-    return export(tiny_hf_dir, vllm_root / "chunked", prefill_chunk_size=CHUNK, on_device_sampling=True)
+    return export(tiny_hf_dir, vllm_root / "chunked", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True)
 
 
 @pytest.fixture(scope="session")
 def full_host_dir(vllm_root, tiny_hf_dir) -> Path:
     """One context_encoding graph (no chunks); token_generation returns logits (host sampling, logprobs)."""
-    return export(tiny_hf_dir, vllm_root / "full-host", prefill_chunk_size=0, on_device_sampling=False)
+    return export(tiny_hf_dir, vllm_root / "full-host", **SHAPE, prefill_chunk_size=0, on_device_sampling=False)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from support.engine import close_llm, make_llm
+from support.references import hf_greedy, runtime_greedy
+from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
 from vllm.exceptions import VLLMValidationError
-from vllm_helpers import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, close_llm, hf_greedy, make_llm, prompt_of, runtime_greedy
 
 from optimum_neuron_plugin import NeuronModelForCausalLM
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from vllm_helpers import BATCH_SIZE, close_llm, hf_greedy, make_llm, prompt_of
+from support.engine import close_llm, make_llm
+from support.references import hf_greedy
+from support.served import BATCH_SIZE, prompt_of
 
 NEW_TOKENS = 6
 LENGTHS = [3, 20, 45, 100, 7, 1]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from vllm_helpers import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH
+from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH
 
 from optimum_neuron_plugin.vllm import PLATFORM, register
 from optimum_neuron_plugin.vllm.options import NEURON_DEVICE, PrefillMode, prefill_mode

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from vllm_helpers import close_llm, hf_greedy, make_llm, prompt_of
+from support.engine import close_llm, make_llm
+from support.references import hf_greedy
+from support.served import prompt_of
 
 NEW_TOKENS = 40
 PROMPT = 50

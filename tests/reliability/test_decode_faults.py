@@ -1,0 +1,103 @@
+"""A token_generation call that raises fails the requests of that decode batch (HTTP 500), in serial and
+interleaved prefill mode, and the server keeps serving.
+
+The model (support.tiny_models.export_chain_model) has a 1000-row embedding table behind SmolLM2's 49152-id
+tokenizer and lm_head: its greedy next token is t + 1, except after TRAP, where it is BAD (an id beyond the
+embedding). A request whose prompt ends at TRAP - k samples BAD as its (k+1)-th token, on the device; the
+next token_generation call embeds BAD and raises IndexError, a real graph failure with no mock. Every request
+decoding in that call fails with it; requests that finished earlier, and every later one, are served.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.client import call, completion_tokens, concurrently, greedy, health, stream_tokens, wait_idle
+from support.references import hf_greedy
+from support.server import Server
+from support.tiny_models import export_chain_model
+
+pytestmark = pytest.mark.slow  # a live `vllm serve`
+
+EMBEDDING_ROWS = 1000
+TRAP, BAD = 900, 1500
+BATCH_SIZE = 4
+MODES = ["serial", "interleaved"]
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory, tokenizer):
+    root = tmp_path_factory.mktemp("decode-faults")
+    config = dict(batch_size=BATCH_SIZE, sequence_length=128, prefill_chunk_size=16, on_device_sampling=True)
+    artifact, hf = export_chain_model(root / "artifact", tokenizer, EMBEDDING_ROWS, TRAP, BAD, **config)
+    return artifact, hf, root
+
+
+@pytest.fixture(scope="module")
+def servers(chain):
+    """Both servers of the module, started together (their startups overlap)."""
+    artifact, _, root = chain
+    started = {
+        mode: Server(artifact, root / f"{mode}.log", "--additional-config", json.dumps({"prefill_mode": mode}))
+        for mode in MODES
+    }
+    try:
+        for server in started.values():
+            server.wait_ready()
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+def good_prompt(i: int) -> list[int]:
+    return [40 + i, 7, 100 + 50 * i]  # the chain never reaches TRAP in the tokens asked for
+
+
+def trapped_prompt(steps: int) -> list[int]:
+    """Samples BAD as token steps + 1; the token_generation call after it raises."""
+    return [3, 4, TRAP - steps]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_decode_failure_fails_its_batch_and_the_server_keeps_serving(servers, chain, mode):
+    server, hf = servers[mode], chain[1]
+    long_prompt, short_prompt = good_prompt(0), good_prompt(1)
+
+    def run(job):
+        kind, prompt, max_tokens = job
+        body = greedy(server.model, prompt, max_tokens)
+        return stream_tokens(server.port, body) if kind == "stream" else call(server.port, "/v1/completions", body)
+
+    # A short request that finishes before the failure, a long streamed one decoding beside the trapped one
+    # when its token_generation call raises (about 10 steps in), and the trapped one.
+    jobs = [("plain", short_prompt, 2), ("stream", long_prompt, 60), ("plain", trapped_prompt(8), 30)]
+    (short_status, short), (long_status, long_tokens, long_errors), (status, body) = concurrently(run, jobs, len(jobs))
+    assert short_status == 200 and short["choices"][0]["token_ids"] == hf_greedy(hf, short_prompt, 2)
+    assert status == 500, body
+    assert body["error"]["code"] == 500 and body["error"]["message"] == "Internal server error"
+    assert long_status == 200 and long_errors and long_errors[0]["error"]["code"] == 500, long_errors
+    assert 0 < len(long_tokens) < 60 and long_tokens == hf_greedy(hf, long_prompt, len(long_tokens))
+
+    log = server.log.read_text()
+    graph_file = f"{server.model}/graphs/token_generation.pt2"
+    assert f"graph token_generation ({graph_file}) raised IndexError" in log
+    assert "the server keeps serving" in log
+
+    # Every slot was freed: a full batch is served, equal to Hugging Face.
+    wait_idle(server.port)
+    prompts = [good_prompt(i) for i in range(BATCH_SIZE)]
+    outputs = concurrently(lambda p: completion_tokens(server.port, greedy(server.model, p, 12)), prompts, BATCH_SIZE)
+    assert outputs == [hf_greedy(hf, p, 12) for p in prompts]
+    assert server.process.poll() is None and health(server.port) == 200
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_trapped_request_alone_fails_at_its_first_decode(servers, chain, mode):
+    server, hf = servers[mode], chain[1]
+    status, body = call(server.port, "/v1/completions", greedy(server.model, trapped_prompt(0), 4))
+    assert status == 500 and body["error"]["message"] == "Internal server error", body
+    # BAD is the first token (host-sampled): a request asking for that token alone is served.
+    assert completion_tokens(server.port, greedy(server.model, trapped_prompt(0), 1)) == [BAD]
+    assert hf_greedy(hf, trapped_prompt(0), 1) == [BAD]

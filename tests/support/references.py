@@ -1,0 +1,41 @@
+"""What the tests compare against: Hugging Face transformers in fp32, and this plugin's own runtime."""
+
+from __future__ import annotations
+
+import torch
+
+from optimum_neuron_plugin import NeuronModelForCausalLM
+
+
+def hf_greedy(hf: torch.nn.Module, prompt: list[int], new_tokens: int) -> list[int]:
+    """The new tokens of HF `generate`, greedy, fp32, no logits processors, never stopping on EOS
+    (EOS is a token like any other, as with vLLM's ignore_eos)."""
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def hf_last_logits(hf: torch.nn.Module, tokens: list[int]) -> torch.Tensor:
+    """fp32 logits [vocab] of the next token after `tokens`."""
+    with torch.no_grad():
+        return hf(torch.tensor([tokens])).logits[0, -1].float()
+
+
+def hf_next_logits(hf: torch.nn.Module, sequences: list[list[int]]) -> torch.Tensor:
+    """fp32 logits [n, length, vocab] after every prefix of n sequences of the same length."""
+    with torch.no_grad():
+        return hf(torch.tensor(sequences)).logits.float()
+
+
+def runtime_greedy(model: NeuronModelForCausalLM, prompt: list[int], new_tokens: int) -> list[int]:
+    """This plugin's `generate`, greedy, EOS disabled: the new tokens only."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, eos_token_id=[])
+    return out[0, len(prompt) :].tolist()

@@ -1,0 +1,167 @@
+"""Tiny random-weight Hugging Face models (built offline, fixed seeds, fp32) and their exported artifacts.
+
+One shape for every test: 2 layers (layer 1's K/V depend on layer 0's attention, so masking mistakes show in
+the cache), GQA with 4 heads over 2 KV heads, hidden size 64. initializer_range 0.1 (HF's default is 0.02)
+keeps greedy choices far from ties. Directories are written atomically, so an interrupted build is never reused.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+
+COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    initializer_range=0.1,
+)
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=500000.0,
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    # Small, so that low and medium frequencies are rescaled at the positions the tests reach.
+    original_max_position_embeddings=32,
+)
+# Architecture name -> (config class, model class, what differs from COMMON).
+ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], dict]] = {
+    "llama": (LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=True, rms_norm_eps=1e-5)),
+    "llama3": (LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=False, rope_parameters=LLAMA3_ROPE)),
+    "mistral": (MistralConfig, MistralForCausalLM, dict(tie_word_embeddings=False)),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=False, rms_norm_eps=1e-6)),
+    # head_dim 32 != hidden_size / heads (16): q/k/v projections are not square.
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=False, head_dim=32)),
+}
+
+
+def tiny_model(architecture: str = "llama", seed: int = 0, tokenizer=None, **overrides) -> PreTrainedModel:
+    """A tiny random model in eval mode. With a tokenizer, its vocabulary and special ids; without one, no
+    bos/eos/pad (greedy generation never stops early, in HF or here) and `vocab_size` from overrides."""
+    config_cls, model_cls, extra = ARCHITECTURES[architecture]
+    special = dict(bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    if tokenizer is not None:
+        special = dict(
+            vocab_size=len(tokenizer),
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**{**COMMON, **extra, **special, **overrides})).eval()
+    model.generation_config.pad_token_id = model.config.pad_token_id or 0
+    return model
+
+
+def build_atomically(target: Path, build: Callable[[Path], object]) -> Path:
+    """Runs build(staging) in a temporary sibling of target and renames it; an existing target is reused."""
+    if target.is_dir():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        build(staging)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def save_tiny(directory: Path, architecture: str = "llama", seed: int = 0, tokenizer=None, **overrides) -> Path:
+    """tiny_model(...) written with save_pretrained (and its tokenizer), once."""
+
+    def build(staging: Path) -> None:
+        tiny_model(architecture, seed, tokenizer, **overrides).save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+
+    return build_atomically(directory, build)
+
+
+def export(source: Path, directory: Path, **neuron_config) -> Path:
+    """The export of `source` with NeuronConfig(**neuron_config), written with save_pretrained, once."""
+
+    def build(staging: Path) -> None:
+        model = NeuronModelForCausalLM.export(str(source), NeuronConfig(**neuron_config))
+        model.save_pretrained(staging)
+        del model
+        gc.collect()
+
+    return build_atomically(directory, build)
+
+
+def export_chain_model(
+    directory: Path, tokenizer, embedding_rows: int, trap: int, bad: int, **neuron_config
+) -> tuple[Path, PreTrainedModel]:
+    """An export whose greedy next token is (t + 1) % embedding_rows after any token t but `trap`, after which
+    it is `bad`: an id beyond its embedding table (embedding_rows rows; lm_head has len(tokenizer) rows).
+
+    Every layer's output projections are zero, so the last hidden state is the current token's embedding and
+    lm_head row j is (a multiple of) the normalised embedding of j's predecessor. A request that reaches
+    `trap` samples `bad`, and the next graph call that embeds it (token_generation) raises IndexError: a real
+    run-time failure of the decode graph, triggered by the prompt. Hugging Face cannot load a checkpoint
+    whose tables differ in size, so the HF directory is whole and the embedding is cut on its way into the
+    export. Returns the artifact and the HF model (the reference: it agrees on every id below embedding_rows).
+    """
+    from unittest import mock
+
+    from optimum_neuron_plugin import sources
+
+    model = tiny_model("llama", seed=7, tokenizer=tokenizer, tie_word_embeddings=False)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embeddings = model.model.embed_tokens.weight[:embedding_rows]
+        unit = embeddings / embeddings.norm(dim=-1, keepdim=True).clamp_min(1e-6)  # the pad row is zero
+        head = model.lm_head.weight
+        head.zero_()
+        head[torch.arange(1, embedding_rows + 1) % embedding_rows] = unit
+        head[bad] = 2 * unit[trap]
+    source = save_tiny_from(directory.parent / f"{directory.name}-hf", model, tokenizer)
+    real_load_source = sources.load_source
+
+    def cut_embedding(path):
+        loaded = real_load_source(path)
+        table = loaded.state_dict["model.embed_tokens.weight"]
+        loaded.state_dict["model.embed_tokens.weight"] = table[:embedding_rows].contiguous()
+        return loaded
+
+    with mock.patch.object(sources, "load_source", cut_embedding):
+        return export(source, directory, **neuron_config), model
+
+
+def save_tiny_from(directory: Path, model: PreTrainedModel, tokenizer=None) -> Path:
+    """A model (and tokenizer) written with save_pretrained, once."""
+
+    def build(staging: Path) -> None:
+        model.save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+
+    return build_atomically(directory, build)
