@@ -10,11 +10,12 @@ warning, while a request that sets them explicitly gets a 400.
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 import torch
-from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 from vllm_helpers import CHUNK, close_llm, export, make_llm, prompt_of
 
 PENALTY = 1.3
@@ -41,16 +42,18 @@ def qwen2_dir(vllm_root, tiny_hf_dir):
             eos_token_id=tokenizer.eos_token_id,
             tie_word_embeddings=False,
         )
-        model = Qwen2ForCausalLM(config)
-        model.generation_config = GenerationConfig(
-            repetition_penalty=PENALTY,
-            top_k=1,
-            max_new_tokens=NEW_TOKENS,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-        model.save_pretrained(directory)
+        Qwen2ForCausalLM(config).save_pretrained(directory)
         tokenizer.save_pretrained(directory)
+        # top_k 1: greedy for vLLM and for transformers (which wants do_sample with a top_k).
+        generation = {
+            "repetition_penalty": PENALTY,
+            "do_sample": True,
+            "top_k": 1,
+            "max_new_tokens": NEW_TOKENS,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        }
+        (directory / "generation_config.json").write_text(json.dumps(generation))
     return directory
 
 
