@@ -53,14 +53,17 @@ class GraphHealth:
     def succeeded(self) -> None:
         self.consecutive_failures = 0
 
-    def failed(self, graph: str, error: Exception) -> None:
+    def failed(self) -> bool:
+        """Count a failed call; True when the engine must stop (then raise stop_error)."""
         self.consecutive_failures += 1
-        if self.consecutive_failures >= self.limit:
-            raise EngineStopError(
-                f"{self.consecutive_failures} graph calls failed in a row (the last: {graph} raised "
-                f"{type(error).__name__}: {error}); the device looks unusable, so the engine stops and /health "
-                f"fails for a supervisor to restart the server ({MAX_GRAPH_FAILURES_ENV}={self.limit})"
-            )
+        return self.consecutive_failures >= self.limit
+
+    def stop_error(self, graph: str, error: Exception) -> EngineStopError:
+        return EngineStopError(
+            f"{self.consecutive_failures} graph calls failed in a row (the last: {graph} raised "
+            f"{type(error).__name__}: {error}); the device looks unusable, so the engine stops and /health "
+            f"fails for a supervisor to restart the server ({MAX_GRAPH_FAILURES_ENV}={self.limit})"
+        )
 
 
 @contextmanager

@@ -128,18 +128,24 @@ class NeuronModelRunner:
         )
 
     def _graph_failed(self, graph: str, work: list[ScheduledSlice], error: Exception) -> list[str]:
-        """The requests of a graph call that raised: NeuronScheduler finishes them with an error."""
+        """The requests of a graph call that raised: NeuronScheduler finishes them with an error.
+
+        Too many failed calls in a row stop the engine instead (health.py).
+        """
         req_ids = [w.req_id for w in work]
+        stop = self.health.failed()
         logger.error(
-            "graph %s (%s) raised %s: %s; failing request(s) %s, the server keeps serving",
+            "graph %s (%s) raised %s: %s; failing request(s) %s%s",
             graph,
             self._graph_files(graph),
             type(error).__name__,
             error,
             ", ".join(req_ids),
+            "" if stop else ", the server keeps serving",
             exc_info=error,
         )
-        self.health.failed(graph, error)  # raises EngineStopError after too many in a row
+        if stop:
+            raise self.health.stop_error(graph, error) from error
         return req_ids
 
     def _graph_files(self, graph: str) -> str:

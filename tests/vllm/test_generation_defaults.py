@@ -155,6 +155,23 @@ def test_logit_bias_and_allowed_token_ids(host_llm, qwen2_hf, prompts):
     assert tokens(host_llm, prompts[:1], params)[0] == [777, 777, 777]
 
 
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (dict(prompt_logprobs=1), "prompt_logprobs is not supported by the Neuron plugin: remove it from the request"),
+        (dict(logprob_token_ids=[5]), "logprob_token_ids is not supported by the Neuron plugin"),
+        (dict(extra_args={"x": 1}), "extra_args is not supported by the Neuron plugin"),
+    ],
+)
+def test_a_field_the_plugin_does_not_list_is_refused(host_llm, prompts, params, message):
+    """request_checks lists what it supports: everything else must keep its SamplingParams() default."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match=message):
+        tokens(host_llm, prompts[:1], SamplingParams(max_tokens=2, **params))
+
+
 def test_seed_makes_unseeded_sampling_reproducible_across_engines(host_dir, prompts):
     from vllm import SamplingParams
 
