@@ -79,10 +79,15 @@ def test_vllm_v2_model_runner_is_refused(chunked_dir, monkeypatch):
     import vllm.envs as envs
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    if hasattr(envs, "cache_clear"):
-        envs.cache_clear() if callable(getattr(envs, "cache_clear", None)) else None
-    with pytest.raises(ValueError, match="unset VLLM_USE_V2_MODEL_RUNNER"):
-        engine_config(chunked_dir)
+    cached = envs._is_envs_cache_enabled()  # an engine started earlier in this process caches vLLM's variables
+    envs.disable_envs_cache()
+    try:
+        with pytest.raises(ValueError, match="unset VLLM_USE_V2_MODEL_RUNNER"):
+            engine_config(chunked_dir)
+    finally:
+        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+        if cached:
+            envs.enable_envs_cache()
 
 
 def test_explicit_values_that_fit_are_kept(chunked_dir, monkeypatch):
