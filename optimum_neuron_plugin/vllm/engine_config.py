@@ -94,9 +94,12 @@ def fit_to_artifact(vllm_config: VllmConfig, user: UserArgs | None = None) -> Se
 
 
 def refuse_unsupported(vllm_config: VllmConfig, neuron_config: NeuronConfig, user: UserArgs, mode: PrefillMode) -> None:
-    """Raise ConfigMismatchError for the first engine option the plugin cannot honour, saying what to change."""
-    for problem in unsupported_options(vllm_config, neuron_config, user, mode):
-        raise ConfigMismatchError(f"{problem} (the Neuron plugin runs compiled graphs, not vLLM's model runner)")
+    """Raise ConfigMismatchError naming every engine option the plugin cannot honour and what to change."""
+    problems = unsupported_options(vllm_config, neuron_config, user, mode)
+    if problems:
+        raise ConfigMismatchError(
+            "; ".join(problems) + " (the Neuron plugin runs compiled graphs, not vLLM's model runner)"
+        )
 
 
 def unsupported_options(
