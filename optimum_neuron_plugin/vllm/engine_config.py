@@ -4,32 +4,39 @@ The artifact fixes the shapes: batch_size rows of KV cache, sequence_length posi
 tp_degree inside the graphs. vLLM must never schedule beyond them, so this module defaults
 max_num_seqs / max_model_len from neuron_config.json, refuses explicit values that do not fit,
 and switches off every vLLM feature that would run vLLM's own model code (torch.compile, CUDA
-graphs, prefix caching, async scheduling, multi-process workers).
+graphs, prefix caching, async scheduling, multi-process workers). An option the user set that the
+plugin cannot honour is refused with what to change (refuse_unsupported); only options the user
+left unset are changed (user_args.py says how explicit values are told from vLLM's defaults).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from importlib.metadata import entry_points
 from pathlib import Path
 
+import vllm.envs as envs
 from vllm.config import CompilationMode, VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 
 from ..config import NEURON_CONFIG_FILE, NeuronConfig, NeuronConfigError
 from .log import get_logger
-from .options import PrefillMode, prefill_chunk_budget, prefill_mode
+from .options import PREFILL_MODE_ENV, PrefillMode, prefill_chunk_budget, prefill_mode
+from .user_args import UserArgs, vllm_default_max_num_batched_tokens, vllm_default_max_num_seqs
 
 logger = get_logger(__name__)
 
 WORKER_CLS = "optimum_neuron_plugin.vllm.worker.NeuronWorker"
 SCHEDULER_CLS = "optimum_neuron_plugin.vllm.scheduler.NeuronScheduler"
 
-# What vLLM picks for max_num_seqs / max_num_batched_tokens when the user sets nothing
-# (EngineArgs.get_batch_defaults, x2 in throughput mode). vLLM does not record whether the
-# value was explicit, so a value in these sets is treated as "unset".
-VLLM_DEFAULT_MAX_NUM_SEQS = frozenset({128, 256, 512, 1024, 2048})
-VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS = frozenset({2048, 4096, 8192, 16384, 32768})
+# Sampling defaults a model's generation_config.json may set that need host logits, and their neutral values.
+HOST_ONLY_GENERATION_DEFAULTS = {
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "min_p": 0.0,
+}
 
 
 @dataclass(frozen=True)
@@ -61,14 +68,17 @@ def load_neuron_config(model: str) -> NeuronConfig:
         raise ConfigMismatchError(str(error)) from None
 
 
-def fit_to_artifact(vllm_config: VllmConfig) -> ServingLimits:
+def fit_to_artifact(vllm_config: VllmConfig, user: UserArgs | None = None) -> ServingLimits:
     """Update vllm_config in place for the artifact at model_config.model; raise when it cannot fit."""
     neuron_config = load_neuron_config(vllm_config.model_config.model)
     mode = prefill_mode(vllm_config.additional_config)
+    user = _explicit_batch_args(vllm_config, user or UserArgs())
+    refuse_unsupported(vllm_config, neuron_config, user, mode)
     _fit_max_model_len(vllm_config, neuron_config)
-    _fit_max_num_seqs(vllm_config, neuron_config)
+    _fit_max_num_seqs(vllm_config, neuron_config, user)
     _fit_parallelism(vllm_config, neuron_config)
-    _fit_scheduler(vllm_config, neuron_config, mode)
+    _fit_scheduler(vllm_config, neuron_config, mode, user)
+    _fit_generation_defaults(vllm_config, neuron_config)
     _fit_kv_cache(vllm_config)
     _disable_compilation(vllm_config)
     _use_artifact_dtype(vllm_config, neuron_config)
@@ -81,6 +91,87 @@ def fit_to_artifact(vllm_config: VllmConfig) -> ServingLimits:
         max_topk=neuron_config.max_topk,
         prefill_mode=mode,
     )
+
+
+def refuse_unsupported(vllm_config: VllmConfig, neuron_config: NeuronConfig, user: UserArgs, mode: PrefillMode) -> None:
+    """Raise ConfigMismatchError naming every engine option the plugin cannot honour and what to change."""
+    problems = unsupported_options(vllm_config, neuron_config, user, mode)
+    if problems:
+        raise ConfigMismatchError(
+            "; ".join(problems) + " (the Neuron plugin runs compiled graphs, not vLLM's model runner)"
+        )
+
+
+def unsupported_options(
+    vllm_config: VllmConfig, neuron_config: NeuronConfig, user: UserArgs, mode: PrefillMode
+) -> list[str]:
+    model_config = vllm_config.model_config
+    problems = []
+    if vllm_config.speculative_config is not None:
+        problems.append(
+            "speculative decoding is not supported (token_generation decodes one token): remove --speculative-config"
+        )
+    if vllm_config.lora_config is not None:
+        problems.append(
+            "LoRA adapters are not supported: remove --enable-lora (merge the adapter into the weights and export again)"
+        )
+    if model_config.logits_processors:
+        problems.append("custom logits processors are not supported: remove --logits-processors")
+    installed = sorted(ep.name for ep in entry_points(group="vllm.logits_processors"))
+    if installed:
+        problems.append(f"logits processor plugins are installed but cannot run: uninstall {', '.join(installed)}")
+    if vllm_config.kv_transfer_config is not None:
+        problems.append(
+            "KV cache transfer is not supported (the KV cache is the graphs' device state): remove --kv-transfer-config"
+        )
+    if vllm_config.ec_transfer_config is not None:
+        problems.append("encoder cache transfer is not supported: remove --ec-transfer-config")
+    if envs.VLLM_USE_V2_MODEL_RUNNER:
+        problems.append(
+            "vLLM's V2 model runner protocol is not supported: unset VLLM_USE_V2_MODEL_RUNNER (or set it to 0)"
+        )
+    if user.enable_prefix_caching:
+        problems.append(
+            "prefix caching is not supported (one cache row per request, no shared blocks): remove --enable-prefix-caching"
+        )
+    if user.async_scheduling:
+        problems.append(
+            "async scheduling is not supported (the runner keeps each request's tokens between steps): remove --async-scheduling"
+        )
+    if mode is PrefillMode.SERIAL and user.enable_chunked_prefill:
+        problems.append(
+            f"--enable-chunked-prefill needs {PREFILL_MODE_ENV}=interleaved (the serial mode schedules whole prompts and "
+            f"chunks them in the runner): remove it, or set {PREFILL_MODE_ENV}=interleaved"
+        )
+    if mode is PrefillMode.INTERLEAVED and user.enable_chunked_prefill is False:
+        problems.append(
+            f"--no-enable-chunked-prefill contradicts {PREFILL_MODE_ENV}=interleaved (vLLM's scheduler chunks prompts): "
+            f"remove it, or use {PREFILL_MODE_ENV}=serial"
+        )
+    if user.distributed_executor_backend not in (None, "uni"):
+        problems.append(
+            f"distributed_executor_backend={user.distributed_executor_backend!r} is not supported (tensor parallelism is "
+            "inside the compiled graphs, one worker runs them): remove --distributed-executor-backend"
+        )
+    if user.worker_cls not in ("auto", WORKER_CLS):
+        problems.append(f"worker_cls={user.worker_cls!r} is not supported: remove --worker-cls")
+    if user.kv_cache_dtype != "auto":
+        problems.append(
+            f"kv_cache_dtype={user.kv_cache_dtype!r} is not supported (the KV cache dtype was fixed at export): "
+            "remove --kv-cache-dtype"
+        )
+    if user.dtype != "auto" and model_config.dtype != _artifact_dtype(neuron_config):
+        problems.append(
+            f"dtype={user.dtype} does not match the artifact's compiled dtype {neuron_config.torch_dtype}: remove --dtype "
+            "(or export the model again with the dtype you want)"
+        )
+    return problems
+
+
+def _artifact_dtype(neuron_config: NeuronConfig):
+    from ..artifact import torch_dtype
+
+    return torch_dtype(neuron_config)
 
 
 def _fit_max_model_len(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> None:
@@ -98,23 +189,36 @@ def _fit_max_model_len(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> 
         )
 
 
-def _fit_max_num_seqs(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> None:
-    scheduler_config = vllm_config.scheduler_config
-    limit = neuron_config.batch_size
-    if scheduler_config.max_num_seqs <= limit:
-        return
-    if _looks_like_default_max_num_seqs(scheduler_config):
-        scheduler_config.max_num_seqs = limit
-        return
-    raise ConfigMismatchError(
-        f"max_num_seqs={scheduler_config.max_num_seqs} exceeds the artifact's compiled batch_size={limit}: "
-        f"pass --max-num-seqs {limit} or less (or omit it), or export the model again with a larger --batch-size"
+def _explicit_batch_args(vllm_config: VllmConfig, user: UserArgs) -> UserArgs:
+    """UserArgs as captured, or (none captured) the batch limits that are not one of vLLM's defaults."""
+    if user.seen:
+        return user
+    scheduler = vllm_config.scheduler_config
+    parallel = vllm_config.parallel_config
+    world_size = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+    throughput = getattr(vllm_config, "performance_mode", "balanced") == "throughput"
+    tokens = scheduler.max_num_batched_tokens
+    seqs = scheduler.max_num_seqs
+    default_tokens = tokens in vllm_default_max_num_batched_tokens(world_size, throughput) or tokens == (
+        seqs * vllm_config.model_config.max_model_len
+    )
+    default_seqs = seqs in vllm_default_max_num_seqs(world_size, throughput) or seqs == tokens
+    return replace(
+        user, max_num_seqs=None if default_seqs else seqs, max_num_batched_tokens=None if default_tokens else tokens
     )
 
 
-def _looks_like_default_max_num_seqs(scheduler_config) -> bool:
-    value = scheduler_config.max_num_seqs
-    return value in VLLM_DEFAULT_MAX_NUM_SEQS or value == scheduler_config.max_num_batched_tokens
+def _fit_max_num_seqs(vllm_config: VllmConfig, neuron_config: NeuronConfig, user: UserArgs) -> None:
+    scheduler_config = vllm_config.scheduler_config
+    limit = neuron_config.batch_size
+    if user.max_num_seqs is None:
+        scheduler_config.max_num_seqs = min(scheduler_config.max_num_seqs, limit)
+        return
+    if user.max_num_seqs > limit:
+        raise ConfigMismatchError(
+            f"max_num_seqs={user.max_num_seqs} exceeds the artifact's compiled batch_size={limit}: "
+            f"pass --max-num-seqs {limit} or less (or omit it), or export the model again with a larger --batch-size"
+        )
 
 
 def _fit_parallelism(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> None:
@@ -138,7 +242,7 @@ def _fit_parallelism(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> No
     parallel_config.worker_cls = WORKER_CLS
 
 
-def _fit_scheduler(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: PrefillMode) -> None:
+def _fit_scheduler(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: PrefillMode, user: UserArgs) -> None:
     scheduler_config = vllm_config.scheduler_config
     max_model_len = vllm_config.model_config.max_model_len
     scheduler_config.async_scheduling = False
@@ -154,12 +258,13 @@ def _fit_scheduler(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: P
         scheduler_config.enable_chunked_prefill = False
         # (More than max_num_seqs full prompts per step is never useful.)
         seqs = scheduler_config.max_num_seqs
-        budget = min(scheduler_config.max_num_batched_tokens, seqs * max_model_len)
-        scheduler_config.max_num_batched_tokens = max(budget, max_model_len + seqs)
+        if user.max_num_batched_tokens is None:
+            budget = min(scheduler_config.max_num_batched_tokens, seqs * max_model_len)
+            scheduler_config.max_num_batched_tokens = max(budget, max_model_len + seqs)
     else:
         scheduler_config.enable_chunked_prefill = True
         calls = prefill_chunk_budget(vllm_config.additional_config)
-        if scheduler_config.max_num_batched_tokens in VLLM_DEFAULT_MAX_NUM_BATCHED_TOKENS:
+        if user.max_num_batched_tokens is None:
             # Unset: room for the step's prefill budget (NeuronScheduler plans the slices in
             # chunk calls, interleave.py) next to every decode.
             scheduler_config.max_num_batched_tokens = (
@@ -170,10 +275,62 @@ def _fit_scheduler(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: P
                 "prefill_mode=interleaved with an artifact compiled without prefill chunks: every partial prefill "
                 "costs a full sequence_length graph call; export with --prefill-chunk-size for interleaving"
             )
-    scheduler_config.max_num_batched_tokens = max(
-        scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs
-    )
+    if user.max_num_batched_tokens is None:
+        scheduler_config.max_num_batched_tokens = max(
+            scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs
+        )
+    _check_batched_tokens(scheduler_config, max_model_len, mode)
     scheduler_config.verify_max_model_len(max_model_len)
+
+
+def _check_batched_tokens(scheduler_config, max_model_len: int, mode: PrefillMode) -> None:
+    """An explicit --max-num-batched-tokens is kept as given, or refused when no step could use it."""
+    tokens, seqs = scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs
+    if mode is PrefillMode.SERIAL and tokens < max_model_len:
+        raise ConfigMismatchError(
+            f"max_num_batched_tokens={tokens} cannot hold a full-length prompt (max_model_len={max_model_len}) in "
+            f"the serial prefill mode, which schedules whole prompts: pass --max-num-batched-tokens "
+            f"{max_model_len + seqs} (or omit it), lower --max-model-len, or set {PREFILL_MODE_ENV}=interleaved"
+        )
+    if tokens < seqs:
+        raise ConfigMismatchError(
+            f"max_num_batched_tokens={tokens} is below max_num_seqs={seqs}: a step could not decode every running "
+            f"request; pass --max-num-batched-tokens {seqs} or more (or omit it)"
+        )
+
+
+def _fit_generation_defaults(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> None:
+    """Sampling defaults from the model's generation_config.json that need host logits.
+
+    Decision: where the artifact returns logits they are applied (host_sampling.py). With on-device
+    sampling (tokens after the first are drawn inside token_generation) they cannot be: they are
+    dropped with a warning at startup, so the model's other defaults (temperature, top_p, top_k)
+    still apply and every default request is served, while a request that sets one explicitly
+    still gets a 400. Refusing to start instead would break `vllm serve` of every Qwen2 / Qwen2.5
+    Instruct export (repetition_penalty 1.05-1.1) for a small quality knob, and the only flag that
+    silences it, --generation-config vllm, also drops the defaults the artifact can honour.
+    """
+    if not neuron_config.on_device_sampling:
+        return
+    model_config = vllm_config.model_config
+    defaults = model_config.get_diff_sampling_param()
+    dropped = {
+        name: defaults[name]
+        for name, neutral in HOST_ONLY_GENERATION_DEFAULTS.items()
+        if defaults.get(name, neutral) != neutral
+    }
+    if not dropped:
+        return
+    model_config.override_generation_config = {
+        **model_config.override_generation_config,
+        **{name: HOST_ONLY_GENERATION_DEFAULTS[name] for name in dropped},
+    }
+    logger.warning(
+        "the model's generation config sets %s, which this artifact cannot apply (it samples on device): "
+        "requests are served without them (a request that sets them gets a 400); export the model again with "
+        "--no-on-device-sampling to apply them, or pass --generation-config vllm to ignore the model's defaults",
+        ", ".join(f"{name}={value}" for name, value in dropped.items()),
+    )
 
 
 def kv_blocks_needed(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
@@ -208,9 +365,7 @@ def _fit_kv_cache(vllm_config: VllmConfig) -> None:
 
 def _use_artifact_dtype(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> None:
     """The graphs were compiled for one dtype; vLLM's own guess (e.g. downcasting fp32) does not apply."""
-    from ..artifact import torch_dtype
-
-    vllm_config.model_config.dtype = torch_dtype(neuron_config)
+    vllm_config.model_config.dtype = _artifact_dtype(neuron_config)
 
 
 def _prefer_spawn() -> None:

@@ -1,44 +1,114 @@
-"""Host-side work on logits: min_tokens / min_p processing, sampling, logprobs.
+"""Host-side work on logits, with vLLM's own pieces: logits processing, then the plugin's draw, then logprobs.
 
-Used for every first token (prefill logits) and, when the artifact has no on-device sampling,
-for decode tokens too. Logprobs are vLLM's default "raw_logprobs": log_softmax of the model's
-logits before any processing.
+Used for every first token (prefill logits) and, when the artifact has no on-device sampling, for
+decode tokens too. Processing is vLLM's V1 sampler, in its order (vllm/v1/sample/sampler.py):
+allowed_token_ids, bad_words, min_tokens and logit_bias (its builtin logits processors), the
+repetition / frequency / presence penalties (vllm/v1/sample/ops/penalties.py), then min_p on
+temperature-scaled logits. The draw itself stays the plugin's top-k / top-p sampler
+(sampling.sample_on_host), the same algorithm as the on-device sampler, so a seeded request draws
+the same tokens whether a step runs on the host or on the device. Logprobs are vLLM's default
+"raw_logprobs" (log_softmax of the model's logits before any processing), gathered by vLLM's Sampler.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from vllm.config import VllmConfig
+from vllm.utils.torch_utils import make_tensor_with_pad
 from vllm.v1.outputs import LogprobsLists
+from vllm.v1.sample.logits_processor import BatchUpdate, build_logitsprocs
+from vllm.v1.sample.metadata import SamplingMetadata
+from vllm.v1.sample.sampler import Sampler
 
 from ..sampling import sample_on_host
 from .requests import RequestState
 
 
-def process_logits(logits: torch.Tensor, state: RequestState) -> torch.Tensor:
-    """logits [V] -> logits [V] with the request's min_tokens and min_p applied (a copy when changed)."""
-    banned = state.banned_token_ids()
-    min_p = state.params.min_p
-    if not banned and min_p <= 0.0:
-        return logits
-    logits = logits.clone()
-    if banned:
-        logits[banned] = float("-inf")
-    if min_p > 0.0 and not state.sampling.greedy:
-        # p_i < min_p * p_max  <=>  l_i < l_max + T * ln(min_p), on temperature-scaled probabilities.
-        threshold = logits.max() + state.sampling.temperature * math.log(min_p)
-        logits = logits.masked_fill(logits < threshold, float("-inf"))
-    return logits
+class HostSampler:
+    """Samples rows of logits on the host for the requests that own them (one row per request)."""
+
+    def __init__(self, vllm_config: VllmConfig, max_topk: int | None = None) -> None:
+        self.max_topk = max_topk  # at most this many tokens are candidates (None: the whole vocabulary)
+        self._sampler = Sampler()
+        # vLLM's builtin processors (min_tokens, logit_bias, min_p); custom ones are refused at startup.
+        self._processors = build_logitsprocs(vllm_config, torch.device("cpu"), False, False)
+        self._rows = 0  # rows the processors hold state for (indices 0..rows-1)
+
+    def sample(self, logits: torch.Tensor, states: list[RequestState]) -> list[int]:
+        """logits [n, V] -> one token per request, with its parameters and its own generator."""
+        processed = self.process(logits, states)
+        sampling, generators = [s.sampling for s in states], [s.generator for s in states]
+        return sample_on_host(processed, sampling, generators, self.max_topk).tolist()
+
+    def process(self, logits: torch.Tensor, states: list[RequestState]) -> torch.Tensor:
+        """logits [n, V] -> logits [n, V] with every request's processing applied (a copy when changed)."""
+        if not any(s.needs_logits_processing() for s in states):
+            return logits
+        logits = logits.float().clone()
+        self._update_processors(states)
+        metadata = self._metadata(states, logits.shape[-1])
+        logits = self._sampler.apply_logits_processors(logits, metadata, predict_bonus_token=False)
+        return self._apply_min_p(logits, states)
+
+    def _update_processors(self, states: list[RequestState]) -> None:
+        """Every row is re-added each call (rows are this call's requests); rows beyond n are removed."""
+        added = [(i, s.params, s.prompt_token_ids, s.output_token_ids) for i, s in enumerate(states)]
+        removed = list(range(len(states), self._rows))
+        for processor in self._processors.all:
+            processor.update_state(BatchUpdate(len(states), removed, added, []))
+        self._rows = len(states)
+
+    def _metadata(self, states: list[RequestState], vocab: int) -> SamplingMetadata:
+        params = [s.params for s in states]
+        penalties = lambda name: torch.tensor([getattr(p, name) for p in params], dtype=torch.float32)  # noqa: E731
+        no_penalties = all(
+            p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1 for p in params
+        )
+        return SamplingMetadata(
+            temperature=None,
+            all_greedy=False,
+            all_random=False,
+            top_p=None,
+            top_k=None,
+            generators={},
+            max_num_logprobs=None,
+            no_penalties=no_penalties,
+            prompt_token_ids=None
+            if no_penalties
+            else make_tensor_with_pad([s.prompt_token_ids for s in states], pad=vocab, device="cpu", dtype=torch.int64),
+            frequency_penalties=penalties("frequency_penalty"),
+            presence_penalties=penalties("presence_penalty"),
+            repetition_penalties=penalties("repetition_penalty"),
+            output_token_ids=[s.output_token_ids for s in states],
+            allowed_token_ids_mask=_allowed_token_ids_mask(params, vocab),
+            bad_words_token_ids={i: p.bad_words_token_ids for i, p in enumerate(params) if p.bad_words_token_ids},
+            logitsprocs=self._processors,
+        )
+
+    def _apply_min_p(self, logits: torch.Tensor, states: list[RequestState]) -> torch.Tensor:
+        """vLLM's argmax-invariant processors (min_p) see temperature-scaled logits, as in Sampler.sample."""
+        if not any(s.params.min_p > 0 and not s.sampling.greedy for s in states):
+            return logits
+        temperature = torch.tensor([1.0 if s.sampling.greedy else s.sampling.temperature for s in states])
+        scaled = logits / temperature[:, None]
+        for processor in self._processors.argmax_invariant:
+            scaled = processor.apply(scaled)
+        return logits.masked_fill(torch.isneginf(scaled), float("-inf"))
 
 
-def sample_token(logits: torch.Tensor, state: RequestState, max_topk: int | None = None) -> int:
-    """One token from logits [V] with the request's parameters and its own generator, over at most
-    max_topk tokens (sampling.host_topk: the device's cap when the artifact samples on device)."""
-    processed = process_logits(logits, state)
-    return int(sample_on_host(processed[None], [state.sampling], [state.generator], max_topk)[0])
+def _allowed_token_ids_mask(params: list, vocab: int) -> torch.Tensor | None:
+    """vLLM's mask convention: True where the logit is set to -inf."""
+    if not any(p.allowed_token_ids for p in params):
+        return None
+    mask = torch.zeros(len(params), vocab, dtype=torch.bool)
+    for i, p in enumerate(params):
+        if p.allowed_token_ids:
+            mask[i] = True
+            mask[i, p.allowed_token_ids] = False
+    return mask
 
 
 @dataclass(frozen=True)
@@ -49,13 +119,13 @@ class TokenLogprobs:
 
 
 def token_logprobs(logits: torch.Tensor, token: int, num_logprobs: int) -> TokenLogprobs:
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
-    n = logprobs.numel() if num_logprobs < 0 else num_logprobs
-    top = torch.topk(logprobs, n).indices.tolist() if n > 0 else []
-    sampled = float(logprobs[token])
-    rank = int((logprobs > sampled).sum()) + 1
-    ids = [token, *top]
-    return TokenLogprobs(ids, [float(logprobs[i]) for i in ids], rank)
+    """Raw logprobs of logits [V] for the sampled token and the top num_logprobs (-1: the whole vocabulary)."""
+    logprobs = Sampler.compute_logprobs(logits[None])
+    n = logprobs.shape[-1] if num_logprobs < 0 else num_logprobs
+    gathered = Sampler.gather_logprobs(logprobs, n, torch.tensor([token]))
+    return TokenLogprobs(
+        gathered.logprob_token_ids[0].tolist(), gathered.logprobs[0].tolist(), int(gathered.selected_token_ranks[0])
+    )
 
 
 def logprobs_lists(rows: list[TokenLogprobs | None]) -> LogprobsLists | None:

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import time
 
-import torch
+from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 
 from ..graphs import TOKEN_GENERATION
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY, host_topk
-from .host_sampling import TokenLogprobs, logprobs_lists, sample_token, token_logprobs
+from .health import GraphHealth
+from .host_sampling import HostSampler, TokenLogprobs, logprobs_lists, token_logprobs
 from .log import get_logger
-from .requests import RequestState, SlotPool
+from .requests import RequestState, SeedSource, SlotPool
 from .scheduler import NeuronRunnerOutput
 from .stats import StatsSink
 from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids
@@ -30,13 +31,16 @@ logger = get_logger(__name__)
 
 
 class NeuronModelRunner:
-    def __init__(self, model: NeuronModelForCausalLM, stats: StatsSink | None = None) -> None:
+    def __init__(self, model: NeuronModelForCausalLM, vllm_config: VllmConfig, stats: StatsSink | None = None) -> None:
         self.model = model
         self.slots = SlotPool(model.neuron_config.batch_size)
         self.requests: dict[str, RequestState] = {}
         self.stats = stats or StatsSink()
         nc = model.neuron_config
-        self.host_topk = host_topk(nc.on_device_sampling, nc.max_topk)  # first tokens follow the device's rule
+        # First tokens follow the device's top-k rule (sampling.host_topk).
+        self.host_sampler = HostSampler(vllm_config, host_topk(nc.on_device_sampling, nc.max_topk))
+        self.seeds = SeedSource(vllm_config.model_config.seed)
+        self.health = GraphHealth()
 
     # ---- request bookkeeping ------------------------------------------------------------------
 
@@ -47,13 +51,20 @@ class NeuronModelRunner:
         for req_id in preempted:
             self._release_slot(req_id)
         for new in scheduler_output.scheduled_new_reqs:
-            self._admit(RequestState.create(new.req_id, new.prompt_token_ids or [], new.sampling_params))
+            state = RequestState.create(
+                new.req_id, new.prompt_token_ids or [], new.sampling_params, self._default_seed(new.sampling_params)
+            )
+            self._admit(state)
         for req_id, token_ids in resumed_token_ids(scheduler_output).items():
             state = self.requests[req_id]
             if token_ids is not None:
                 state.resync(token_ids)
             if state.slot is None:
                 state.slot = self.slots.allocate()
+
+    def _default_seed(self, params) -> int | None:
+        """A seed from --seed for an unseeded request (drawn for every request, so admission order alone decides)."""
+        return self.seeds.next_seed() if params.seed is None else None
 
     def _admit(self, state: RequestState) -> None:
         state.slot = self.slots.allocate()
@@ -96,11 +107,13 @@ class NeuronModelRunner:
         if plan.decodes:
             try:
                 self._decode(plan.decodes, sampled, logprobs)
+                self.health.succeeded()
             except Exception as error:  # noqa: BLE001 - any graph failure fails its requests (scheduler.py)
                 failed += self._graph_failed(TOKEN_GENERATION, plan.decodes, error)
         for work in plan.prefills:
             try:
                 self._prefill(work, interleaved=bool(plan.decodes), sampled=sampled, logprobs=logprobs)
+                self.health.succeeded()
             except Exception as error:  # noqa: BLE001
                 failed += self._graph_failed(self.model.neuron_config.prefill_graph, [work], error)
         for req_id in failed:
@@ -116,17 +129,24 @@ class NeuronModelRunner:
         )
 
     def _graph_failed(self, graph: str, work: list[ScheduledSlice], error: Exception) -> list[str]:
-        """The requests of a graph call that raised: NeuronScheduler finishes them with an error."""
+        """The requests of a graph call that raised: NeuronScheduler finishes them with an error.
+
+        Too many failed calls in a row stop the engine instead (health.py).
+        """
         req_ids = [w.req_id for w in work]
+        stop = self.health.failed()
         logger.error(
-            "graph %s (%s) raised %s: %s; failing request(s) %s, the server keeps serving",
+            "graph %s (%s) raised %s: %s; failing request(s) %s%s",
             graph,
             self._graph_files(graph),
             type(error).__name__,
             error,
             ", ".join(req_ids),
+            "" if stop else ", the server keeps serving",
             exc_info=error,
         )
+        if stop:
+            raise self.health.stop_error(graph, error) from error
         return req_ids
 
     def _graph_files(self, graph: str) -> str:
@@ -134,8 +154,8 @@ class NeuronModelRunner:
 
     def _decode(self, work: list[ScheduledSlice], sampled, logprobs) -> None:
         states = [self.requests[w.req_id] for w in work]
-        # Rows whose logits need processing (min_tokens, min_p) are sampled here afterwards: the
-        # runtime treats them as greedy without a generator, so it draws no randomness for them.
+        # Rows whose logits need processing (penalties, min_tokens, min_p, ...) are sampled here
+        # afterwards: the runtime treats them as greedy without a generator, so it draws no randomness for them.
         processed = [s.needs_logits_processing() for s in states]
         result = self.model.decode(
             [s.slot for s in states],
@@ -144,17 +164,19 @@ class NeuronModelRunner:
             [GREEDY if p else s.sampling for s, p in zip(states, processed, strict=True)],
             [None if p else s.generator for s, p in zip(states, processed, strict=True)],
         )
+        tokens = list(result.tokens)
+        rows = [i for i, p in enumerate(processed) if p]
+        if rows:
+            if result.logits is None:
+                raise RuntimeError(
+                    "logits processing needs host logits; the platform should have rejected this request"
+                )
+            for i, token in zip(
+                rows, self.host_sampler.sample(result.logits[rows], [states[i] for i in rows]), strict=True
+            ):
+                tokens[i] = token
         for i, state in enumerate(states):
-            token = result.tokens[i]
-            if processed[i]:
-                token = sample_token(self._row_logits(result.logits, i), state, self.host_topk)
-            self._append(state, token, None if result.logits is None else result.logits[i], sampled, logprobs)
-
-    @staticmethod
-    def _row_logits(logits: torch.Tensor | None, row: int) -> torch.Tensor:
-        if logits is None:
-            raise RuntimeError("min_tokens / min_p need host logits; the platform should have rejected this request")
-        return logits[row]
+            self._append(state, tokens[i], None if result.logits is None else result.logits[i], sampled, logprobs)
 
     def _prefill(self, work: ScheduledSlice, interleaved: bool, sampled, logprobs) -> None:
         state = self.requests[work.req_id]
@@ -166,10 +188,10 @@ class NeuronModelRunner:
         state.stats.prefill_steps += 1
         state.stats.interleaved |= interleaved
         if work.start + work.count == state.num_tokens:
-            self._append(state, sample_token(logits, state, self.host_topk), logits, sampled, logprobs)
+            self._append(state, self.host_sampler.sample(logits[None], [state])[0], logits, sampled, logprobs)
 
     @staticmethod
-    def _append(state: RequestState, token: int, logits: torch.Tensor | None, sampled, logprobs) -> None:
+    def _append(state: RequestState, token: int, logits, sampled, logprobs) -> None:
         state.output_token_ids.append(token)
         sampled[state.req_id] = [token]
         if state.wants_logprobs and logits is not None:

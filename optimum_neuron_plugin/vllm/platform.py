@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
     from .engine_config import ServingLimits
+    from .user_args import UserArgs
 
 # vllm.config imports this module while it resolves the platform: modules that import
 # vllm.config (engine_config, request_checks) are imported inside the methods that need them.
@@ -31,8 +32,12 @@ class NeuronPlatform(Platform):
     supported_quantization: list[str] = []
 
     # Set by check_and_update_config in the process that builds the engine config, which is the
-    # process that validates requests (front end); None until a model is configured.
+    # process that validates requests (front end); None until a model is configured. Process-wide
+    # because vLLM's validate_request hook receives no configuration: one model per process.
     serving_limits: ServingLimits | None = None
+    # The options the user set, read by pre_register_and_update at the start of
+    # EngineArgs.create_engine_config and consumed by its check_and_update_config (user_args.py).
+    _user_args: UserArgs | None = None
 
     def is_cpu(self) -> bool:
         # No torch accelerator exists here: vLLM must take its host paths, e.g. skip
@@ -84,12 +89,20 @@ class NeuronPlatform(Platform):
         """No vLLM attention backend: the block size is bookkeeping only."""
 
     @classmethod
+    def pre_register_and_update(cls, parser=None) -> None:
+        if parser is None:  # called by EngineArgs.create_engine_config before it fills in defaults
+            from .user_args import capture
+
+            cls._user_args = capture()
+
+    @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        user_args, cls._user_args = cls._user_args, None
         if vllm_config.model_config is None:
             return
         from .engine_config import fit_to_artifact
 
-        cls.serving_limits = fit_to_artifact(vllm_config)
+        cls.serving_limits = fit_to_artifact(vllm_config, user_args)
 
     @classmethod
     def validate_request(cls, processed_inputs, params) -> None:

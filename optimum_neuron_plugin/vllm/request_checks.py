@@ -1,30 +1,68 @@
 """Reject requests the compiled artifact cannot serve, with a message saying what to change.
 
 Raised as vLLM's VLLMValidationError (a ValueError), which the OpenAI server turns into a 400.
-A request is never accepted and then silently served differently from what it asked for.
+A request is never accepted and then silently served differently from what it asked for: the
+SamplingParams fields the plugin honours are listed below, and every other field must keep its
+SamplingParams() default, so a field added by a later vLLM is refused until someone supports it.
 """
 
 from __future__ import annotations
 
+import msgspec
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import SamplingParams
 
 from .engine_config import ServingLimits
 
-# SamplingParams fields whose default means "off" and that the runner does not implement.
-UNSUPPORTED_DEFAULTS = {
-    "presence_penalty": 0.0,
-    "frequency_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "logit_bias": None,
-    "allowed_token_ids": None,
-    "bad_words": None,
-    "prompt_logprobs": None,
-    "logprob_token_ids": None,
-    "prompt_logprob_token_ids": None,
-    "thinking_token_budget": None,
-    "trace_decode_token_ids": None,
-}
+# Honoured with any artifact: vLLM's front end, output processor or scheduler implements them,
+# or the runner does (temperature / top_k / top_p / seed on host and device alike).
+SUPPORTED = frozenset(
+    {
+        "n",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "max_tokens",
+        "detokenize",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "include_stop_str_in_output",
+        "output_kind",
+        "stream_interval",
+        "skip_clone",
+        "output_text_buffer_length",
+        "flat_logprobs",
+        "repetition_detection",  # a stop condition of vLLM's scheduler
+        "skip_reading_prefix_cache",  # nothing to read: prefix caching is off
+        "watermarking",  # vLLM's input processor resolves it (off without a watermark config)
+        "_watermarking_skipped",
+        "_eos_token_id",
+        "_all_stop_token_ids",
+    }
+)
+# Honoured only where every token is sampled on the host: vLLM's logits processing needs logits,
+# and token_generation with on-device sampling returns tokens (host_sampling.py).
+HOST_LOGITS_ONLY = frozenset(
+    {
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_p",
+        "min_tokens",
+        "logprobs",
+        "logit_bias",
+        "allowed_token_ids",
+        "bad_words",
+        "_bad_words_token_ids",
+    }
+)
+DEFAULTS = SamplingParams()
+FIELDS = tuple(field.name for field in msgspec.structs.fields(SamplingParams))
+ON_DEVICE_HINT = "(this artifact samples on device; export it with --no-on-device-sampling to get host logits)"
 
 
 def check_request(limits: ServingLimits, engine_input: object, params: object) -> None:
@@ -65,37 +103,27 @@ def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
             "structured output (json / regex / choice / grammar) is not supported by the Neuron plugin",
             parameter="structured_outputs",
         )
-    for name, default in UNSUPPORTED_DEFAULTS.items():
-        value = getattr(params, name, default)
-        if _is_set(value, default):
-            raise VLLMValidationError(
-                f"{name} is not supported by the Neuron plugin: remove it from the request", parameter=name, value=value
-            )
-    if limits.on_device_sampling:
-        _check_on_device_sampling(limits, params)
-
-
-def _is_set(value: object, default: object) -> bool:
-    if default is None:
-        return value is not None and value != [] and value != {}
-    return value != default
-
-
-def _check_on_device_sampling(limits: ServingLimits, params: SamplingParams) -> None:
-    """Tokens after the first are sampled inside the graph, which returns no logits."""
-    hint = "(this artifact samples on device; export it with --no-on-device-sampling to get host logits)"
-    if params.logprobs is not None:
-        raise VLLMValidationError(f"logprobs are not available {hint}", parameter="logprobs", value=params.logprobs)
-    if params.min_p > 0.0:
-        raise VLLMValidationError(f"min_p is not supported {hint}", parameter="min_p", value=params.min_p)
-    if params.min_tokens > 0:
-        raise VLLMValidationError(
-            f"min_tokens is not supported {hint}", parameter="min_tokens", value=params.min_tokens
-        )
-    if params.top_k > limits.max_topk:
+    host_only = HOST_LOGITS_ONLY if limits.on_device_sampling else frozenset()
+    for name in FIELDS:
+        if name in SUPPORTED or (name in HOST_LOGITS_ONLY and name not in host_only):
+            continue
+        value = getattr(params, name)
+        if not _is_default(value, getattr(DEFAULTS, name)):
+            public = name.lstrip("_").removesuffix("_token_ids") if name.startswith("_") else name
+            where = ON_DEVICE_HINT if name in host_only else "by the Neuron plugin: remove it from the request"
+            raise VLLMValidationError(f"{public} is not supported {where}", parameter=public, value=value)
+    if limits.on_device_sampling and params.top_k > limits.max_topk:
         raise VLLMValidationError(
             f"top_k={params.top_k} exceeds the artifact's on-device max_topk={limits.max_topk}: use top_k <= "
-            f"{limits.max_topk} (or -1 for no limit) {hint}",
+            f"{limits.max_topk} (or -1 for no limit) {ON_DEVICE_HINT}",
             parameter="top_k",
             value=params.top_k,
         )
+
+
+def _is_default(value: object, default: object) -> bool:
+    """Equal to the default, where None and empty containers are the same "unset"."""
+    if value == default:
+        return True
+    empty = lambda v: v is None or (isinstance(v, list | dict | set | tuple) and not v)  # noqa: E731
+    return empty(value) and empty(default)

@@ -38,9 +38,13 @@ class RequestState:
     stats: RequestStats = field(default_factory=RequestStats)
 
     @classmethod
-    def create(cls, req_id: str, prompt_token_ids: list[int], params: VllmSamplingParams) -> RequestState:
+    def create(
+        cls, req_id: str, prompt_token_ids: list[int], params: VllmSamplingParams, default_seed: int | None = None
+    ) -> RequestState:
+        """default_seed seeds an unseeded sampled request (SeedSource); None draws an OS seed."""
         sampling = to_runtime_sampling(params)
-        generator = None if sampling.greedy else make_generator(params.seed)
+        seed = params.seed if params.seed is not None else default_seed
+        generator = None if sampling.greedy else make_generator(seed)
         return cls(req_id, list(prompt_token_ids), params, sampling, generator)
 
     @property
@@ -55,24 +59,51 @@ class RequestState:
     def wants_logprobs(self) -> bool:
         return self.params.logprobs is not None
 
-    def banned_token_ids(self) -> list[int]:
-        """Stop tokens are banned while fewer than min_tokens tokens were generated."""
-        if len(self.output_token_ids) >= self.params.min_tokens:
-            return []
-        return sorted(self.params.all_stop_token_ids)
-
     def needs_logits_processing(self) -> bool:
-        return bool(self.banned_token_ids()) or self.params.min_p > 0.0
+        """Anything vLLM's sampler would change in this request's logits (host_sampling.HostSampler)."""
+        p = self.params
+        return (
+            len(self.output_token_ids) < p.min_tokens
+            or p.min_p > 0.0
+            or p.presence_penalty != 0.0
+            or p.frequency_penalty != 0.0
+            or p.repetition_penalty != 1.0
+            or bool(p.logit_bias)
+            or bool(p.allowed_token_ids)
+            or bool(p.bad_words_token_ids)
+        )
 
     def resync(self, all_token_ids: list[int]) -> None:
         """Adopt the scheduler's token list (sent when a preempted request resumes)."""
         self.output_token_ids = list(all_token_ids[len(self.prompt_token_ids) :])
 
 
+class SlotExhaustedError(RuntimeError):
+    """vLLM scheduled more requests than there are cache rows (a plugin or configuration bug)."""
+
+
 def to_runtime_sampling(params: VllmSamplingParams) -> SamplingParams:
     if params.temperature < _GREEDY_EPS or params.top_k == 1:
         return GREEDY
     return SamplingParams(top_k=max(params.top_k, 0), top_p=params.top_p, temperature=params.temperature)
+
+
+class SeedSource:
+    """Seeds for unseeded sampled requests, drawn in admission order from the engine's --seed.
+
+    vLLM's own runners sample unseeded requests from the global torch RNG seeded with --seed, so a
+    server restarted with the same seed and the same requests samples the same tokens. Here each
+    such request gets its own generator, seeded from this source when it is admitted: the same
+    reproducibility, and a request's draws do not depend on its batch neighbours. seed None: OS seeds.
+    """
+
+    def __init__(self, seed: int | None) -> None:
+        self._generator = None if seed is None else torch.Generator().manual_seed(seed)
+
+    def next_seed(self) -> int | None:
+        if self._generator is None:
+            return None
+        return int(torch.randint(0, 2**62, (1,), generator=self._generator))
 
 
 class SlotPool:
@@ -83,7 +114,7 @@ class SlotPool:
 
     def allocate(self) -> int:
         if not self._free:
-            raise RuntimeError("no free KV cache slot: vLLM scheduled more requests than the compiled batch_size")
+            raise SlotExhaustedError("no free KV cache slot: vLLM scheduled more requests than the compiled batch_size")
         return self._free.pop()
 
     def release(self, slot: int) -> None:

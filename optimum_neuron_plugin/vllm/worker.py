@@ -15,6 +15,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from ..runtime import NeuronModelForCausalLM
+from .health import fatal
 from .kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
 from .log import get_logger
 from .model_runner import NeuronModelRunner
@@ -49,7 +50,7 @@ class NeuronWorker(WorkerBase):
         path = self.model_config.model
         logger.info("loading the exported model at %s", path)
         self.model = NeuronModelForCausalLM.from_pretrained(path)
-        self.runner = NeuronModelRunner(self.model)
+        self.runner = NeuronModelRunner(self.model, self.vllm_config)
 
     def get_model(self) -> NeuronModelForCausalLM:
         return self.model
@@ -89,15 +90,22 @@ class NeuronWorker(WorkerBase):
     # ---- steps --------------------------------------------------------------------------------
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput | None:
-        self.runner.update_states(scheduler_output)
+        # Graph calls are guarded inside execute (their failures fail their requests); anything
+        # else raised here stops the engine (health.py), with one log line naming the cause.
+        with fatal("the step's request bookkeeping (update_states)"):
+            self.runner.update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
-        self._output = self.runner.execute(scheduler_output)
+        with fatal("the step (execute)"):
+            self._output = self.runner.execute(scheduler_output)
         return None
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
-        if grammar_output is not None:
-            raise RuntimeError("structured output reached the worker; NeuronPlatform.validate_request should reject it")
+        with fatal("sample_tokens"):
+            if grammar_output is not None:
+                raise RuntimeError(
+                    "structured output reached the worker; NeuronPlatform.validate_request should reject it"
+                )
         output, self._output = self._output, None
         return output if output is not None else EMPTY_MODEL_RUNNER_OUTPUT
 
@@ -110,6 +118,7 @@ class NeuronWorker(WorkerBase):
     # ---- housekeeping -------------------------------------------------------------------------
 
     def check_health(self) -> None:
+        # Never called by vLLM 0.32's UniProcExecutor; health.py says what stops the engine instead.
         return None
 
     def synchronize_device(self) -> None:

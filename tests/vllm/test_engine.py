@@ -93,7 +93,7 @@ def test_a_prompt_may_fill_the_whole_sequence(llm, tokenizer):
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        (dict(logprobs=2), "logprobs are not available"),
+        (dict(logprobs=2), r"logprobs is not supported \(this artifact samples on device"),
         (dict(min_tokens=2), "min_tokens is not supported"),
         (dict(min_p=0.1), "min_p is not supported"),
         (dict(top_k=1000), "top_k=1000 exceeds"),

@@ -1,0 +1,102 @@
+"""Engine options the plugin cannot honour are refused at startup, saying what to change.
+
+The configuration is built in-process through vLLM's own EngineArgs.create_engine_config, which runs
+NeuronPlatform.pre_register_and_update and check_and_update_config exactly as `vllm serve` does (the
+last test checks one refusal through a real `vllm serve`: exit status and message).
+"""
+
+from __future__ import annotations
+
+import pytest
+from vllm_helpers import BATCH_SIZE, SEQUENCE_LENGTH
+
+
+def engine_config(model, usage="OPENAI_API_SERVER", **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    return EngineArgs(model=str(model), **kwargs).create_engine_config(UsageContext(usage))
+
+
+INTERLEAVED = {"additional_config": {"prefill_mode": "interleaved"}}
+
+REFUSED = {
+    "speculative": (
+        dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}),
+        "speculative decoding is not supported (token_generation decodes one token): remove --speculative-config",
+    ),
+    "lora": (dict(enable_lora=True), "LoRA adapters are not supported: remove --enable-lora"),
+    "logits-processors": (
+        dict(logits_processors=["vllm.v1.sample.logits_processor.builtin:MinPLogitsProcessor"]),
+        "custom logits processors are not supported: remove --logits-processors",
+    ),
+    "kv-transfer": (
+        dict(kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_both"}),
+        "KV cache transfer is not supported (the KV cache is the graphs' device state): remove --kv-transfer-config",
+    ),
+    "prefix-caching": (dict(enable_prefix_caching=True), "prefix caching is not supported"),
+    "async-scheduling": (dict(async_scheduling=True), "async scheduling is not supported"),
+    "chunked-prefill-serial": (
+        dict(enable_chunked_prefill=True),
+        "--enable-chunked-prefill needs ONP_PREFILL_MODE=interleaved",
+    ),
+    "no-chunked-prefill-interleaved": (
+        dict(enable_chunked_prefill=False, **INTERLEAVED),
+        "--no-enable-chunked-prefill contradicts ONP_PREFILL_MODE=interleaved",
+    ),
+    "batched-tokens-serial": (
+        dict(max_num_batched_tokens=64),
+        f"max_num_batched_tokens=64 cannot hold a full-length prompt (max_model_len={SEQUENCE_LENGTH})",
+    ),
+    "max-num-seqs-256": (
+        dict(max_num_seqs=256),
+        f"max_num_seqs=256 exceeds the artifact's compiled batch_size={BATCH_SIZE}: pass --max-num-seqs {BATCH_SIZE}",
+    ),
+    "kv-cache-dtype": (dict(kv_cache_dtype="fp8"), "remove --kv-cache-dtype"),
+    "dtype": (dict(dtype="bfloat16"), "dtype=bfloat16 does not match the artifact's compiled dtype float32"),
+    "executor": (dict(distributed_executor_backend="mp"), "remove --distributed-executor-backend"),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_an_option_the_plugin_cannot_honour_is_refused(chunked_dir, monkeypatch, name):
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    kwargs, message = REFUSED[name]
+    with pytest.raises(ValueError) as error:
+        engine_config(chunked_dir, **kwargs)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("usage", ["LLM_CLASS", "OPENAI_API_SERVER"])
+def test_max_num_seqs_equal_to_a_vllm_default_is_still_explicit(chunked_dir, usage):
+    # 256 is vLLM's offline default on a CPU platform and 128 its server default: set by hand, both are refused.
+    for value in (128, 256):
+        with pytest.raises(ValueError, match=f"max_num_seqs={value} exceeds"):
+            engine_config(chunked_dir, usage, max_num_seqs=value)
+
+
+def test_vllm_v2_model_runner_is_refused(chunked_dir, monkeypatch):
+    import vllm.envs as envs
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    cached = envs._is_envs_cache_enabled()  # an engine started earlier in this process caches vLLM's variables
+    envs.disable_envs_cache()
+    try:
+        with pytest.raises(ValueError, match="unset VLLM_USE_V2_MODEL_RUNNER"):
+            engine_config(chunked_dir)
+    finally:
+        monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+        if cached:
+            envs.enable_envs_cache()
+
+
+def test_explicit_values_that_fit_are_kept(chunked_dir, monkeypatch):
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    config = engine_config(
+        chunked_dir, max_num_batched_tokens=SEQUENCE_LENGTH, max_model_len=SEQUENCE_LENGTH, enable_chunked_prefill=False
+    )
+    assert config.scheduler_config.max_num_batched_tokens == SEQUENCE_LENGTH  # not raised to the plugin's default
+    config = engine_config(chunked_dir, enable_prefix_caching=False, async_scheduling=False, dtype="float32")
+    assert config.cache_config.enable_prefix_caching is False
+    interleaved = engine_config(chunked_dir, enable_chunked_prefill=True, max_num_batched_tokens=40, **INTERLEAVED)
+    assert interleaved.scheduler_config.max_num_batched_tokens == 40
