@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from support.client import completion_tokens, greedy
-from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, save_served_tiny
+from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, SHAPE, save_served_tiny
 from support.server import serve
 from support.tiny_models import export, save_tiny
 from transformers import AutoTokenizer
@@ -30,7 +30,6 @@ from .helpers import Refusals
 
 SMALL_VOCAB = 1000
 SERVER_START_TIMEOUT = 300
-SHAPE = dict(batch_size=BATCH_SIZE, sequence_length=SEQUENCE_LENGTH)
 
 
 @pytest.fixture(scope="session")

@@ -13,9 +13,10 @@ import http.client
 import subprocess
 
 import pytest
+from support.client import call, greedy, health
+from support.server import Server
 
 from .conftest import SERVER_START_TIMEOUT
-from .helpers import ReliabilityServer, call, greedy, health
 from .test_faults import bad_prompt
 
 LIMIT = 3
@@ -24,9 +25,7 @@ EXIT_TIMEOUT = 120  # seconds for vLLM's watchdog to shut the server down after 
 
 @pytest.fixture(scope="module")
 def failing_server(small_vocab_dir, rel_root):
-    server = ReliabilityServer(
-        small_vocab_dir, rel_root / "health-server.log", env={"ONP_MAX_GRAPH_FAILURES": str(LIMIT)}
-    )
+    server = Server(small_vocab_dir, rel_root / "health-server.log", env={"ONP_MAX_GRAPH_FAILURES": str(LIMIT)})
     try:
         server.wait_ready(timeout=SERVER_START_TIMEOUT)
         yield server

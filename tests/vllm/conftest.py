@@ -16,11 +16,9 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, save_served_tiny  # noqa: E402
+from support.served import CHUNK, SHAPE, save_served_tiny  # noqa: E402
 from support.tiny_models import export  # noqa: E402
 from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
-
-SHAPE = dict(batch_size=BATCH_SIZE, sequence_length=SEQUENCE_LENGTH)
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,10 @@ import logging
 
 import pytest
 import torch
+from support.engine import close_llm, make_llm
+from support.served import CHUNK, SHAPE, prompt_of
+from support.tiny_models import export
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
-from vllm_helpers import CHUNK, close_llm, export, make_llm, prompt_of
 
 PENALTY = 1.3
 NEW_TOKENS = 10
@@ -65,12 +67,12 @@ def qwen2_hf(qwen2_dir):
 @pytest.fixture(scope="module")
 def host_dir(vllm_root, qwen2_dir):
     """Chunked prefill, token_generation returns logits: every token is sampled on the host."""
-    return export(qwen2_dir, vllm_root / "qwen2-host", prefill_chunk_size=CHUNK, on_device_sampling=False)
+    return export(qwen2_dir, vllm_root / "qwen2-host", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=False)
 
 
 @pytest.fixture(scope="module")
 def device_dir(vllm_root, qwen2_dir):
-    return export(qwen2_dir, vllm_root / "qwen2-device", prefill_chunk_size=CHUNK, on_device_sampling=True)
+    return export(qwen2_dir, vllm_root / "qwen2-device", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True)
 
 
 @pytest.fixture(scope="module")

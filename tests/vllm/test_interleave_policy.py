@@ -13,7 +13,9 @@ import math
 from itertools import count
 
 import pytest
-from vllm_helpers import BATCH_SIZE, CHUNK, close_llm, hf_greedy, make_llm, prompt_of
+from support.engine import close_llm, make_llm
+from support.references import hf_greedy
+from support.served import BATCH_SIZE, CHUNK, prompt_of
 
 from optimum_neuron_plugin.vllm.interleave import DEFAULT_MAX_PASSES
 from optimum_neuron_plugin.vllm.options import prefill_chunk_budget

@@ -8,7 +8,7 @@ last test checks one refusal through a real `vllm serve`: exit status and messag
 from __future__ import annotations
 
 import pytest
-from vllm_helpers import BATCH_SIZE, SEQUENCE_LENGTH
+from support.served import BATCH_SIZE, SEQUENCE_LENGTH
 
 
 def engine_config(model, usage="OPENAI_API_SERVER", **kwargs):
