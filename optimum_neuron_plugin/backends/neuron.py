@@ -11,7 +11,8 @@
   artifact traces the graphs again (seconds) and finds every NEFF in that cache: `vllm serve` runs no
   neuronx-cc.
 - Compiling needs the device: TorchNeuron reads the compilation target from the Neuron runtime
-  (nrt_get_instance_info); an export on a host without NeuronCores is refused at once.
+  (nrt_get_instance_info), and SDK 2.32's FAQ says compiling without Trainium hardware is not supported;
+  an export on a host without NeuronCores is refused at once.
 """
 
 from __future__ import annotations
@@ -80,7 +81,9 @@ class NeuronBackend:
         device_graphs = NeuronGraphs(self, graphs, params, caches)
         for graph in graphs:
             spec = graph.spec
-            progress(f"compiling graph {spec.key} [{spec.rows} x {spec.tokens}] with torch.compile(backend={self.compiler!r})")
+            progress(
+                f"compiling graph {spec.key} [{spec.rows} x {spec.tokens}] with torch.compile(backend={self.compiler!r})"
+            )
             before = _files_under(cache)
             try:
                 device_graphs(spec, *example_inputs(spec))
@@ -153,6 +156,8 @@ def _use_cache(directory: Path) -> Path:
     cache = Path(directory) / GRAPH_DIR / CACHE_DIR
     cache.mkdir(parents=True, exist_ok=True)
     os.environ[CACHE_ENV] = str(cache)
+    # A graph that fails to compile raises instead of running eagerly on the host (the SDK 2.33 default).
+    os.environ.setdefault("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1")
     return cache
 
 
@@ -185,7 +190,9 @@ def _installed(module: str) -> bool:
 def _require(packages: dict[str, str], error: type[Exception]) -> None:
     missing = [dist for dist, module in packages.items() if not _installed(module)]
     if missing:
-        raise error(f"the neuron backend needs {' and '.join(missing)} (not installed): {INSTALL}; or use --backend cpu")
+        raise error(
+            f"the neuron backend needs {' and '.join(missing)} (not installed): {INSTALL}; or use --backend cpu"
+        )
 
 
 def _require_compiler(compiler: str, error: type[Exception]) -> None:
@@ -201,6 +208,19 @@ def neuron_core_count() -> int:
     import torch_neuronx
 
     return torch_neuronx.device_count()
+
+
+def core_memory(index: int) -> int:
+    """Device memory of NeuronCore `index` in bytes, as torch-neuronx reports it."""
+    import torch_neuronx
+
+    return torch_neuronx.get_device_properties(index).total_memory
+
+
+def pin_cores(rank: int) -> None:
+    """Gives this process NeuronCore `rank` only, unless NEURON_RT_VISIBLE_CORES already chose: the Neuron
+    runtime otherwise claims every core it sees. Must run before the runtime starts (first device use)."""
+    os.environ.setdefault("NEURON_RT_VISIBLE_CORES", str(rank))
 
 
 def _require_cores(error: type[Exception], context: str) -> None:

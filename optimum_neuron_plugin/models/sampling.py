@@ -24,7 +24,7 @@ def sample(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor, ma
     probs = torch.softmax(scaled, dim=-1)
     # Running sums as a matmul with a triangular matrix, not torch.cumsum (neuronx-cc has a history of
     # cumsum failures): upper[i, j] = 1 where i <= j, so (p @ upper)[j] = p[0] + ... + p[j].
-    upper = (ranks.T <= ranks).float()
+    upper = (ranks >= ranks.T).float()
     # Keep a rank while the mass strictly before it is below top_p: rank 0 is always kept.
     keep = (probs @ upper - probs) < top_p
     probs = probs * keep

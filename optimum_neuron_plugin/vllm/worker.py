@@ -14,10 +14,12 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from ..backends.neuron import pin_cores
 from ..runtime import NeuronModelForCausalLM
 from .kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
 from .log import get_logger
 from .model_runner import NeuronModelRunner
+from .platform import serves_on_neuron
 
 logger = get_logger(__name__)
 
@@ -39,7 +41,9 @@ class NeuronWorker(WorkerBase):
     # ---- startup ------------------------------------------------------------------------------
 
     def init_device(self) -> None:
-        self.device = torch.device("cpu")
+        self.device = torch.device("cpu")  # what vLLM sees; the runtime owns the Neuron device
+        if serves_on_neuron():
+            pin_cores(self.local_rank)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         path = self.model_config.model

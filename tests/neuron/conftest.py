@@ -18,7 +18,6 @@ from optimum_neuron_plugin.graphs import DecoderGraph, graph_specs
 from optimum_neuron_plugin.models.args import ModelArgs
 from optimum_neuron_plugin.models.kv_cache import empty_cache
 from optimum_neuron_plugin.runtime import _to_params
-
 from tests.core.helpers import COMMON, SEEDS, TINY
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")

@@ -31,7 +31,10 @@ def recorded():
         return gm.forward
 
     torch._dynamo.register_backend(record, name=RECORDER)
-    yield graphs
+    # One Dynamo cache entry per distinct graph, and this module captures 4 models x 2 shapes: more than one
+    # process serves (NeuronGraphs allows one entry per graph of its model).
+    with torch._dynamo.config.patch(recompile_limit=128):
+        yield graphs
     registry._COMPILER_FNS.pop(RECORDER, None)
     registry._BACKENDS.pop(RECORDER, None)
     torch._dynamo.reset()
