@@ -142,7 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="backend",
         choices=BACKENDS,
         default="auto",
-        help="neuron: compile NEFFs with the Neuron SDK; cpu: the reference backend (torch.export), runs on any "
+        help="neuron: compile NEFFs with TorchNeuron (trn2/trn3 host); cpu: the reference backend (torch.export), runs on any "
         "host; auto (default): neuron when /dev/neuron* devices exist, else cpu",
     )
     optional.add_argument(

@@ -103,8 +103,7 @@ class NeuronBackend:
             _require_cores(ArtifactError, "")
             _check_compiled_here(Path(directory), self.versions())
         _require_compiler(self.compiler, ArtifactError)
-        _use_cache(directory)
-        return NeuronGraphs(self, graphs, params, caches)
+        return NeuronGraphs(self, graphs, params, caches, loaded_from=_use_cache(directory))
 
     def versions(self) -> dict:
         """What compiled the graphs and for which cores (stored under "compiler" in neuron_config.json)."""
@@ -126,8 +125,15 @@ class NeuronGraphs:
     """Every graph compiled for the device, with the weights and the KV cache moved there once."""
 
     def __init__(
-        self, backend: NeuronBackend, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor]
+        self,
+        backend: NeuronBackend,
+        graphs: list[DecoderGraph],
+        params: dict,
+        caches: list[torch.Tensor],
+        loaded_from: Path | None = None,
     ) -> None:
+        # The artifact's NEFF cache: a graph's first call finds its NEFF there, or warns that it compiled one.
+        self.cache, self.unchecked = loaded_from, {g.spec for g in graphs} if loaded_from else set()
         self.device = torch.device(backend.device)
         self.params = {name: tensor.to(self.device) for name, tensor in params.items()}
         self.caches = [cache.to(self.device) for cache in caches]
@@ -138,9 +144,16 @@ class NeuronGraphs:
 
     def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
         inputs = [x.to(self.device) for x in inputs]
+        before = _files_under(self.cache) if spec in self.unchecked else None
         # One code object (DecoderGraph.forward) holds one Dynamo cache entry per graph instance.
         with torch.no_grad(), _dynamo_limit(len(self.compiled)):
             output = self.compiled[spec](self.params, self.caches, *inputs)
+        if before is not None:
+            self.unchecked.discard(spec)
+            if _files_under(self.cache) - before:
+                logger.warning(
+                    "graph %s was not in %s and was compiled at load time; export again", spec.key, self.cache
+                )
         return output.cpu()
 
 

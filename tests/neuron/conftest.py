@@ -56,7 +56,7 @@ def tiny_models() -> dict[str, TinyModel]:
     return {name: build_tiny(name) for name in ARCHITECTURES}
 
 
-@dataclass
+@dataclass(eq=False)  # hashable: Dynamo's registry keys on the function
 class FakeNeuronCompiler:
     """Stands in for TorchNeuron's Dynamo backend: one "NEFF" per distinct graph in the persistent cache
     directory TorchNeuron reads from CACHE_ENV, a cache hit when the file is there; runs the graph eagerly."""

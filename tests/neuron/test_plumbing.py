@@ -21,7 +21,7 @@ NO_SDK = pytest.mark.skipif(neuron.neuron_core_count() > 0, reason="this host ha
 
 
 def test_each_graph_compiled_once_cached_in_the_artifact_and_reloaded_without_compiling(
-    tiny_models, fake_neuron_compiler, tmp_path
+    tiny_models, fake_neuron_compiler, tmp_path, caplog
 ):
     config = NeuronConfig(**CONFIG)
     model, specs = tiny_models["llama"], graph_specs(config)
@@ -42,12 +42,14 @@ def test_each_graph_compiled_once_cached_in_the_artifact_and_reloaded_without_co
         (artifact / path.relative_to(workdir)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, artifact / path.relative_to(workdir))
     shutil.rmtree(workdir)
+    torch._dynamo.reset()  # as in a new process (vllm serve): Dynamo traces again, the compiler sees each graph
     caches = model.caches(config)
     loaded = backend.load(model.graphs(config), model.params(config), caches, artifact)
     for spec in specs:
         loaded(spec, *example_inputs(spec))
     assert len(fake_neuron_compiler.compiled) == len(specs)  # nothing compiled again
     assert len(fake_neuron_compiler.hits) == len(specs)
+    assert "compiled at load time" not in caplog.text
     assert str(artifact / "graphs" / neuron.CACHE_DIR) == neuron.os.environ[neuron.CACHE_ENV]
 
 
@@ -116,3 +118,15 @@ def test_tensor_parallel_is_refused_before_anything(tmp_path):
     with pytest.raises(ExportError, match=r"tp_degree=2 .*--tensor-parallel-size 1"):
         neuron.NeuronBackend(NeuronConfig(**{**CONFIG, "tp_degree": 2})).compile([], {}, [], tmp_path, print)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_graph_missing_from_the_artifact_cache_is_reported_at_load(
+    tiny_models, fake_neuron_compiler, tmp_path, caplog
+):
+    config = NeuronConfig(**CONFIG)
+    model, spec = tiny_models["mistral"], graph_specs(config)[0]
+    loaded = neuron.NeuronBackend(config, device="cpu").load(
+        model.graphs(config), model.params(config), model.caches(config), tmp_path
+    )
+    loaded(spec, *example_inputs(spec))
+    assert f"graph {spec.key} was not in" in caplog.text and "export again" in caplog.text
