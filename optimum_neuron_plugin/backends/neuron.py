@@ -145,7 +145,7 @@ class NeuronGraphs:
     def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
         inputs = [x.to(self.device) for x in inputs]
         before = _files_under(self.cache) if spec in self.unchecked else None
-        # One code object (DecoderGraph.forward) holds one Dynamo cache entry per graph instance.
+        # Every graph shares one code object (DecoderGraph.forward): Dynamo keeps one cache entry per distinct graph.
         with torch.no_grad(), _dynamo_limit(len(self.compiled)):
             output = self.compiled[spec](self.params, self.caches, *inputs)
         if before is not None:
