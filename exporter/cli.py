@@ -13,7 +13,8 @@ from pathlib import Path
 DTYPES = ("float32", "bfloat16", "float16")
 CPU_COMPILERS = ("export", "inductor")
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-INSTANCE_TYPES = ("inf2", "trn1", "trn1n", "trn2")
+# TorchNeuron's targets; NeuronConfig explains why inf2/trn1 are refused.
+INSTANCE_TYPES = ("trn2", "trn3")
 BACKENDS = ("auto", "neuron", "cpu")
 # Sequence lengths above this get chunked prefill by default, with chunks of this many tokens.
 AUTO_CHUNK_THRESHOLD = 1024
@@ -132,16 +133,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     optional.add_argument(
         *_spellings("instance-type"),
         dest="instance_type",
-        choices=INSTANCE_TYPES,
+        metavar="{" + ",".join(INSTANCE_TYPES) + "}",
         default=None,
-        help="compilation target; needed by the neuron backend when no Neuron device is present",
+        help="the instance the neuron backend compiles for (checked against this host; default: this host's)",
     )
     optional.add_argument(
         *_spellings("backend"),
         dest="backend",
         choices=BACKENDS,
         default="auto",
-        help="neuron: compile NEFFs with the Neuron SDK; cpu: the reference backend (torch.export), runs on any "
+        help="neuron: compile NEFFs with TorchNeuron (trn2/trn3 host); cpu: the reference backend (torch.export), runs on any "
         "host; auto (default): neuron when /dev/neuron* devices exist, else cpu",
     )
     optional.add_argument(

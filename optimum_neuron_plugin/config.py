@@ -11,7 +11,9 @@ NEURON_CONFIG_FILE = "neuron_config.json"
 FORMAT_VERSION = 2
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
-TARGETS = ("inf2", "trn1", "trn1n", "trn2")
+TARGETS = ("trn2", "trn3")
+# Instances TorchNeuron (Neuron SDK 2.33+, torch 2.10+) does not cover: they stay on the XLA stack of SDK 2.31.
+LEGACY_TARGETS = ("inf1", "inf2", "trn1", "trn1n")
 CPU_COMPILERS = ("export", "inductor")
 # Default context buckets: doubling lengths ending at sequence_length, at most this many.
 MAX_DEFAULT_BUCKETS = 4
@@ -55,6 +57,12 @@ class NeuronConfig:
             _fail("torch_dtype", self.torch_dtype, f"one of {', '.join(DTYPES)}")
         if self.backend not in BACKENDS:
             _fail("backend", self.backend, f"one of {', '.join(BACKENDS)}")
+        if self.target in LEGACY_TARGETS:
+            raise NeuronConfigError(
+                f"target={self.target!r} is not supported: the neuron backend runs on TorchNeuron (Neuron SDK 2.33+), "
+                f"which covers {' and '.join(TARGETS)} only; for {self.target} use Neuron SDK 2.31 with optimum-neuron "
+                "(torch 2.9), or --backend cpu"
+            )
         if self.target is not None and self.target not in TARGETS:
             _fail("target", self.target, f"one of {', '.join(TARGETS)} or null")
         if not isinstance(self.on_device_sampling, bool):

@@ -25,6 +25,8 @@ from .models.sampling import sample
 CHUNKED_PREFILL = "chunked_prefill"
 CONTEXT_ENCODING = "context_encoding"
 TOKEN_GENERATION = "token_generation"
+# dtype of the token id, position and seq id inputs of every graph (int64 is emulated on NeuronCores).
+INDEX_DTYPE = torch.int32
 
 
 @dataclass(frozen=True)
@@ -68,10 +70,12 @@ class DecoderGraph(nn.Module):
 
 
 def example_inputs(spec: GraphSpec) -> tuple[torch.Tensor, ...]:
-    """The small per-call inputs (everything but weights and caches), with the graph's shapes."""
-    ids = torch.zeros(spec.rows, spec.tokens, dtype=torch.int64)
-    positions = torch.arange(spec.tokens, dtype=torch.int64).repeat(spec.rows, 1)
-    seq_ids = torch.zeros(spec.rows, dtype=torch.int64)
+    """The small per-call inputs (everything but weights and caches), with the graph's shapes.
+
+    Token ids, positions and seq ids are int32 (INDEX_DTYPE): the graph widens them only where an op needs int64."""
+    ids = torch.zeros(spec.rows, spec.tokens, dtype=INDEX_DTYPE)
+    positions = torch.arange(spec.tokens, dtype=INDEX_DTYPE).repeat(spec.rows, 1)
+    seq_ids = torch.zeros(spec.rows, dtype=INDEX_DTYPE)
     if not spec.samples:
         return ids, positions, seq_ids
     params = torch.tensor([[1.0, 1.0, 1.0]]).repeat(spec.rows, 1)

@@ -19,7 +19,7 @@ import torch
 from . import __version__, artifact, backends
 from .config import NeuronConfig
 from .errors import ArtifactError, ExportError, InputError
-from .graphs import TOKEN_GENERATION, DecoderGraph, GraphSpec, example_inputs, graph_specs
+from .graphs import INDEX_DTYPE, TOKEN_GENERATION, DecoderGraph, GraphSpec, example_inputs, graph_specs
 from .models.args import ModelArgs
 from .models.kv_cache import empty_cache
 from .models.llama import weight_names
@@ -186,14 +186,14 @@ class NeuronModelForCausalLM:
                 "shorten the prompt or export with a larger --sequence-length"
             )
         size = nc.prefill_length
-        seq_ids = torch.tensor([seq_id])
+        seq_ids = torch.tensor([seq_id], dtype=INDEX_DTYPE)
         for offset in range(0, len(tokens), size):
             chunk = tokens[offset : offset + size]
             positions = list(range(start + offset, start + offset + len(chunk)))
             # Pad a partial chunk by repeating its last token and position (see masks.actual_token_mask).
             pad = size - len(chunk)
-            ids = torch.tensor([chunk + chunk[-1:] * pad])
-            pos = torch.tensor([positions + positions[-1:] * pad])
+            ids = torch.tensor([chunk + chunk[-1:] * pad], dtype=INDEX_DTYPE)
+            pos = torch.tensor([positions + positions[-1:] * pad], dtype=INDEX_DTYPE)
             logits = self.graphs(self.graph_for(nc.prefill_graph, [positions[0]]), ids, pos, seq_ids)
         # Clone: the runtime may reuse the graph's output buffer on the next call.
         return logits[0].clone()
@@ -214,7 +214,7 @@ class NeuronModelForCausalLM:
         self._check_decode(seq_ids, token_ids, positions, sampling, generators)
         # Pad to batch_size by repeating row 0: identical inputs write identical K/V to the same place.
         pad = nc.batch_size - n
-        rows = lambda values: torch.tensor([list(values) + [values[0]] * pad])  # noqa: E731
+        rows = lambda values: torch.tensor([list(values) + [values[0]] * pad], dtype=INDEX_DTYPE)  # noqa: E731
         ids, pos, seqs = rows(token_ids).T, rows(positions).T, rows(seq_ids)[0]
         if nc.on_device_sampling:
             params = params_tensor(sampling + [sampling[0]] * pad, nc.max_topk)

@@ -1,237 +1,275 @@
-"""Neuron backend: the shared graphs compiled into NEFFs by the Neuron SDK (neuronx-distributed ModelBuilder).
+"""Neuron backend on TorchNeuron (torch-neuronx 2.13.3, Neuron SDK 2.33+, Trn2/Trn3).
 
-- One module, DeviceDecoder, holds the weights as parameters (named like the checkpoint) and the KV cache as
-  buffers; each graph is traced from it under its own tag and all of them are saved in one NxDModel
-  (graphs/nxd_model.pt). The NEFFs hold no weights: the artifact's model.safetensors is the only copy.
-- KV cache: a graph writes clones of the cache buffers and reassigns them, the out-of-place buffer update that
-  ModelBuilder turns into input/output aliasing. The cache is device state shared by every graph, updated in
-  place, never passed from the host.
-- Weights: loaded once per process (NxDModel.set_weights + to_neuron) and shared by all graphs.
-- token_generation is the priority model: its weight layout is optimized and the other graphs adopt it.
-- Target: neuron_config.target (inf2; trn1 and trn1n -> trn1; trn2), else the host's Neuron platform. Logical
-  NeuronCores: NEURON_LOGICAL_NC_CONFIG if set, else 2 on trn2 and 1 elsewhere (must match the runtime's).
-
-Needs Neuron SDK 2.27+ (neuronx-distributed 0.16+: ModelBuilder V2, NxDModel.save/load), torch-neuronx, neuronx-cc.
-
-Supported: tp_degree 1 (one NeuronCore, or one logical NeuronCore on trn2). Not supported: tp_degree > 1. The
-shared model uses plain tensors; sharding it needs neuronx-distributed parallel layers (column/row-parallel
-projections, sharded KV heads and collectives) in models/, so both export and load raise for tp_degree > 1.
+- Each graph (one per graph kind and context bucket) is `torch.compile(graph, backend="neuron",
+  fullgraph=True, dynamic=False)`: TorchDynamo -> AOTAutograd -> StableHLO -> neuronx-cc -> NEFF.
+- Weights and the KV cache are moved once to the `neuron` device and passed to every graph call as
+  inputs that stay there; per call only ids, positions, seq ids and sampling inputs cross from the host.
+  The graphs write the cache with index_copy_ on a view of it, which TorchNeuron keeps as an input
+  mutation aliased to an output (models/kv_cache.py): the cache is updated in place on the device.
+- Export compiles every graph once; TorchNeuron's persistent NEFF cache is pointed inside the artifact
+  (graphs/neuron-cache), and graphs/<key>.neuron.json lists the cache files each graph added. Loading the
+  artifact traces the graphs again (seconds) and finds every NEFF in that cache: `vllm serve` runs no
+  neuronx-cc.
+- Compiling needs the device: TorchNeuron reads the compilation target from the Neuron runtime
+  (nrt_get_instance_info), and SDK 2.32's FAQ says compiling without Trainium hardware is not supported;
+  an export on a host without NeuronCores is refused at once.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import logging
 import os
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 
 import torch
-from torch import nn
 
+from ..config import NEURON_CONFIG_FILE, NeuronConfig
 from ..errors import ArtifactError, ExportError
-from ..graphs import TOKEN_GENERATION, DecoderGraph, GraphSpec, example_inputs
-from . import neuron_devices_present
+from ..graphs import DecoderGraph, GraphSpec, example_inputs
+from . import Progress, neuron_devices_present
 
-MODEL_FILE = Path("graphs") / "nxd_model.pt"
-INPUT_NAMES = ("input_ids", "position_ids", "seq_ids", "sampling_params", "uniform")
-TARGETS = {"inf2": "inf2", "trn1": "trn1", "trn1n": "trn1", "trn2": "trn2"}
-# distribution name -> module name
-COMPILE_PACKAGES = {
-    "torch-neuronx": "torch_neuronx",
-    "neuronx-distributed": "neuronx_distributed",
-    "neuronx-cc": "neuronxcc",
-}
-RUNTIME_PACKAGES = {"torch-neuronx": "torch_neuronx", "neuronx-distributed": "neuronx_distributed"}
-SDK = "the Neuron SDK pip repository (pip install --extra-index-url https://pip.repos.neuron.amazonaws.com {}) or a Neuron DLAMI"
+logger = logging.getLogger(__name__)
+
+GRAPH_DIR = "graphs"
+CACHE_DIR = "neuron-cache"  # under GRAPH_DIR
+# TorchNeuron's persistent NEFF cache directory (csrc/core/cache/PersistentCacheBackend.cpp).
+CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+# distribution -> module
+COMPILE_PACKAGES = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc"}
+RUNTIME_PACKAGES = {"torch-neuronx": "torch_neuronx"}
+INSTALL = 'pip install ".[neuron]" on a Trn2/Trn3 host with Python 3.12+ (Neuron SDK 2.33+, see README "Neuron hosts")'
+WHERE = "run it on a trn2 or trn3 instance (Neuron SDK 2.33+), or use --backend cpu"
 
 
 class NeuronBackend:
+    """`compiler` names the Dynamo backend (TorchNeuron registers "neuron") and `device` the torch device
+    the weights and cache live on; a test may register its own "neuron" backend and run on "cpu"."""
+
     name = "neuron"
 
-    def __init__(self, neuron_config) -> None:
-        self.neuron_config = neuron_config
+    def __init__(self, neuron_config: NeuronConfig, compiler: str = "neuron", device: str = "neuron") -> None:
+        self.neuron_config, self.compiler, self.device = neuron_config, compiler, device
 
     def check_can_compile(self) -> None:
-        check_can_compile(self.neuron_config)
-
-    def compile(self, graphs, params, caches, directory: Path, progress) -> None:
-        compile_graphs(self.neuron_config, graphs, params, caches, directory, progress)
+        _check_tp(self.neuron_config, ExportError)
+        if self.device == "neuron":
+            _require(COMPILE_PACKAGES, ExportError)
+            _require_cores(ExportError, "an export with --backend neuron compiles on the device host: ")
+            _check_target(self.neuron_config)
+        _require_compiler(self.compiler, ExportError)
 
     def graph_files(self, directory: Path, specs: list[GraphSpec]) -> list[Path]:
-        return [Path(directory) / MODEL_FILE]
+        """Each graph's manifest, then the cache files it lists (once the manifest exists)."""
+        graphs = Path(directory) / GRAPH_DIR
+        files = []
+        for spec in specs:
+            manifest = graphs / f"{spec.key}.neuron.json"
+            files.append(manifest)
+            if manifest.is_file():
+                files += [graphs / name for name in _read_manifest(manifest)["cache_files"]]
+        return list(dict.fromkeys(files))
 
-    def load(self, graphs, params, caches, directory: Path) -> NeuronGraphs:
-        return NeuronGraphs(self.neuron_config, graphs, params, directory)
-
-    def versions(self) -> dict:
-        return {"name": "neuronx-cc", "version": _version("neuronx-cc")}
-
-
-class DeviceDecoder(nn.Module):
-    """Weights (parameters) and KV cache (buffers kv_cache_<i>) around the DecoderGraph named by `active`."""
-
-    def __init__(self, graphs: list[DecoderGraph], params: dict[str, torch.Tensor], caches: list[torch.Tensor]):
-        super().__init__()
-        self.graphs = nn.ModuleDict({graph.spec.key: graph for graph in graphs})
-        self.active = graphs[0].spec.key
-        self.weight_names = list(params)
-        for name, tensor in params.items():
-            *path, leaf = name.split(".")
-            module = self
-            for part in path:
-                if part not in module._modules:
-                    module.add_module(part, nn.Module())
-                module = module._modules[part]
-            module.register_parameter(leaf, nn.Parameter(tensor, requires_grad=False))
-        self.num_caches = len(caches)
-        for i, cache in enumerate(caches):
-            self.register_buffer(f"kv_cache_{i}", cache)
-
-    def forward(self, input_ids, position_ids, seq_ids, sampling_params=None, uniform=None):
-        params = {name: self.get_parameter(name) for name in self.weight_names}
-        caches = [getattr(self, f"kv_cache_{i}").clone() for i in range(self.num_caches)]
-        extra = () if sampling_params is None else (sampling_params, uniform)
-        output = self.graphs[self.active](params, caches, input_ids, position_ids, seq_ids, *extra)
-        for i, cache in enumerate(caches):
-            setattr(self, f"kv_cache_{i}", cache)
-        return output
-
-    def checkpoint(self) -> dict[str, torch.Tensor]:
-        """What NxDModel.set_weights loads: every parameter and constant buffer, not the cache (device state)."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith("kv_cache_")}
-
-
-def compiler_args(graph_name: str, target: str) -> str:
-    lnc = int(os.environ.get("NEURON_LOGICAL_NC_CONFIG") or (2 if target == "trn2" else 1))
-    level = "-O2" if graph_name == TOKEN_GENERATION else "-O1"
-    return (
-        f"--target {target} --lnc={lnc} --model-type=transformer --auto-cast=none {level} "
-        "--enable-saturate-infinity --enable-mixed-precision-accumulation"
-    )
-
-
-def check_can_compile(neuron_config) -> None:
-    """Everything compile_graphs needs, checked before any weight is loaded."""
-    _check_tp(neuron_config, ExportError)
-    _require(COMPILE_PACKAGES, ExportError, "or use --backend cpu")
-    _nxd(ExportError)
-    _target(neuron_config)
-
-
-def compile_graphs(neuron_config, graphs, params, caches, directory: Path, progress) -> None:
-    check_can_compile(neuron_config)
-    ModelBuilder, _ = _nxd(ExportError)
-    target = _target(neuron_config)
-    decoder = DeviceDecoder(graphs, params, caches)
-    builder = ModelBuilder(decoder)
-    names = [graph.spec.key for graph in graphs]
-    workdir = Path(directory) / "neuronx-cc"
-    try:
+    def compile(
+        self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path, progress: Progress
+    ) -> None:
+        self.check_can_compile()
+        cache = _use_cache(directory)
+        device_graphs = NeuronGraphs(self, graphs, params, caches)
         for graph in graphs:
             spec = graph.spec
-            progress(f"tracing graph {spec.key} [{spec.rows} x {spec.tokens}] for {target}")
-            decoder.active = spec.key
-            builder.trace(kwargs=dict(zip(INPUT_NAMES, example_inputs(spec), strict=False)), tag=spec.key)
-        progress(f"compiling {', '.join(names)} with neuronx-cc for {target} (logs in {workdir})")
-        nxd_model = builder.compile(
-            priority_model_key=next((g.spec.key for g in graphs if g.spec.name == TOKEN_GENERATION), None),
-            compiler_workdir=str(workdir),
-            compiler_args={g.spec.key: compiler_args(g.spec.name, target) for g in graphs},
-        )
-    except RuntimeError as error:
-        causes, cause = [], error
-        while cause is not None and len(causes) < 4:
-            causes.append(" ".join(str(cause).split()))
-            cause = cause.__cause__
-        raise ExportError(
-            f"the Neuron SDK failed to build the graphs ({': '.join(causes)}); compiler logs are in {workdir}"
-        ) from None
-    path = Path(directory) / MODEL_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    nxd_model.save(str(path))
+            progress(
+                f"compiling graph {spec.key} [{spec.rows} x {spec.tokens}] with torch.compile(backend={self.compiler!r})"
+            )
+            before = _files_under(cache)
+            try:
+                device_graphs(spec, *example_inputs(spec))
+            except Exception as error:  # noqa: BLE001 - Dynamo, StableHLO lowering and neuronx-cc errors
+                message = " ".join(str(error).split())[:500]
+                raise ExportError(f"compiling graph {spec.key} failed ({message}); see the log above") from None
+            added = sorted(str(p.relative_to(cache.parent)) for p in _files_under(cache) - before)
+            manifest = {"graph": spec.key, "cache_files": added}
+            (cache.parent / f"{spec.key}.neuron.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+    def load(
+        self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path
+    ) -> NeuronGraphs:
+        _check_tp(self.neuron_config, ArtifactError)
+        if self.device == "neuron":
+            _require(RUNTIME_PACKAGES, ArtifactError)
+            _require_cores(ArtifactError, "")
+            _check_compiled_here(Path(directory), self.versions())
+        _require_compiler(self.compiler, ArtifactError)
+        return NeuronGraphs(self, graphs, params, caches, loaded_from=_use_cache(directory))
+
+    def versions(self) -> dict:
+        """What compiled the graphs and for which cores (stored under "compiler" in neuron_config.json)."""
+        versions = {
+            "name": "torch-neuronx",
+            "torch_neuronx": _version("torch-neuronx"),
+            "neuronx_cc": _version("neuronx-cc"),
+            "target": None,
+            "logical_nc_config": os.environ.get("NEURON_LOGICAL_NC_CONFIG"),
+        }
+        if self.device == "neuron" and _installed("torch_neuronx"):
+            from torch_neuronx.utils import get_logical_neuron_cores, get_platform_target
+
+            versions.update(target=get_platform_target(), logical_nc_config=str(get_logical_neuron_cores()))
+        return versions
 
 
 class NeuronGraphs:
-    """The NxDModel of every graph; weights and KV cache live on the device. Loaded lazily without a device
-    (an export compiled for a target on a host without Neuron devices still saves its artifact)."""
+    """Every graph compiled for the device, with the weights and the KV cache moved there once."""
 
-    def __init__(self, neuron_config, graphs: list[DecoderGraph], params: dict, directory: Path) -> None:
-        _check_tp(neuron_config, ArtifactError)
-        _require(RUNTIME_PACKAGES, ArtifactError, "or export the model again with --backend cpu")
-        self.neuron_config, self.graphs, self.params = neuron_config, graphs, params
-        self.names = [graph.spec.key for graph in graphs]
-        self.path = Path(directory) / MODEL_FILE
-        self.model = self._load() if neuron_devices_present() else None
-
-    def _load(self):
-        _, NxDModel = _nxd(ArtifactError)
-        model = NxDModel.load(str(self.path))
-        if not isinstance(model, NxDModel):
-            raise ArtifactError(f"{self.path}: written by an incompatible neuronx-distributed; export the model again")
-        missing = set(self.names) - model.get_available_keys()
-        if missing:
-            raise ArtifactError(f"{self.path}: lacks graph(s) {', '.join(sorted(missing))}; export the model again")
-        model.set_weights([DeviceDecoder(self.graphs, self.params, []).checkpoint()])
-        model.to_neuron()
-        return model
+    def __init__(
+        self,
+        backend: NeuronBackend,
+        graphs: list[DecoderGraph],
+        params: dict,
+        caches: list[torch.Tensor],
+        loaded_from: Path | None = None,
+    ) -> None:
+        # The artifact's NEFF cache: a graph's first call finds its NEFF there, or warns that it compiled one.
+        self.cache, self.unchecked = loaded_from, {g.spec for g in graphs} if loaded_from else set()
+        self.device = torch.device(backend.device)
+        self.params = {name: tensor.to(self.device) for name, tensor in params.items()}
+        self.caches = [cache.to(self.device) for cache in caches]
+        self.compiled = {
+            g.spec: torch.compile(g.to(self.device), backend=backend.compiler, fullgraph=True, dynamic=False)
+            for g in graphs
+        }
 
     def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
-        if self.model is None:
-            if not neuron_devices_present():
-                raise RuntimeError(
-                    "no Neuron device (/dev/neuron*) on this host: run the neuron backend on an inf2/trn1/trn2 "
-                    "instance, or export with --backend cpu"
+        inputs = [x.to(self.device) for x in inputs]
+        before = _files_under(self.cache) if spec in self.unchecked else None
+        # Every graph shares one code object (DecoderGraph.forward): Dynamo keeps one cache entry per distinct graph.
+        with torch.no_grad(), _dynamo_limit(len(self.compiled)):
+            output = self.compiled[spec](self.params, self.caches, *inputs)
+        if before is not None:
+            self.unchecked.discard(spec)
+            if _files_under(self.cache) - before:
+                logger.warning(
+                    "graph %s was not in %s and was compiled at load time; export again", spec.key, self.cache
                 )
-            self.model = self._load()
-        with torch.inference_mode():
-            output = self.model(**dict(zip(INPUT_NAMES, inputs, strict=False)), model_name=spec.key)
-        return output[0] if isinstance(output, list | tuple) else output
+        return output.cpu()
 
 
-def _check_tp(neuron_config, error: type[Exception]) -> None:
+@contextmanager
+def _dynamo_limit(entries: int):
+    with torch._dynamo.config.patch(recompile_limit=max(entries, torch._dynamo.config.recompile_limit)):
+        yield
+
+
+def _use_cache(directory: Path) -> Path:
+    """Points TorchNeuron's persistent NEFF cache at the artifact. TorchNeuron reads the variable when it
+    creates its cache, so this comes before the first compile of the process."""
+    cache = Path(directory) / GRAPH_DIR / CACHE_DIR
+    cache.mkdir(parents=True, exist_ok=True)
+    os.environ[CACHE_ENV] = str(cache)
+    # A graph that fails to compile raises instead of running eagerly on the host (the SDK 2.33 default).
+    os.environ.setdefault("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1")
+    return cache
+
+
+def _files_under(directory: Path) -> set[Path]:
+    return {p for p in directory.rglob("*") if p.is_file()}
+
+
+def _read_manifest(path: Path) -> dict:
+    try:
+        manifest = json.loads(path.read_text())
+        if isinstance(manifest.get("cache_files"), list):
+            return manifest
+    except (OSError, json.JSONDecodeError, AttributeError):
+        pass
+    raise ArtifactError(f"{path}: unreadable graph manifest; export the model again")
+
+
+def _check_tp(neuron_config: NeuronConfig, error: type[Exception]) -> None:
     if neuron_config.tp_degree != 1:
         raise error(
             f"tp_degree={neuron_config.tp_degree} is not supported by the neuron backend yet: it compiles for one "
-            "NeuronCore (sharding the model needs neuronx-distributed parallel layers); use --tensor-parallel-size 1"
+            "NeuronCore; use --tensor-parallel-size 1"
         )
 
 
-def _require(packages: dict[str, str], error: type[Exception], alternative: str) -> None:
-    missing = [dist for dist, module in packages.items() if importlib.util.find_spec(module) is None]
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def _require(packages: dict[str, str], error: type[Exception]) -> None:
+    missing = [dist for dist, module in packages.items() if not _installed(module)]
     if missing:
-        names = ", ".join(missing[:-1]) + " and " + missing[-1] if len(missing) > 1 else missing[0]
         raise error(
-            f"the neuron backend needs {names} (not installed): install them from {_sdk(missing)}, {alternative}"
+            f"the neuron backend needs {' and '.join(missing)} (not installed): {INSTALL}; or use --backend cpu"
         )
 
 
-def _nxd(error: type[Exception]):
-    """ModelBuilder (V2) and NxDModel with save/load: neuronx-distributed 0.16+ (Neuron SDK 2.27+)."""
-    try:
-        from neuronx_distributed import ModelBuilder, NxDModel
-    except ImportError as failure:
-        raise error(f"cannot import neuronx-distributed ({failure}); reinstall it from {_sdk()}") from None
-    if not hasattr(NxDModel, "load"):
-        raise error(
-            f"the neuron backend needs neuronx-distributed 0.16 or later (Neuron SDK 2.27+); upgrade from {_sdk()}"
-        )
-    return ModelBuilder, NxDModel
+def _require_compiler(compiler: str, error: type[Exception]) -> None:
+    # torch-neuronx registers "neuron" through the torch_dynamo_backends entry point group.
+    if compiler not in torch._dynamo.list_backends(exclude_tags=()):
+        raise error(f"no torch.compile backend named {compiler!r}: the neuron backend needs torch-neuronx; {INSTALL}")
 
 
-def _target(neuron_config) -> str:
-    if neuron_config.target:
-        return TARGETS[neuron_config.target]
-    if not neuron_devices_present():
+def neuron_core_count() -> int:
+    """NeuronCores (logical, as torch-neuronx counts them) visible to this process; 0 without the SDK or devices."""
+    if not neuron_devices_present() or not _installed("torch_neuronx"):
+        return 0
+    import torch_neuronx
+
+    return torch_neuronx.device_count()
+
+
+def core_memory(index: int) -> int:
+    """Device memory of NeuronCore `index` in bytes, as torch-neuronx reports it."""
+    import torch_neuronx
+
+    return torch_neuronx.get_device_properties(index).total_memory
+
+
+def pin_cores(rank: int) -> None:
+    """Gives this process NeuronCore `rank` only, unless NEURON_RT_VISIBLE_CORES already chose: the Neuron
+    runtime otherwise claims every core it sees. Must run before the runtime starts (first device use)."""
+    os.environ.setdefault("NEURON_RT_VISIBLE_CORES", str(rank))
+
+
+def _require_cores(error: type[Exception], context: str) -> None:
+    if neuron_core_count() == 0:
+        raise error(f"{context}no NeuronCore is visible on this host (/dev/neuron*, NEURON_RT_VISIBLE_CORES): {WHERE}")
+
+
+def _check_target(neuron_config: NeuronConfig) -> None:
+    from torch_neuronx.utils import get_platform_target
+
+    host = get_platform_target()
+    if neuron_config.target and neuron_config.target != host:
         raise ExportError(
-            "no Neuron device on this host: pass --instance-type (inf2, trn1, trn1n or trn2) to compile for one"
+            f"--instance-type {neuron_config.target} does not match this host ({host}): TorchNeuron compiles for the "
+            f"device it runs on; export on a {neuron_config.target} instance or drop --instance-type"
         )
-    from torch_neuronx.utils.utils import get_platform_target
-
-    return get_platform_target()
 
 
-def _sdk(packages=("torch-neuronx", "neuronx-distributed", "neuronx-cc")) -> str:
-    return SDK.format(" ".join(packages))
+def _check_compiled_here(directory: Path, host: dict) -> None:
+    """Refuses NEFFs built for another target or by another compiler: they would be recompiled at serve time."""
+    path = directory / NEURON_CONFIG_FILE
+    if not path.is_file():
+        return  # the export's own working directory, just compiled on this host
+    built = json.loads(path.read_text()).get("compiler") or {}
+    checks = (
+        ("target", "target"),
+        ("logical_nc_config", "NEURON_LOGICAL_NC_CONFIG"),
+        ("torch_neuronx", "torch-neuronx"),
+        ("neuronx_cc", "neuronx-cc"),
+    )
+    for key, what in checks:
+        if built.get(key) != host.get(key):
+            raise ArtifactError(
+                f"{directory}: compiled with {what} {built.get(key)}, this host has {host.get(key)}; export the model "
+                "again on this host (optimum-cli export neuron --backend neuron)"
+            )
 
 
 def _version(distribution: str) -> str | None:

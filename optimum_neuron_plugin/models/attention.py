@@ -61,7 +61,7 @@ def attend(
 def _to_slots(x: torch.Tensor, seq_ids: torch.Tensor, fill: int) -> torch.Tensor:
     """Row i of x moved to row seq_ids[i]. Padding rows repeat row 0 (same slot, same values), and
     slots without a row get `fill`: an empty slot attends only its own (zero) key, never nothing."""
-    return torch.full_like(x, fill).index_copy(0, seq_ids, x)
+    return torch.full_like(x, fill).index_copy(0, seq_ids.long(), x)
 
 
 def _attend_rows(q, k, v, prior, active, prior_k, prior_v) -> torch.Tensor:

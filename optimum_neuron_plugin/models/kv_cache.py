@@ -22,7 +22,10 @@ def write(cache: torch.Tensor, seq_ids: torch.Tensor, position_ids: torch.Tensor
     """The KV scatter: values [n, T, kv_heads, head_dim] to rows seq_ids [n] at positions position_ids [n, T]."""
     rows, kv_heads, length, head_dim = cache.shape
     heads = torch.arange(kv_heads, device=cache.device)
-    flat_index = (seq_ids[:, None, None] * kv_heads + heads) * length + position_ids[:, :, None]
+    flat_index = (seq_ids[:, None, None].long() * kv_heads + heads) * length + position_ids[:, :, None]
+    # index_copy_ on a view of the cache input: TorchNeuron's Dynamo backend records it as a mutation of
+    # that input (aliasing_analysis.py, INPLACE_METHODS) and aliases it to an output, so the cache is
+    # updated in place on the device. index_copy_ wants int64 indices.
     cache.view(-1, head_dim).index_copy_(0, flat_index.reshape(-1), values.reshape(-1, head_dim))
 
 

@@ -22,9 +22,12 @@ def sample(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor, ma
     ranks = torch.arange(k, device=logits.device)[None, :]
     scaled = (top_values / temperature).masked_fill(ranks >= top_k, MASK_FILL)
     probs = torch.softmax(scaled, dim=-1)
+    # Running sums as a matmul with a triangular matrix, not torch.cumsum (neuronx-cc has a history of
+    # cumsum failures): upper[i, j] = 1 where i <= j, so (p @ upper)[j] = p[0] + ... + p[j].
+    upper = (ranks >= ranks.T).float()
     # Keep a rank while the mass strictly before it is below top_p: rank 0 is always kept.
-    keep = (probs.cumsum(dim=-1) - probs) < top_p
+    keep = (probs @ upper - probs) < top_p
     probs = probs * keep
-    cdf = probs.cumsum(dim=-1)
+    cdf = probs @ upper
     choice = (cdf < uniform * cdf[:, -1:]).sum(dim=-1, keepdim=True).clamp(max=k - 1)
     return top_ids.gather(-1, choice).squeeze(-1)

@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
+from ..backends.neuron import core_memory, neuron_core_count
+from .options import backend_requested, neuron_devices_present
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
@@ -53,7 +56,14 @@ class NeuronPlatform(Platform):
         return cls.device_name
 
     @classmethod
+    def device_count(cls) -> int:
+        """NeuronCores visible to this process when serving on Neuron, else the host (one device)."""
+        return neuron_core_count() if serves_on_neuron() else 1
+
+    @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:
+        if serves_on_neuron() and neuron_core_count() > 0:
+            return core_memory(device_id)
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
     @classmethod
@@ -98,6 +108,12 @@ class NeuronPlatform(Platform):
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         user_args, cls._user_args = cls._user_args, None
+        if backend_requested() == "neuron" and neuron_core_count() == 0:
+            raise RuntimeError(
+                "ONP_BACKEND=neuron but no NeuronCore is visible (no /dev/neuron*, torch-neuronx missing, or "
+                "NEURON_RT_VISIBLE_CORES empty): serve on a trn2/trn3 host with the [neuron] extra, or set ONP_BACKEND=cpu "
+                "for an artifact exported with --backend cpu"
+            )
         if vllm_config.model_config is None:
             return
         from .engine_config import fit_to_artifact
@@ -123,3 +139,8 @@ class NeuronPlatform(Platform):
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
         raise NotImplementedError("the Neuron plugin runs compiled graphs; vLLM attention backends are not used")
+
+
+def serves_on_neuron() -> bool:
+    requested = backend_requested()
+    return requested == "neuron" or (requested != "cpu" and neuron_devices_present())

@@ -14,12 +14,14 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from ..backends.neuron import pin_cores
 from ..runtime import NeuronModelForCausalLM
 from .health import fatal
 from .kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
 from .log import get_logger
 from .model_runner import NeuronModelRunner
 from .options import CPU_THREADS_ENV, cpu_threads
+from .platform import serves_on_neuron
 
 logger = get_logger(__name__)
 
@@ -41,10 +43,12 @@ class NeuronWorker(WorkerBase):
     # ---- startup ------------------------------------------------------------------------------
 
     def init_device(self) -> None:
-        self.device = torch.device("cpu")
+        self.device = torch.device("cpu")  # what vLLM sees; the runtime owns the Neuron device
         threads = cpu_threads()
         torch.set_num_threads(threads)
         logger.info("graphs run with %d intra-op thread(s) (set %s to change)", threads, CPU_THREADS_ENV)
+        if serves_on_neuron():
+            pin_cores(self.local_rank)
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         path = self.model_config.model

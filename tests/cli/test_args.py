@@ -22,18 +22,18 @@ def test_dash_and_underscore_spellings_are_equivalent():
     dashed = parse(
         "--model", "m", "--batch-size", "2", "--sequence-length", "512", "--prefill-chunk-size", "128",
         "--tensor-parallel-size", "2", "--torch-dtype", "bfloat16", "--no-on-device-sampling", "--max-topk", "64",
-        "--instance-type", "trn1", "--backend", "cpu", "--overwrite", "out",
+        "--instance-type", "trn2", "--backend", "cpu", "--overwrite", "out",
     )  # fmt: skip
     underscored = parse(
         "--model", "m", "--batch_size", "2", "--sequence_length", "512", "--prefill_chunk_size", "128",
         "--tensor_parallel_size", "2", "--torch_dtype", "bfloat16", "--no_on_device_sampling", "--max_topk", "64",
-        "--instance_type", "trn1", "--backend", "cpu", "--overwrite", "out",
+        "--instance_type", "trn2", "--backend", "cpu", "--overwrite", "out",
     )  # fmt: skip
     assert vars(dashed) == vars(underscored)
     config = request_from_args(dashed).neuron_config
     assert (config.batch_size, config.sequence_length, config.prefill_chunk_size) == (2, 512, 128)
     assert (config.tp_degree, config.torch_dtype, config.on_device_sampling) == (2, "bfloat16", False)
-    assert (config.max_topk, config.target, config.backend) == (64, "trn1", "cpu")
+    assert (config.max_topk, config.target, config.backend) == (64, "trn2", "cpu")
 
 
 def test_on_device_sampling_flags():

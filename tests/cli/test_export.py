@@ -375,10 +375,20 @@ def test_neuron_backend_without_sdk(tiny_llama, tmp_path):
     output = tmp_path / "out"
     result = run_export(
         "--model", tiny_llama, "--batch-size", "1", "--sequence-length", "64", "--backend", "neuron",
-        "--instance-type", "trn1", output,
+        "--instance-type", "trn2", output,
     )  # fmt: skip
-    assert_refused(result, output, "torch-neuronx", "neuronx-distributed")
+    assert_refused(result, output, "torch-neuronx", "neuronx-cc", '.[neuron]"', "--backend cpu")
     assert "loading weights" not in result.stdout  # refused before any weight is read
+
+
+@pytest.mark.parametrize("instance", ["inf2", "trn1"])
+def test_neuron_instance_types_before_trn2_are_refused(tiny_llama, tmp_path, instance):
+    output = tmp_path / "out"
+    result = run_export(
+        "--model", tiny_llama, "--batch-size", "1", "--sequence-length", "64", "--backend", "neuron",
+        "--instance-type", instance, output,
+    )  # fmt: skip
+    assert_refused(result, output, f"target='{instance}'", "trn2 and trn3", "SDK 2.31", "optimum-neuron")
 
 
 def test_invalid_option_values_are_argparse_errors(tiny_llama, tmp_path):

@@ -22,7 +22,7 @@ BAD_VALUES = [
     ("prefill_chunk_size", 512, {"sequence_length": 256}, "sequence_length (256)"),
     ("torch_dtype", "float64", {}, "float32, bfloat16, float16"),
     ("backend", "tpu", {}, "cpu, neuron"),
-    ("target", "v100", {}, "inf2"),
+    ("target", "v100", {}, "trn2, trn3"),
     ("on_device_sampling", "yes", {}, "true or false"),
 ]
 
@@ -74,7 +74,7 @@ def test_json_round_trip(tmp_path):
         torch_dtype="bfloat16",
         on_device_sampling=False,
         max_topk=32,
-        target="trn1",
+        target="trn2",
         backend="neuron",
     )
     config.save(tmp_path, compiler={"name": "x"})

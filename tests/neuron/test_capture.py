@@ -1,0 +1,61 @@
+"""Every graph of every architecture and context bucket is captured whole by TorchDynamo, through the call the
+neuron backend makes (NeuronGraphs: torch.compile(fullgraph=True, dynamic=False)), with a compiler that only
+records what it is given. fullgraph=True turns any graph break into an error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.backends import registry
+
+from optimum_neuron_plugin.backends.neuron import NeuronBackend, NeuronGraphs
+from optimum_neuron_plugin.config import NeuronConfig
+from optimum_neuron_plugin.graphs import INDEX_DTYPE, example_inputs, graph_specs
+
+from .conftest import ARCHITECTURES
+
+RECORDER = "onp_record_graphs"
+# Chunked prefill with 4 context buckets (8, 16, 32, 64) and on-device sampling; and one context_encoding graph.
+CONFIGS = {
+    "chunked": dict(batch_size=2, sequence_length=64, prefill_chunk_size=8),
+    "context_encoding": dict(batch_size=2, sequence_length=32, prefill_chunk_size=0),
+}
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    graphs: list[torch.fx.GraphModule] = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.register_backend(record, name=RECORDER)
+    # One Dynamo cache entry per distinct graph, and this module captures 4 models x 2 shapes: more than one
+    # process serves (NeuronGraphs allows one entry per graph of its model).
+    with torch._dynamo.config.patch(recompile_limit=128):
+        yield graphs
+    registry._COMPILER_FNS.pop(RECORDER, None)
+    registry._BACKENDS.pop(RECORDER, None)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("shape", list(CONFIGS))
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_every_graph_is_one_dynamo_graph(tiny_models, recorded, name, shape):
+    config = NeuronConfig(backend="neuron", torch_dtype="bfloat16", **CONFIGS[shape])
+    model = tiny_models[name]
+    backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
+    graphs = NeuronGraphs(backend, model.graphs(config), model.params(config), model.caches(config))
+    specs = graph_specs(config)
+    assert len(specs) == 2 * len(config.context_buckets)
+    for spec in specs:
+        before = len(recorded)
+        inputs = example_inputs(spec)
+        assert all(x.dtype == INDEX_DTYPE for x in inputs[:3])
+        graphs(spec, *inputs)
+        graphs(spec, *inputs)  # the second call reuses the captured graph
+        assert len(recorded) == before + 1, f"{name} {spec.key}: {len(recorded) - before} graphs"
+        code = recorded[-1].code
+        assert "cumsum" not in code, f"{name} {spec.key} computes a cumsum"
+        assert "index_copy_" in code, f"{name} {spec.key} does not write the KV cache in place"

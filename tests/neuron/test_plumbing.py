@@ -1,0 +1,132 @@
+"""The neuron backend's plumbing with a stand-in compiler registered under TorchNeuron's backend name ("neuron"),
+on the cpu device: each graph compiled once at export, its cache files in the artifact, a reload that compiles
+nothing, the KV cache updated in place; and the errors on a host without the Neuron SDK or devices."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+
+import pytest
+import torch
+
+from optimum_neuron_plugin import ArtifactError, ExportError, NeuronConfig, NeuronModelForCausalLM
+from optimum_neuron_plugin.backends import neuron
+from optimum_neuron_plugin.backends.cpu import CpuBackend
+from optimum_neuron_plugin.graphs import example_inputs, graph_specs
+
+CONFIG = dict(backend="neuron", batch_size=2, sequence_length=32, prefill_chunk_size=8, torch_dtype="bfloat16")
+NO_SDK = pytest.mark.skipif(neuron.neuron_core_count() > 0, reason="this host has NeuronCores and torch-neuronx")
+
+
+def test_each_graph_compiled_once_cached_in_the_artifact_and_reloaded_without_compiling(
+    tiny_models, fake_neuron_compiler, tmp_path, caplog
+):
+    config = NeuronConfig(**CONFIG)
+    model, specs = tiny_models["llama"], graph_specs(config)
+    backend = neuron.NeuronBackend(config, device="cpu")
+    backend.check_can_compile()
+    workdir = tmp_path / "export"
+    backend.compile(model.graphs(config), model.params(config), model.caches(config), workdir, lambda m: None)
+    assert len(fake_neuron_compiler.compiled) == len(specs) == 6
+    files = backend.graph_files(workdir, specs)
+    cache_files = [p for p in files if neuron.CACHE_DIR in p.parts]
+    assert len(cache_files) == len(specs) and all(p.is_file() for p in files)
+    manifest = json.loads((workdir / "graphs" / f"{specs[0].key}.neuron.json").read_text())
+    assert manifest["graph"] == specs[0].key and len(manifest["cache_files"]) == 1
+
+    # What save_pretrained does: copy the listed files into the artifact. Then load it elsewhere.
+    artifact = tmp_path / "artifact"
+    for path in files:
+        (artifact / path.relative_to(workdir)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, artifact / path.relative_to(workdir))
+    shutil.rmtree(workdir)
+    torch._dynamo.reset()  # as in a new process (vllm serve): Dynamo traces again, the compiler sees each graph
+    caches = model.caches(config)
+    loaded = backend.load(model.graphs(config), model.params(config), caches, artifact)
+    for spec in specs:
+        loaded(spec, *example_inputs(spec))
+    assert len(fake_neuron_compiler.compiled) == len(specs)  # nothing compiled again
+    assert len(fake_neuron_compiler.hits) == len(specs)
+    assert "compiled at load time" not in caplog.text
+    assert str(artifact / "graphs" / neuron.CACHE_DIR) == neuron.os.environ[neuron.CACHE_ENV]
+
+
+def test_outputs_match_the_cpu_backend_and_the_cache_is_updated_in_place(tiny_models, fake_neuron_compiler, tmp_path):
+    config = NeuronConfig(**{**CONFIG, "torch_dtype": "float32"})
+    model, specs = tiny_models["qwen3"], graph_specs(config)
+    prefill = specs[0]
+    device = neuron.NeuronBackend(config, device="cpu").load(
+        model.graphs(config), model.params(config), model.caches(config), tmp_path
+    )
+    reference_caches = model.caches(config)
+    cpu = NeuronConfig(**{**CONFIG, "torch_dtype": "float32", "backend": "cpu", "cpu_compiler": "export"})
+    CpuBackend(cpu).compile([model.graphs(config)[0]], model.params(config), reference_caches, tmp_path, print)
+    reference = CpuBackend(cpu).load([model.graphs(config)[0]], model.params(config), reference_caches, tmp_path)
+    ids = torch.arange(8, dtype=torch.int32)[None] * 7
+    positions, seq = torch.arange(8, dtype=torch.int32)[None], torch.tensor([1], dtype=torch.int32)
+    cache_before = device.caches[0]
+    assert torch.equal(device(prefill, ids, positions, seq), reference(prefill, ids, positions, seq))
+    assert device.caches[0] is cache_before and cache_before[1, :, :8].abs().sum() > 0
+    for mine, theirs in zip(device.caches, reference_caches, strict=True):
+        assert torch.equal(mine, theirs)
+
+
+@NO_SDK
+def test_without_the_sdk_export_and_load_fail_with_one_line_naming_the_packages(tmp_path):
+    config = NeuronConfig(**CONFIG)
+    with pytest.raises(ExportError) as raised:
+        neuron.NeuronBackend(config).check_can_compile()
+    message = str(raised.value)
+    assert "torch-neuronx and neuronx-cc" in message and '".[neuron]"' in message and "--backend cpu" in message
+    assert "\n" not in message
+    with pytest.raises(ArtifactError, match=r"needs torch-neuronx \(not installed\)"):
+        neuron.NeuronBackend(config).load([], {}, [], tmp_path)
+
+
+@NO_SDK
+def test_runtime_export_without_the_sdk_writes_nothing(tiny_models, tmp_path, monkeypatch):
+    source = tmp_path / "hf"
+    tiny_models["llama"].hf.save_pretrained(source)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with pytest.raises(ExportError, match="torch-neuronx"):
+        NeuronModelForCausalLM.export(source, NeuronConfig(**CONFIG))
+    assert list(scratch.iterdir()) == []
+
+
+def test_an_unregistered_compiler_is_named(tmp_path):
+    backend = neuron.NeuronBackend(NeuronConfig(**CONFIG), compiler="no_such_compiler", device="cpu")
+    with pytest.raises(ExportError, match="no torch.compile backend named 'no_such_compiler'.*torch-neuronx"):
+        backend.check_can_compile()
+
+
+def test_artifacts_built_for_another_target_or_compiler_are_refused(tmp_path):
+    built = {"target": "trn3", "logical_nc_config": "2", "torch_neuronx": "2.13.3.0", "neuronx_cc": "2.23.1"}
+    NeuronConfig(**CONFIG).save(tmp_path, compiler=built)
+    host = {**built, "target": "trn2"}
+    with pytest.raises(ArtifactError, match=r"compiled with target trn3, this host has trn2; export the model again"):
+        neuron._check_compiled_here(tmp_path, host)
+    with pytest.raises(ArtifactError, match="neuronx-cc 2.23.1, this host has 2.24.0"):
+        neuron._check_compiled_here(tmp_path, {**built, "neuronx_cc": "2.24.0"})
+    neuron._check_compiled_here(tmp_path, dict(built))
+
+
+def test_tensor_parallel_is_refused_before_anything(tmp_path):
+    with pytest.raises(ExportError, match=r"tp_degree=2 .*--tensor-parallel-size 1"):
+        neuron.NeuronBackend(NeuronConfig(**{**CONFIG, "tp_degree": 2})).compile([], {}, [], tmp_path, print)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_graph_missing_from_the_artifact_cache_is_reported_at_load(
+    tiny_models, fake_neuron_compiler, tmp_path, caplog
+):
+    config = NeuronConfig(**CONFIG)
+    model, spec = tiny_models["mistral"], graph_specs(config)[0]
+    loaded = neuron.NeuronBackend(config, device="cpu").load(
+        model.graphs(config), model.params(config), model.caches(config), tmp_path
+    )
+    loaded(spec, *example_inputs(spec))
+    assert f"graph {spec.key} was not in" in caplog.text and "export again" in caplog.text
