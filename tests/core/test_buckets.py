@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.references import hf_greedy
+from support.references import runtime_greedy as greedy
+from support.tiny_models import ARCHITECTURES
 
 from optimum_neuron_plugin import NeuronConfig
 from optimum_neuron_plugin.config import NeuronConfigError, default_context_buckets
 
-from .helpers import CHUNKED, TINY, greedy, hf_greedy, prompt, slot_positions
+from .helpers import CHUNKED, prompt, slot_positions
 
 BUCKETS = (8, 16, 32, 64)
 
@@ -92,7 +95,7 @@ def test_a_bucket_graph_never_reads_past_its_bucket(zoo):
     torch.testing.assert_close(clean[1], dirty[1], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_every_bucket_graph_of_every_architecture_matches_hf(zoo, name):
     """A short prompt decoded far (decode buckets 8, 16, 32, 64) and a long prompt (prefill buckets 8 to 64)."""
     artifact = zoo.artifact(name, **CHUNKED)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.tiny_models import tiny_model
 from torch._dynamo.backends import registry
 
 from optimum_neuron_plugin import artifact
@@ -18,7 +19,7 @@ from optimum_neuron_plugin.graphs import DecoderGraph, graph_specs
 from optimum_neuron_plugin.models.args import ModelArgs
 from optimum_neuron_plugin.models.kv_cache import empty_cache
 from optimum_neuron_plugin.runtime import _to_params
-from tests.core.helpers import COMMON, SEEDS, TINY
+from tests.core.helpers import SEEDS, VOCAB
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -44,10 +45,8 @@ class TinyModel:
 
 
 def build_tiny(name: str) -> TinyModel:
-    config_cls, model_cls, extra = TINY[name]
-    torch.manual_seed(SEEDS[name])
-    hf = model_cls(config_cls(**COMMON, **extra)).eval()
-    config = {**hf.config.to_dict(), "architectures": [model_cls.__name__]}
+    hf = tiny_model(name, seed=SEEDS[name], vocab_size=VOCAB)
+    config = {**hf.config.to_dict(), "architectures": [type(hf).__name__]}
     return TinyModel(ModelArgs.from_hf_config(config), hf, hf.state_dict())
 
 

@@ -7,10 +7,11 @@ import copy
 
 import pytest
 import torch
+from support.references import hf_greedy
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 from optimum_neuron_plugin.backends.neuron import neuron_core_count
-from tests.core.helpers import hf_greedy, prompt
+from tests.core.helpers import prompt
 
 from .conftest import ARCHITECTURES
 
