@@ -391,9 +391,18 @@ def test_neuron_instance_types_before_trn2_are_refused(tiny_llama, tmp_path, ins
     assert_refused(result, output, f"target='{instance}'", "trn2 and trn3", "SDK 2.31", "optimum-neuron")
 
 
+def test_unknown_instance_type_is_refused(tiny_llama, tmp_path):
+    output = tmp_path / "out"
+    result = run_export(
+        "--model", tiny_llama, "--batch-size", "1", "--sequence-length", "64", "--backend", "neuron",
+        "--instance-type", "p4d", output,
+    )  # fmt: skip
+    assert_refused(result, output, "target='p4d'", "trn2")
+
+
 def test_invalid_option_values_are_argparse_errors(tiny_llama, tmp_path):
     output = tmp_path / "out"
-    for bad in (["--torch-dtype", "int8"], ["--instance-type", "p4d"], ["--backend", "gpu"], ["--batch-size", "x"]):
+    for bad in (["--torch-dtype", "int8"], ["--backend", "gpu"], ["--batch-size", "x"]):
         result = run_export("--model", tiny_llama, "--batch-size", "1", "--sequence-length", "64", *bad, output)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert not output.exists()
