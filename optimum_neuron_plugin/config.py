@@ -8,7 +8,7 @@ from pathlib import Path
 
 NEURON_CONFIG_FILE = "neuron_config.json"
 # 2: context-length buckets (one graph file per graph and bucket).
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
 TARGETS = ("trn2", "trn3")
@@ -159,7 +159,7 @@ class NeuronConfig:
         if version < FORMAT_VERSION:
             raise NeuronConfigError(
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
-                f"{FORMAT_VERSION}: graphs per context bucket); export the model again"
+                f"{FORMAT_VERSION}: graphs per context bucket, int32 index inputs); export the model again"
             )
         missing = [f.name for f in fields(cls) if f.name not in data]
         if missing:
