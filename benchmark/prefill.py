@@ -1,10 +1,13 @@
-"""Chunked vs context-encoding prefill: time and peak memory for long prompts, as ratios in one run.
+"""Chunked vs context-encoding prefill vs HF transformers: time and peak memory for long prompts, as
+ratios in one run.
 
     .venv/bin/python benchmark/prefill.py [--sequence-length 4096] [--chunk 512] [--lengths 2048,4096]
 
 Exports the model twice (chunked and context_encoding, cached under benchmark/results/artifacts/),
-then measures each (artifact, prompt length) in a fresh process: best-of-N prefill time and the
-peak resident memory added by the prefill. Writes benchmark/results/prefill.json and .md.
+then measures each (artifact, prompt length) in a fresh process: best-of-N prefill time (the graph
+calls up to the first token's logits: TTFT without the server) and the peak resident memory added by
+the prefill; HF's eager forward of the same tokens (logits of the last position only) is measured the
+same way. Writes benchmark/results/prefill.json and .md.
 """
 
 from __future__ import annotations
@@ -62,6 +65,30 @@ def measure(directory: str, length: int, repeats: int) -> dict:
     }
 
 
+def measure_hf(gguf: str, length: int, repeats: int) -> dict:
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from graphs import hf_model
+
+    model = hf_model(Path(gguf))
+    tokens = torch.tensor([[(i * 7919) % (model.config.vocab_size - 10) + 5 for i in range(length)]])
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with torch.inference_mode():
+            model(tokens, use_cache=True, logits_to_keep=1)
+        times.append(time.perf_counter() - start)
+    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"seconds": min(times), "peak_rss_added_mb": (rss_after - rss_before) / 1024}
+
+
+def run_measure(target: str, length: int, repeats: int) -> dict:
+    cmd = [sys.executable, __file__, "--measure", target, str(length), "--repeats", str(repeats)]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=os.environ.get("MODEL"))
@@ -72,7 +99,9 @@ def main() -> None:
     parser.add_argument("--measure", nargs=2, metavar=("DIR", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure(args.measure[0], int(args.measure[1]), args.repeats)))
+        target, length = args.measure[0], int(args.measure[1])
+        figures = measure_hf(target, length, args.repeats) if target.endswith(".gguf") else None
+        print(json.dumps(figures or measure(target, length, args.repeats)))
         return
     model = args.model or default_model()
     artifacts = RESULTS / "artifacts"
@@ -83,18 +112,17 @@ def main() -> None:
     rows = []
     for length in [int(x) for x in args.lengths.split(",")]:
         pair = {}
-        for name, directory in (("chunked", chunked), ("context_encoding", full)):
+        for name, target in (("chunked", chunked), ("context_encoding", full), ("hf", model)):
             print(f"[prefill] {name}: {length}-token prompt", flush=True)
-            cmd = [sys.executable, __file__, "--measure", str(directory), str(length), "--repeats", str(args.repeats)]
-            pair[name] = json.loads(
-                subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
-            )
+            pair[name] = run_measure(str(target), length, args.repeats)
         rows.append(
             {
                 "prompt_tokens": length,
                 "chunked": pair["chunked"],
                 "context_encoding": pair["context_encoding"],
+                "hf": pair["hf"],
                 "time_ratio_chunked_over_ce": pair["chunked"]["seconds"] / pair["context_encoding"]["seconds"],
+                "time_ratio_chunked_over_hf": pair["chunked"]["seconds"] / pair["hf"]["seconds"],
                 "memory_ratio_chunked_over_ce": pair["chunked"]["peak_rss_added_mb"]
                 / max(pair["context_encoding"]["peak_rss_added_mb"], 1e-6),
             }
@@ -104,15 +132,16 @@ def main() -> None:
     lines = [
         f"Prefill, {Path(model).name}, sequence_length {args.sequence_length}, chunk {args.chunk} (CPU backend)",
         "",
-        "| prompt | chunked s (calls) | context-encoding s | time ratio | chunked peak MB | CE peak MB | memory ratio |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| prompt | chunked s (calls) | context-encoding s | HF eager s | chunked / CE | chunked / HF "
+        "| chunked peak MB | CE peak MB | HF peak MB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        c, f = r["chunked"], r["context_encoding"]
+        c, f, h = r["chunked"], r["context_encoding"], r["hf"]
         lines.append(
-            f"| {r['prompt_tokens']} | {c['seconds']:.2f} ({c['graph_calls']}) | {f['seconds']:.2f} | "
-            f"{r['time_ratio_chunked_over_ce']:.2f} | {c['peak_rss_added_mb']:.0f} | {f['peak_rss_added_mb']:.0f} | "
-            f"{r['memory_ratio_chunked_over_ce']:.2f} |"
+            f"| {r['prompt_tokens']} | {c['seconds']:.2f} ({c['graph_calls']}) | {f['seconds']:.2f} | {h['seconds']:.2f} "
+            f"| {r['time_ratio_chunked_over_ce']:.2f} | {r['time_ratio_chunked_over_hf']:.2f} "
+            f"| {c['peak_rss_added_mb']:.0f} | {f['peak_rss_added_mb']:.0f} | {h['peak_rss_added_mb']:.0f} |"
         )
     (RESULTS / "prefill.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
