@@ -55,7 +55,10 @@ def test_concurrent_greedy_chats_equal_transformers(smollm2, server):
 
     answers = concurrently(ask, QUESTIONS, workers=len(QUESTIONS))  # batch 2: the third waits for a slot
     for question, tokens in zip(QUESTIONS, answers, strict=True):
-        prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         assert tokens == hf_greedy(hf, prompt, NEW_TOKENS), question
     assert "Paris" in tokenizer.decode(answers[0])
 
