@@ -222,6 +222,22 @@ def _fit_max_num_seqs(vllm_config: VllmConfig, neuron_config: NeuronConfig, user
         )
 
 
+def refuse_tensor_parallel_size(model: str | None, tp: int | None) -> None:
+    """Before vLLM validates its configuration (it would first fail on a size that does not divide the heads,
+    with a traceback): a --tensor-parallel-size the artifact was not exported for is refused in one line."""
+    if model and tp not in (None, 1) and (Path(model) / NEURON_CONFIG_FILE).is_file():
+        _check_tensor_parallel_size(tp, load_neuron_config(model))
+
+
+def _check_tensor_parallel_size(tp: int, neuron_config: NeuronConfig) -> None:
+    if tp not in (1, neuron_config.tp_degree):
+        raise ConfigMismatchError(
+            f"tensor_parallel_size={tp} does not match the artifact's tp_degree={neuron_config.tp_degree}: "
+            f"omit --tensor-parallel-size (or pass {neuron_config.tp_degree}), or export again with "
+            f"--tensor-parallel-size {tp}"
+        )
+
+
 def _executor(neuron_config: NeuronConfig) -> str:
     """One worker in the engine process, or one worker process per tensor-parallel rank."""
     return "uni" if neuron_config.tp_degree == 1 else "mp"
@@ -231,13 +247,7 @@ def _fit_parallelism(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> No
     """The artifact's tp_degree decides: vLLM runs that many workers (multiprocess executor), rank r loads shard r
     and every rank makes the same graph calls; vLLM's default tensor_parallel_size (1) means "the artifact's"."""
     parallel_config = vllm_config.parallel_config
-    tp = parallel_config.tensor_parallel_size
-    if tp not in (1, neuron_config.tp_degree):
-        raise ConfigMismatchError(
-            f"tensor_parallel_size={tp} does not match the artifact's tp_degree={neuron_config.tp_degree}: "
-            f"omit --tensor-parallel-size (or pass {neuron_config.tp_degree}), or export again with "
-            f"--tensor-parallel-size {tp}"
-        )
+    _check_tensor_parallel_size(parallel_config.tensor_parallel_size, neuron_config)
     if parallel_config.pipeline_parallel_size != 1 or parallel_config.data_parallel_size != 1:
         raise ConfigMismatchError(
             "pipeline and data parallelism are not supported by the Neuron plugin: omit "

@@ -33,6 +33,8 @@ def test_the_artifacts_tp_degree_runs_one_worker_per_rank(tp2_dir, tp):
     assert config.model_config.max_model_len == SEQUENCE_LENGTH
 
 
-def test_another_tensor_parallel_size_is_refused(tp2_dir):
-    with pytest.raises(ValueError, match=r"tensor_parallel_size=4 does not match the artifact's tp_degree=2"):
-        engine_config(tp2_dir, tensor_parallel_size=4)
+@pytest.mark.parametrize("tp", [3, 4])
+def test_another_tensor_parallel_size_is_refused(tp2_dir, tp):
+    """3 does not divide the 4 heads: refused by the plugin before vLLM's own check fails with a traceback."""
+    with pytest.raises(ValueError, match=rf"tensor_parallel_size={tp} does not match the artifact's tp_degree=2"):
+        engine_config(tp2_dir, tensor_parallel_size=tp)
