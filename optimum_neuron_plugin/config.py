@@ -8,7 +8,8 @@ from pathlib import Path
 
 NEURON_CONFIG_FILE = "neuron_config.json"
 # 2: context-length buckets (one graph file per graph and bucket).
-FORMAT_VERSION = 2
+# 3: int32 index inputs; graphs write the new K/V first, then attend their bucket (bucket > last position).
+FORMAT_VERSION = 3
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
 TARGETS = ("trn2", "trn3")
@@ -88,9 +89,9 @@ class NeuronConfig:
             )
         return buckets
 
-    def bucket_for(self, prior_length: int) -> int:
-        """The smallest bucket holding `prior_length` cached positions (a call's first position)."""
-        return next(b for b in self.context_buckets if b >= prior_length)
+    def bucket_for(self, last_position: int) -> int:
+        """The smallest bucket holding cache positions [0, last_position]: a call's largest position."""
+        return next(b for b in self.context_buckets if b > last_position)
 
     @property
     def chunked(self) -> bool:
@@ -150,7 +151,7 @@ class NeuronConfig:
         if version < FORMAT_VERSION:
             raise NeuronConfigError(
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
-                f"{FORMAT_VERSION}: graphs per context bucket); export the model again"
+                f"{FORMAT_VERSION}: graphs per context bucket, int32 index inputs); export the model again"
             )
         missing = [f.name for f in fields(cls) if f.name not in data]
         if missing:

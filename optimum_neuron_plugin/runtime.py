@@ -175,9 +175,9 @@ class NeuronModelForCausalLM:
         specs = [spec for spec in self.specs if name in (None, spec.name)]
         return self.backend.graph_files(self.graphs_dir, specs)
 
-    def graph_for(self, name: str, first_positions: Sequence[int]) -> GraphSpec:
-        """The graph `name` of the smallest context bucket holding every row's prior positions."""
-        return self._by_bucket[name, self.neuron_config.bucket_for(max(first_positions))]
+    def graph_for(self, name: str, last_positions: Sequence[int]) -> GraphSpec:
+        """The graph `name` of the smallest context bucket holding every row's positions up to its last."""
+        return self._by_bucket[name, self.neuron_config.bucket_for(max(last_positions))]
 
     def warm_up(self) -> None:
         """Runs every compiled graph once on slot 0 (rewritten by the next request that uses it).
@@ -220,11 +220,11 @@ class NeuronModelForCausalLM:
         for offset in range(0, len(tokens), size):
             chunk = tokens[offset : offset + size]
             positions = list(range(start + offset, start + offset + len(chunk)))
-            # Pad a partial chunk by repeating its last token and position (see masks.actual_token_mask).
+            # Pad a partial chunk by repeating its last token and position (see models/masks.py).
             pad = size - len(chunk)
             ids = torch.tensor([chunk + chunk[-1:] * pad], dtype=INDEX_DTYPE)
             pos = torch.tensor([positions + positions[-1:] * pad], dtype=INDEX_DTYPE)
-            logits = self.graphs(self.graph_for(nc.prefill_graph, [positions[0]]), ids, pos, seq_ids)
+            logits = self.graphs(self.graph_for(nc.prefill_graph, [positions[-1]]), ids, pos, seq_ids)
         # Clone: the runtime may reuse the graph's output buffer on the next call.
         return logits[0].clone()
 

@@ -51,18 +51,18 @@ def decoder_logits(
     """Runs n rows of T tokens, writes their K/V into the cache rows seq_ids, returns the fp32
     logits [n, vocab] of each row's last real token (the last column: padding repeats it).
 
-    Only cache positions [0, bucket) are read: every row's first position must be <= bucket.
+    Only cache positions [0, bucket) are read: every position must be < bucket.
     Under tensor parallelism (cc.degree > 1) `args` and `params` are one rank's shard (models/sharding.py)
     and the logits are that rank's vocabulary slice, padding columns filled with MASK_FILL."""
     x = _embed(params, input_ids, cc)
     cos, sin = rope_cos_sin(position_ids, inv_freq, x.dtype)
-    prior = masks.prior_mask(position_ids, bucket)
-    active = masks.active_mask(position_ids)
+    groups = args.num_attention_heads // args.num_key_value_heads
+    attn_bias = masks.attention_bias(position_ids, bucket, groups, x.dtype)
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."
         h = rms_norm(x, params[p + "input_layernorm.weight"], args.rms_norm_eps)
         h = _attention(
-            args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], seq_ids, position_ids, prior, active, cc
+            args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], seq_ids, position_ids, attn_bias, cc
         )
         x = x + h
         h = rms_norm(x, params[p + "post_attention_layernorm.weight"], args.rms_norm_eps)
@@ -87,7 +87,7 @@ def _embed(params: Params, input_ids: torch.Tensor, cc: Collectives) -> torch.Te
     return cc.all_reduce(x)
 
 
-def _attention(args, params, p, h, cos, sin, k_cache, v_cache, seq_ids, position_ids, prior, active, cc):
+def _attention(args, params, p, h, cos, sin, k_cache, v_cache, seq_ids, position_ids, attn_bias, cc):
     n, t, _ = h.shape
     a = p + "self_attn."
     q = linear(h, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"))
@@ -100,7 +100,7 @@ def _attention(args, params, p, h, cos, sin, k_cache, v_cache, seq_ids, position
         q = rms_norm(q, params[a + "q_norm.weight"], args.rms_norm_eps)
         k = rms_norm(k, params[a + "k_norm.weight"], args.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    out = attend(q, k, v, k_cache, v_cache, seq_ids, position_ids, prior, active)
+    out = attend(q, k, v, k_cache, v_cache, seq_ids, position_ids, attn_bias)
     if cc.degree == 1:
         return linear(out, params[a + "o_proj.weight"], params.get(a + "o_proj.bias"))
     # Row-parallel: each rank's partial sum, then the bias once.

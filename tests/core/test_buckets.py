@@ -20,14 +20,14 @@ BUCKETS = (8, 16, 32, 64)
 
 
 class CallLog:
-    """Wraps a loaded model's graphs and records (graph name, bucket, first position of row 0) per call."""
+    """Wraps a loaded model's graphs and records (graph name, bucket, last position of row 0) per call."""
 
     def __init__(self, model) -> None:
         self.model, self.graphs, self.calls = model, model.graphs, []
 
     def __enter__(self):
         def record(spec, *inputs):
-            self.calls.append((spec.name, spec.bucket, int(inputs[1][0, 0])))
+            self.calls.append((spec.name, spec.bucket, int(inputs[1][0].max())))
             return self.graphs(spec, *inputs)
 
         self.model.graphs = record
@@ -56,33 +56,35 @@ def test_bad_buckets_say_what_is_allowed(buckets, allowed):
     assert "context_buckets" in str(error.value) and allowed in str(error.value)
 
 
-@pytest.mark.parametrize("first, bucket", [(0, 8), (7, 8), (8, 8), (9, 16), (15, 16), (16, 16), (17, 32), (63, 64)])
-def test_a_call_starting_at_position_p_reads_the_smallest_bucket_holding_p_positions(zoo, first, bucket):
-    """A row starting at position p attends cached positions [0, p): bucket L serves p <= L, not p = L + 1."""
+@pytest.mark.parametrize("last, bucket", [(0, 8), (7, 8), (8, 16), (15, 16), (16, 32), (31, 32), (32, 64), (63, 64)])
+def test_a_call_up_to_position_p_reads_the_smallest_bucket_holding_position_p(zoo, last, bucket):
+    """A row whose last position is p writes it, then attends cache positions [0, p]: bucket L serves
+    p = L - 1, not p = L."""
     model = zoo.artifact("llama", **CHUNKED).model
-    assert model.graph_for("token_generation", [first]).bucket == bucket
-    assert model.graph_for("chunked_prefill", [first]).bucket == bucket
+    assert model.graph_for("token_generation", [last]).bucket == bucket
+    assert model.graph_for("chunked_prefill", [last]).bucket == bucket
     # Every row must fit: the longest one decides.
-    assert model.graph_for("token_generation", [0, first, 3]).bucket == bucket
+    assert model.graph_for("token_generation", [0, last, 3]).bucket == bucket
 
 
 def test_the_chunk_loop_and_decode_use_the_buckets_at_their_edges(zoo):
     model = zoo.artifact("llama", **CHUNKED).model
     with CallLog(model) as log:
-        model.prefill(0, prompt(20, seed=1))  # chunks start at 0, 8, 16
-        model.decode([0], [5], [16])  # position 16: prior positions 0..15 fit bucket 16
-        model.decode([0], [5], [17])  # position 17 needs bucket 32
+        model.prefill(0, prompt(20, seed=1))  # chunks end at positions 7, 15, 19
+        model.decode([0], [5], [15])  # positions 0..15 fit bucket 16
+        model.decode([0], [5], [16])  # position 16 needs bucket 32
     assert log.calls == [
-        ("chunked_prefill", 8, 0),
-        ("chunked_prefill", 8, 8),
-        ("chunked_prefill", 16, 16),
-        ("token_generation", 16, 16),
-        ("token_generation", 32, 17),
+        ("chunked_prefill", 8, 7),
+        ("chunked_prefill", 16, 15),
+        ("chunked_prefill", 32, 19),
+        ("token_generation", 16, 15),
+        ("token_generation", 32, 16),
     ]
 
 
-def test_a_bucket_graph_never_reads_past_its_bucket(zoo):
-    """Garbage in cache positions >= L of the slot cannot change a call that runs bucket L."""
+def test_a_bucket_graph_never_reads_past_its_bucket_nor_attends_past_its_position(zoo):
+    """Garbage in the slot's cache positions 17.. changes neither a decode at 14 (bucket 16: never read)
+    nor a chunk at 15..16 (bucket 32: read, masked), bit for bit."""
     model = zoo.artifact("llama", **CHUNKED).model
     tokens = prompt(14, seed=2)
     model.prefill(1, tokens)

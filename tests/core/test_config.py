@@ -7,7 +7,7 @@ import json
 import pytest
 
 from optimum_neuron_plugin import NeuronConfig, NeuronConfigError, NeuronModelForCausalLM
-from optimum_neuron_plugin.config import NEURON_CONFIG_FILE
+from optimum_neuron_plugin.config import FORMAT_VERSION, NEURON_CONFIG_FILE
 
 BAD_VALUES = [
     # (field, value, other fields, words of what is allowed)
@@ -79,7 +79,7 @@ def test_json_round_trip(tmp_path):
     )
     config.save(tmp_path, compiler={"name": "x"})
     data = json.loads((tmp_path / NEURON_CONFIG_FILE).read_text())
-    assert data["format_version"] == 2 and data["compiler"] == {"name": "x"}
+    assert data["format_version"] == FORMAT_VERSION and data["compiler"] == {"name": "x"}
     assert NeuronConfig.load(tmp_path) == config
     assert NeuronConfig.from_dict(config.to_dict()) == config
 
@@ -98,19 +98,19 @@ def write_config(tmp_path, **changes):
 
 
 def test_newer_format_version_names_the_file(tmp_path):
-    write_config(tmp_path, format_version=3)
+    write_config(tmp_path, format_version=FORMAT_VERSION + 1)
     with pytest.raises(NeuronConfigError) as error:
         NeuronConfig.load(tmp_path)
     message = str(error.value)
-    assert NEURON_CONFIG_FILE in message and "format_version 3" in message and "upgrade" in message
+    assert NEURON_CONFIG_FILE in message and f"format_version {FORMAT_VERSION + 1}" in message and "upgrade" in message
 
 
 def test_older_format_version_asks_for_a_new_export(tmp_path):
-    write_config(tmp_path, format_version=1)
+    write_config(tmp_path, format_version=FORMAT_VERSION - 1)
     with pytest.raises(NeuronConfigError) as error:
         NeuronConfig.load(tmp_path)
     message = str(error.value)
-    assert NEURON_CONFIG_FILE in message and "format_version 1" in message and "export the model again" in message
+    assert NEURON_CONFIG_FILE in message and f"format_version {FORMAT_VERSION - 1}" in message and "export the model again" in message
 
 
 def test_missing_field_names_the_file_and_field(tmp_path):

@@ -1,106 +1,79 @@
-"""Masks and the masked manual softmax of the attention."""
+"""The attention mask (cache positions up to each query's own, also the actual-token mask of a padded
+chunk) and its additive bias: finite, and masked keys weigh exactly 0."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from optimum_neuron_plugin.models.attention import masked_softmax
-from optimum_neuron_plugin.models.masks import MASK_FILL, active_mask, actual_token_mask, prior_mask
+from optimum_neuron_plugin.models.masks import MASK_FILL, attention_bias, cache_mask, mask_fill
 
 
-def test_actual_token_mask_marks_the_repeated_padding():
-    positions = torch.tensor(
-        [
-            [5, 6, 7, 7, 7],  # 3 real tokens, then 2 copies of the last one (a padded partial chunk)
-            [0, 1, 2, 3, 4],  # a full chunk
-            [9, 9, 9, 9, 9],  # one real token (a chunk of size 1 padded, or decode-like)
-        ]
-    )
-    expected = torch.tensor(
-        [
-            [True, True, True, False, False],
-            [True, True, True, True, True],
-            [True, False, False, False, False],
-        ]
-    )
-    assert torch.equal(actual_token_mask(positions), expected)
-    assert torch.equal(actual_token_mask(torch.tensor([[3]])), torch.tensor([[True]]))
+def test_a_query_attends_the_cache_positions_up_to_its_own():
+    positions = torch.tensor([[5, 6, 7], [0, 1, 2]])
+    mask = cache_mask(positions, 10)
+    assert mask.shape == (2, 3, 10)
+    for row in range(2):
+        for t in range(3):
+            p = int(positions[row, t])
+            assert mask[row, t].tolist() == [True] * (p + 1) + [False] * (9 - p)
 
 
 def test_padded_queries_attend_exactly_the_last_real_tokens_keys():
+    """Padding repeats the last real token and position: the padded columns' mask rows are the last real
+    token's, and no key beyond its position (where a padded key could have been) is attended."""
     positions = torch.tensor([[10, 11, 12, 12, 12, 12]])
-    mask = active_mask(positions)[0]
+    mask = cache_mask(positions, 16)[0]
     last_real = 2
-    causal = torch.ones(6, 6, dtype=torch.bool).tril()
-    assert torch.equal(mask[: last_real + 1], causal[: last_real + 1])  # real queries: plain causal
     for padded in range(last_real + 1, 6):
         assert torch.equal(mask[padded], mask[last_real])
-    assert not mask[:, last_real + 1 :].any()  # no query attends a padded key
+    assert not mask[:, 13:].any()
 
 
-def test_prior_mask_covers_positions_before_the_chunk():
-    positions = torch.tensor([[4, 5, 6], [0, 1, 1]])
-    mask = prior_mask(positions, 8)
-    assert mask.shape == (2, 1, 8)
-    assert mask[0, 0].tolist() == [True] * 4 + [False] * 4
-    assert not mask[1].any()  # the first chunk of a sequence reads nothing from the cache
+def test_the_bias_lays_the_mask_out_for_grouped_queries():
+    positions = torch.tensor([[3, 4], [0, 0]])
+    bias = attention_bias(positions, 8, groups=3, dtype=torch.float32)
+    assert bias.shape == (2, 1, 6, 8)  # [n, 1, groups * T, L]: query row g * T + t
+    mask = cache_mask(positions, 8)
+    for g in range(3):
+        assert torch.equal(bias[:, 0, g * 2 : (g + 1) * 2] == 0, mask)
+    assert set(bias.unique().tolist()) == {0.0, MASK_FILL}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_masked_softmax_equals_softmax_when_nothing_is_masked(dtype):
-    scores = (torch.randn(4, 3, 16, 40, generator=torch.Generator().manual_seed(0)) * 4).to(dtype)
-    weights = masked_softmax(scores, torch.ones(4, 3, 16, 40, dtype=torch.bool))
-    assert weights.dtype == torch.float32
-    torch.testing.assert_close(weights, torch.softmax(scores.float(), dim=-1), atol=1e-6, rtol=1e-5)
+def test_the_fill_is_finite_and_underflows_exp_to_zero(dtype):
+    """Never -inf nor the dtype minimum (NaN on Neuron); exp() of the fill is exactly 0 in fp32."""
+    bias = attention_bias(torch.tensor([[2]]), 4, groups=1, dtype=dtype)
+    assert bias.dtype == dtype and torch.isfinite(bias).all()
+    assert torch.finfo(dtype).min < mask_fill(dtype) < -3e4
+    assert torch.exp(torch.tensor(mask_fill(dtype), dtype=torch.float32)) == 0
 
 
-def test_masked_softmax_is_softmax_over_the_unmasked_keys():
-    generator = torch.Generator().manual_seed(1)
-    scores = torch.randn(64, 32, generator=generator) * 3
-    mask = torch.rand(64, 32, generator=generator) < 0.6
-    mask[:, 0] = True
-    weights = masked_softmax(scores, mask)
-    assert torch.equal(weights[~mask], torch.zeros_like(weights[~mask]))  # masked keys weigh exactly 0
-    for row in range(64):
-        keep = mask[row]
-        torch.testing.assert_close(weights[row, keep], torch.softmax(scores[row, keep], dim=-1), atol=1e-6, rtol=1e-5)
-    # Rows with nothing masked equal torch.softmax of the whole row.
-    full = torch.ones_like(mask)
-    torch.testing.assert_close(masked_softmax(scores, full), torch.softmax(scores, dim=-1), atol=1e-6, rtol=1e-5)
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_masked_softmax_is_finite_near_the_dtype_minimum(dtype):
-    low = torch.finfo(dtype).min
-    scores = torch.tensor(
-        [
-            [low, low, 1.0, low],  # real scores at the minimum next to a normal one
-            [low, low, low, low],  # every score at the minimum, nothing masked
-            [low, 2.0, low, 0.5],  # masked minimum scores
-            [0.0, 1.0, 2.0, 3.0],  # fully masked row
-        ],
-        dtype=dtype,
-    )
-    mask = torch.tensor(
-        [[True, True, True, True], [True, True, True, True], [False, True, False, True], [False, False, False, False]]
-    )
-    weights = masked_softmax(scores, mask)
-    assert torch.isfinite(weights).all()
-    torch.testing.assert_close(weights.sum(-1), torch.tensor([1.0, 1.0, 1.0, 0.0]))  # nothing to attend: zeros
-    assert weights[0].argmax() == 2 and weights[0, 2] == pytest.approx(1.0)
-    torch.testing.assert_close(weights[1], torch.full((4,), 0.25))
-    torch.testing.assert_close(
-        weights[2], torch.softmax(torch.tensor([0.0, 2.0, 0.0, 0.5]).masked_fill(~mask[2], -1e30), -1)
-    )
-    # Rows of the unmasked part agree with torch.softmax in fp32 (which is also finite there).
-    torch.testing.assert_close(weights[:2], torch.softmax(scores[:2].float(), dim=-1))
-
-
-def test_mask_fill_is_not_the_dtype_minimum():
-    """Masked scores are filled with a large finite value that still underflows exp() to exactly 0 in fp32."""
-    assert torch.finfo(torch.bfloat16).min < MASK_FILL
-    assert torch.exp(torch.tensor(MASK_FILL, dtype=torch.float32)) == 0
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_masked_keys_weigh_exactly_zero(dtype):
+    """Attention under the bias equals softmax attention over the attended keys alone, and garbage in the
+    masked keys and values (1e4) changes nothing, bit for bit."""
+    generator = torch.Generator().manual_seed(0)
+    n, kv_heads, groups, t, length, dim = 2, 2, 3, 4, 16, 8
+    positions = torch.tensor([[5, 6, 7, 7], [9, 10, 11, 12]])
+    q = torch.randn(n, kv_heads, groups * t, dim, generator=generator).to(dtype)
+    k = torch.randn(n, kv_heads, length, dim, generator=generator).to(dtype)
+    v = torch.randn(n, kv_heads, length, dim, generator=generator).to(dtype)
+    bias = attention_bias(positions, length, groups, dtype)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    assert torch.isfinite(out).all()
+    for row in range(n):
+        for query in range(groups * t):
+            keep = int(positions[row, query % t]) + 1
+            scores = q[row, :, query, None].float() @ k[row, :, :keep].float().transpose(-1, -2) * dim**-0.5
+            expected = torch.softmax(scores, dim=-1) @ v[row, :, :keep].float()
+            tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+            torch.testing.assert_close(out[row, :, query].float(), expected[:, 0], atol=tolerance, rtol=0)
+    dirty_k, dirty_v = k.clone(), v.clone()
+    dirty_k[:, :, 13:], dirty_v[:, :, 13:] = 1e4, 1e4  # past every query's position
+    dirty = F.scaled_dot_product_attention(q, dirty_k, dirty_v, attn_mask=bias)
+    assert torch.equal(out, dirty)
 
 
 def test_bf16_decoder_with_padding_and_prior_context_is_finite(zoo):
