@@ -106,22 +106,13 @@ class NeuronConfig:
     def prefill_graph(self) -> str:
         return "chunked_prefill" if self.chunked else "context_encoding"
 
-    def check_model(self, max_position_embeddings: int, num_key_value_heads: int, num_attention_heads: int) -> None:
-        """Checks that depend on the model being compiled."""
+    def check_model(self, max_position_embeddings: int) -> None:
+        """Checks that depend on the model being compiled (what tp_degree may be: models/sharding.py)."""
         if self.sequence_length > max_position_embeddings:
             _fail(
                 "sequence_length",
                 self.sequence_length,
                 f"at most the model's max_position_embeddings ({max_position_embeddings})",
-            )
-        if num_attention_heads % self.tp_degree or (
-            num_key_value_heads % self.tp_degree and self.tp_degree % num_key_value_heads
-        ):
-            _fail(
-                "tp_degree",
-                self.tp_degree,
-                f"a divisor of the model's attention heads ({num_attention_heads}) "
-                f"that divides or is a multiple of its key/value heads ({num_key_value_heads})",
             )
 
     def to_dict(self) -> dict:

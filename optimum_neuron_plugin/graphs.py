@@ -18,9 +18,11 @@ from torch import nn
 
 from .config import NeuronConfig
 from .models.args import ModelArgs
+from .models.collectives import SINGLE, Collectives
 from .models.layers import rope_inv_freq
 from .models.llama import decoder_logits
 from .models.sampling import sample
+from .models.sharding import VOCAB_OFFSET
 
 CHUNKED_PREFILL = "chunked_prefill"
 CONTEXT_ENCODING = "context_encoding"
@@ -53,20 +55,25 @@ def graph_specs(neuron_config: NeuronConfig) -> list[GraphSpec]:
 
 
 class DecoderGraph(nn.Module):
-    """forward(params, caches, input_ids, position_ids, seq_ids[, sampling_params, uniform])."""
+    """forward(params, caches, input_ids, position_ids, seq_ids[, sampling_params, uniform]).
 
-    def __init__(self, args: ModelArgs, spec: GraphSpec, max_topk: int) -> None:
+    Under tensor parallelism `args` is one rank's shard (models.sharding.local_args) and `cc` names the group:
+    the same program serves every rank (rank-specific values such as the vocabulary offset are weights)."""
+
+    def __init__(self, args: ModelArgs, spec: GraphSpec, max_topk: int, cc: Collectives = SINGLE) -> None:
         super().__init__()
-        self.args, self.spec, self.max_topk = args, spec, max_topk
+        self.args, self.spec, self.max_topk, self.cc = args, spec, max_topk, cc
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=True)
 
     def forward(self, params, caches, input_ids, position_ids, seq_ids, sampling_params=None, uniform=None):
         logits = decoder_logits(
-            self.args, params, caches, self.inv_freq, input_ids, position_ids, seq_ids, self.spec.bucket
+            self.args, params, caches, self.inv_freq, input_ids, position_ids, seq_ids, self.spec.bucket, self.cc
         )
+        vocab = self.args.vocab_size
         if self.spec.samples:
-            return sample(logits, sampling_params, uniform, self.max_topk)
-        return logits
+            return sample(logits, sampling_params, uniform, self.max_topk, self.cc, params.get(VOCAB_OFFSET), vocab)
+        # Every rank returns the whole logits (host sampling, prefill).
+        return self.cc.all_gather_last(logits)[:, :vocab] if self.cc.degree > 1 else logits
 
 
 def example_inputs(spec: GraphSpec) -> tuple[torch.Tensor, ...]:

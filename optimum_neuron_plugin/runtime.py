@@ -15,12 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from . import __version__, artifact, backends
 from .config import NeuronConfig
 from .errors import ArtifactError, ExportError, InputError
 from .graphs import INDEX_DTYPE, TOKEN_GENERATION, DecoderGraph, GraphSpec, example_inputs, graph_specs
+from .models import sharding
 from .models.args import ModelArgs
+from .models.collectives import Collectives, export_world
 from .models.kv_cache import empty_cache
 from .models.llama import weight_names
 from .sampling import (
@@ -41,6 +44,12 @@ class DecodeResult:
 
 
 class NeuronModelForCausalLM:
+    """Under tensor parallelism (tp_degree > 1) one object per rank, each in its own process: `group` (default: the
+    torch.distributed world, of tp_degree processes) is the ranks' process group, this rank's shard of the weights
+    and of the KV cache (its KV heads) is loaded, and every rank must call prefill/decode in lockstep with the same
+    arguments; all ranks return the same results. Without a group (the export process) the model is saved, not run.
+    """
+
     def __init__(
         self,
         args: ModelArgs,
@@ -50,20 +59,36 @@ class NeuronModelForCausalLM:
         graphs_dir: Path,
         tokenizer: object | None = None,
         generation_config: object | None = None,
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         self.config, self.neuron_config, self.hf_config = args, neuron_config, hf_config
         self.params, self.tokenizer, self.generation_config = params, tokenizer, generation_config
         self.specs = graph_specs(neuron_config)
         self.graphs_dir = Path(graphs_dir)
+        self._by_bucket = {(spec.name, spec.bucket): spec for spec in self.specs}
         nc = neuron_config
+        self.backend = backends.get_backend(nc)
+        self.plan = sharding.plan_for(args, nc.tp_degree)
+        self.group = group if group is not None else tp_group(nc.tp_degree)
+        self.rank = 0 if self.group is None else dist.get_rank(self.group)
+        self.caches: list[torch.Tensor] = []
+        if nc.tp_degree > 1 and self.group is None:
+            self.graphs = _NoRanks(nc.tp_degree)
+            return
+        self.params = sharding.shard_params(params, args, self.plan, self.rank)
         self.caches = empty_cache(
-            args.num_hidden_layers, nc.batch_size, nc.sequence_length, args.num_key_value_heads, args.head_dim,
+            args.num_hidden_layers, nc.batch_size, nc.sequence_length, self.plan.kv_heads, args.head_dim,
             artifact.torch_dtype(nc),
         )  # fmt: skip
-        self.backend = backends.get_backend(nc)
-        modules = [DecoderGraph(args, spec, nc.max_topk) for spec in self.specs]
-        self.graphs = self.backend.load(modules, params, self.caches, self.graphs_dir)
-        self._by_bucket = {(spec.name, spec.bucket): spec for spec in self.specs}
+        cc = Collectives(nc.tp_degree, self.group.group_name if self.group is not None else None)
+        local = sharding.local_args(args, self.plan)
+        modules = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in self.specs]
+        self.graphs = self.backend.load(modules, self.params, self.caches, self.graphs_dir)
+
+    @property
+    def sharded(self) -> bool:
+        """This object holds one rank's shard (tp_degree > 1, loaded in a process group)."""
+        return self.plan.degree > 1 and self.group is not None
 
     # ---- export / save / load -------------------------------------------------------------
 
@@ -76,6 +101,7 @@ class NeuronModelForCausalLM:
 
         _, args = read_config(model)
         _check_model(neuron_config, args)
+        plan = sharding.plan_for(args, neuron_config.tp_degree)
         backend = backends.get_backend(neuron_config)
         backend.check_can_compile()
         progress(f"loading weights of {model}")
@@ -85,13 +111,8 @@ class NeuronModelForCausalLM:
         hf_config = {k: v for k, v in source.hf_config.items() if k != "quantization_config"}
         hf_config["architectures"] = [args.architecture]
         workdir = Path(tempfile.mkdtemp(prefix="onp-graphs-"))
-        caches = empty_cache(
-            args.num_hidden_layers, neuron_config.batch_size, neuron_config.sequence_length,
-            args.num_key_value_heads, args.head_dim, artifact.torch_dtype(neuron_config),
-        )  # fmt: skip
-        graphs = [DecoderGraph(args, spec, neuron_config.max_topk) for spec in graph_specs(neuron_config)]
         try:
-            backend.compile(graphs, params, caches, workdir, progress)
+            _compile(backend, args, plan, neuron_config, params, workdir, progress)
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
@@ -101,6 +122,8 @@ class NeuronModelForCausalLM:
         return model_
 
     def save_pretrained(self, directory: str | Path) -> None:
+        if self.sharded:
+            raise InputError("save_pretrained of one tensor-parallel rank is not supported: save the exported model")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         artifact.save_config(self.hf_config, directory)
@@ -118,7 +141,9 @@ class NeuronModelForCausalLM:
         self.neuron_config.save(directory, **versions, compiler=self.backend.versions())
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> NeuronModelForCausalLM:
+    def from_pretrained(cls, directory: str | Path, group: dist.ProcessGroup | None = None) -> NeuronModelForCausalLM:
+        """Loads an export. With tp_degree > 1, call it in each of tp_degree processes of `group` (default: the
+        initialised torch.distributed world): each loads its rank's shard."""
         directory = Path(directory)
         if not directory.is_dir():
             raise ArtifactError(
@@ -126,13 +151,18 @@ class NeuronModelForCausalLM:
             )
         neuron_config = artifact.load_neuron_config(directory)
         hf_config, args = artifact.load_config(directory)
+        if neuron_config.tp_degree > 1 and group is None and tp_group(neuron_config.tp_degree) is None:
+            raise ArtifactError(
+                f"{directory}: tp_degree={neuron_config.tp_degree}: load it in each of {neuron_config.tp_degree} "
+                f"processes after torch.distributed.init_process_group(world_size={neuron_config.tp_degree})"
+            )
         for path in backends.get_backend(neuron_config).graph_files(directory, graph_specs(neuron_config)):
             if not path.is_file():
                 raise ArtifactError(f"{path}: missing compiled graph; export the model again")
         params = artifact.load_weights(directory, weight_names(args))
         tokenizer, generation_config = _load_tokenizer(directory)
         try:
-            return cls(args, neuron_config, hf_config, params, directory, tokenizer, generation_config)
+            return cls(args, neuron_config, hf_config, params, directory, tokenizer, generation_config, group)
         except (RuntimeError, OSError, ValueError) as error:
             if isinstance(error, ArtifactError):
                 raise
@@ -218,11 +248,18 @@ class NeuronModelForCausalLM:
         ids, pos, seqs = rows(token_ids).T, rows(positions).T, rows(seq_ids)[0]
         if nc.on_device_sampling:
             params = params_tensor(sampling + [sampling[0]] * pad, nc.max_topk)
-            uniform = torch.cat((draw_uniform(generators), torch.zeros(pad, 1)))
+            uniform = self._from_rank0(torch.cat((draw_uniform(generators), torch.zeros(pad, 1))))
             tokens = self.graphs(self.graph_for(TOKEN_GENERATION, positions), ids, pos, seqs, params, uniform)
             return DecodeResult(tokens[:n].tolist(), None)
         logits = self.graphs(self.graph_for(TOKEN_GENERATION, positions), ids, pos, seqs)[:n].clone()
-        return DecodeResult(sample_on_host(logits, sampling, generators).tolist(), logits)
+        tokens = self._from_rank0(sample_on_host(logits, sampling, generators))
+        return DecodeResult(tokens.tolist(), logits)
+
+    def _from_rank0(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Rank 0's value on every rank: host-drawn randomness (and what it sampled) must agree across ranks."""
+        if self.group is not None:
+            dist.broadcast(tensor, src=dist.get_global_rank(self.group, 0), group=self.group)
+        return tensor
 
     def _check_seq_id(self, seq_id: int) -> None:
         if not 0 <= seq_id < self.neuron_config.batch_size:
@@ -278,7 +315,8 @@ class NeuronModelForCausalLM:
         for slot, prompt in enumerate(prompts):
             logits = self.prefill(slot, prompt)
             cap = host_topk(nc.on_device_sampling, nc.max_topk)
-            outputs.append([int(sample_on_host(logits[None], [params], [generators[slot]], cap)[0])])
+            first = self._from_rank0(sample_on_host(logits[None], [params], [generators[slot]], cap))
+            outputs.append([int(first[0])])
         live = [i for i in range(len(prompts)) if outputs[i][-1] not in eos and max_new_tokens > 1]
         while live:
             positions = [len(prompts[i]) + len(outputs[i]) - 1 for i in live]
@@ -299,8 +337,59 @@ def token_ok(tokens: list[int], eos: list[int]) -> bool:
     return tokens[-1] not in eos
 
 
+def tp_group(degree: int) -> dist.ProcessGroup | None:
+    """The default process group for tp_degree `degree`: the torch.distributed world (None for degree 1 or when
+    torch.distributed is not initialised); a world of another size is refused."""
+    if degree == 1 or not dist.is_initialized():
+        return None
+    if dist.get_world_size() != degree:
+        raise ArtifactError(
+            f"tp_degree={degree} but the torch.distributed world has {dist.get_world_size()} processes: start "
+            f"{degree} processes, or pass the tensor-parallel group"
+        )
+    return dist.group.WORLD
+
+
+class _NoRanks:
+    """The graphs of a tp_degree > 1 model outside a process group (the export process): saved, never run."""
+
+    def __init__(self, degree: int) -> None:
+        self.degree = degree
+
+    def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
+        raise InputError(
+            f"this model is sharded over tp_degree={self.degree} ranks: save it, then load it with from_pretrained in "
+            f"each of {self.degree} processes of a torch.distributed group"
+        )
+
+
+def _compile(backend, args, plan, neuron_config, params, workdir, progress) -> None:
+    """Compiles every graph. Under TP the graphs are traced once on rank 0's shard shapes (every rank's are the
+    same) against a fake process group: one rank-independent program per graph and bucket."""
+    nc = neuron_config
+    shard = sharding.shard_params(params, args, plan, 0)
+    caches = empty_cache(
+        args.num_hidden_layers, nc.batch_size, nc.sequence_length, plan.kv_heads, args.head_dim,
+        artifact.torch_dtype(nc),
+    )  # fmt: skip
+    local = sharding.local_args(args, plan)
+    if nc.tp_degree == 1:
+        graphs = [DecoderGraph(local, spec, nc.max_topk) for spec in graph_specs(nc)]
+        backend.compile(graphs, shard, caches, workdir, progress)
+        return
+    if dist.is_initialized():
+        raise ExportError(
+            f"tp_degree={nc.tp_degree}: export in a process where torch.distributed is not initialised (the graphs "
+            "are traced on a fake process group and run later in any group of that size)"
+        )
+    with export_world(nc.tp_degree) as group:
+        cc = Collectives(nc.tp_degree, group)
+        graphs = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in graph_specs(nc)]
+        backend.compile(graphs, shard, caches, workdir, progress)
+
+
 def _check_model(neuron_config: NeuronConfig, args: ModelArgs) -> None:
-    neuron_config.check_model(args.max_position_embeddings, args.num_key_value_heads, args.num_attention_heads)
+    neuron_config.check_model(args.max_position_embeddings)
     if args.sliding_window and args.sliding_window < neuron_config.sequence_length:
         raise ExportError(
             f"sequence_length={neuron_config.sequence_length} exceeds the model's sliding window ({args.sliding_window}); "

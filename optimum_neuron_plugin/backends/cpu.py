@@ -16,6 +16,7 @@ import torch
 from ..config import NeuronConfig
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
+from ..models.collectives import GROUP_OPS
 from . import Progress
 
 GRAPH_DIR = "graphs"
@@ -59,11 +60,12 @@ class CpuBackend:
         self.format = FORMATS[neuron_config.cpu_compiler]
 
     def check_can_compile(self) -> None:
-        """torch is all it needs; the graphs are not sharded, so an artifact is never labelled as if they were."""
-        if self.neuron_config.tp_degree != 1:
+        """torch is all it needs. Tensor-parallel programs are torch.export programs: their collectives name a
+        process group that is rebound to the live one at load, which an AOTInductor package does not allow."""
+        if self.neuron_config.tp_degree != 1 and self.neuron_config.cpu_compiler != "export":
             raise ExportError(
-                f"tp_degree={self.neuron_config.tp_degree} is not supported by the cpu backend yet: its graphs are not "
-                "sharded; export with --tensor-parallel-size 1"
+                f"tp_degree={self.neuron_config.tp_degree} needs --cpu-compiler export (AOTInductor packages cannot "
+                "be bound to the serving process group); drop --cpu-compiler inductor or use --tensor-parallel-size 1"
             )
 
     def graph_path(self, directory: Path, spec: GraphSpec) -> Path:
@@ -89,6 +91,9 @@ class CpuBackend:
 
     def load(self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path) -> CpuGraphs:
         programs = {g.spec: self._load_program(self.graph_path(directory, g.spec)) for g in graphs}
+        for graph in graphs:
+            if graph.cc.degree > 1:
+                bind_group(programs[graph.spec], graph.cc.group)
         return CpuGraphs(programs, params, caches)
 
     def _load_program(self, path: Path) -> Callable:
@@ -99,6 +104,21 @@ class CpuBackend:
 
     def versions(self) -> dict:
         return {"name": self.format.description, "version": torch.__version__}
+
+
+def bind_group(module: torch.fx.GraphModule, group: str) -> None:
+    """Points every collective of an exported program at the live process group `group` (by name).
+
+    The program was traced on export_world's fake group: its collectives name that group, which does not exist
+    in the serving process. The group size is recorded too and was checked against tp_degree at load."""
+    for submodule in module.modules():
+        if not isinstance(submodule, torch.fx.GraphModule):
+            continue
+        nodes = [n for n in submodule.graph.nodes if n.op == "call_function" and n.target in GROUP_OPS]
+        for node in nodes:
+            node.args = (*node.args[:-1], group)
+        if nodes:
+            submodule.recompile()
 
 
 class CpuGraphs:

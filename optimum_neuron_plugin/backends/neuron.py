@@ -189,10 +189,13 @@ def _read_manifest(path: Path) -> dict:
 
 
 def _check_tp(neuron_config: NeuronConfig, error: type[Exception]) -> None:
+    """The graphs of a tp_degree > 1 model carry functional collectives (models/collectives.py) that TorchNeuron
+    lowers to its native collectives over a "neuron" process group; compiling them needs tp_degree ranks on
+    tp_degree NeuronCores, which the exporter (one process) does not start yet."""
     if neuron_config.tp_degree != 1:
         raise error(
-            f"tp_degree={neuron_config.tp_degree} is not supported by the neuron backend yet: it compiles for one "
-            "NeuronCore; use --tensor-parallel-size 1"
+            f"tp_degree={neuron_config.tp_degree} is not supported by the neuron backend yet: compiling sharded graphs "
+            "needs one process per NeuronCore; use --tensor-parallel-size 1 (or --backend cpu to validate sharding)"
         )
 
 

@@ -11,7 +11,10 @@ import torch
 from . import masks
 from .args import ModelArgs
 from .attention import attend
+from .collectives import SINGLE, Collectives
 from .layers import apply_rope, linear, mlp, rms_norm, rope_cos_sin
+from .masks import MASK_FILL
+from .sharding import VOCAB_OFFSET
 
 Params = dict[str, torch.Tensor]
 
@@ -43,12 +46,15 @@ def decoder_logits(
     position_ids: torch.Tensor,
     seq_ids: torch.Tensor,
     bucket: int,
+    cc: Collectives = SINGLE,
 ) -> torch.Tensor:
     """Runs n rows of T tokens, writes their K/V into the cache rows seq_ids, returns the fp32
     logits [n, vocab] of each row's last real token (the last column: padding repeats it).
 
-    Only cache positions [0, bucket) are read: every position must be < bucket."""
-    x = params["model.embed_tokens.weight"][input_ids]
+    Only cache positions [0, bucket) are read: every position must be < bucket.
+    Under tensor parallelism (cc.degree > 1) `args` and `params` are one rank's shard (models/sharding.py)
+    and the logits are that rank's vocabulary slice, padding columns filled with MASK_FILL."""
+    x = _embed(params, input_ids, cc)
     cos, sin = rope_cos_sin(position_ids, inv_freq, x.dtype)
     groups = args.num_attention_heads // args.num_key_value_heads
     attn_bias = masks.attention_bias(position_ids, bucket, groups, x.dtype)
@@ -56,17 +62,32 @@ def decoder_logits(
         p = f"model.layers.{i}."
         h = rms_norm(x, params[p + "input_layernorm.weight"], args.rms_norm_eps)
         h = _attention(
-            args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], seq_ids, position_ids, attn_bias
+            args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], seq_ids, position_ids, attn_bias, cc
         )
         x = x + h
         h = rms_norm(x, params[p + "post_attention_layernorm.weight"], args.rms_norm_eps)
-        x = x + mlp(h, *(params[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down")))
+        x = x + cc.all_reduce(mlp(h, *(params[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))))
     last = rms_norm(x[:, -1], params["model.norm.weight"], args.rms_norm_eps)
     head = params["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"]
-    return linear(last, head).float()
+    logits = linear(last, head).float()
+    if cc.degree == 1:
+        return logits
+    vocab_ids = params[VOCAB_OFFSET] + torch.arange(head.shape[0], device=logits.device)
+    return logits.masked_fill(vocab_ids >= args.vocab_size, MASK_FILL)
 
 
-def _attention(args, params, p, h, cos, sin, k_cache, v_cache, seq_ids, position_ids, attn_bias):
+def _embed(params: Params, input_ids: torch.Tensor, cc: Collectives) -> torch.Tensor:
+    """Embedding lookup; vocab-parallel under TP: each rank embeds the ids in its slice, zeros elsewhere, summed."""
+    table = params["model.embed_tokens.weight"]
+    if cc.degree == 1:
+        return table[input_ids]
+    local = input_ids.long() - params[VOCAB_OFFSET]
+    mine = (local >= 0) & (local < table.shape[0])
+    x = table[local.clamp(0, table.shape[0] - 1)] * mine[..., None].to(table.dtype)
+    return cc.all_reduce(x)
+
+
+def _attention(args, params, p, h, cos, sin, k_cache, v_cache, seq_ids, position_ids, attn_bias, cc):
     n, t, _ = h.shape
     a = p + "self_attn."
     q = linear(h, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"))
@@ -80,4 +101,9 @@ def _attention(args, params, p, h, cos, sin, k_cache, v_cache, seq_ids, position
         k = rms_norm(k, params[a + "k_norm.weight"], args.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     out = attend(q, k, v, k_cache, v_cache, seq_ids, position_ids, attn_bias)
-    return linear(out, params[a + "o_proj.weight"], params.get(a + "o_proj.bias"))
+    if cc.degree == 1:
+        return linear(out, params[a + "o_proj.weight"], params.get(a + "o_proj.bias"))
+    # Row-parallel: each rank's partial sum, then the bias once.
+    out = cc.all_reduce(linear(out, params[a + "o_proj.weight"]))
+    bias = params.get(a + "o_proj.bias")
+    return out if bias is None else out + bias

@@ -8,18 +8,42 @@ from __future__ import annotations
 
 import torch
 
+from .collectives import SINGLE, Collectives
 from .masks import MASK_FILL
 
 
-def sample(logits: torch.Tensor, params: torch.Tensor, uniform: torch.Tensor, max_topk: int) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor,
+    params: torch.Tensor,
+    uniform: torch.Tensor,
+    max_topk: int,
+    cc: Collectives = SINGLE,
+    vocab_offset: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+) -> torch.Tensor:
     """logits [n, V], params [n, 3] = (top_k, top_p, temperature), uniform [n, 1] in [0, 1) -> token ids [n].
 
     top_k is clamped to [1, max_topk]; greedy is top_k 1 (rank 0 is the argmax).
+    Under tensor parallelism `logits` are this rank's vocabulary slice, starting at global id `vocab_offset`:
+    each rank's top k (with global ids) is all-gathered and the global top k is taken among them, so every
+    rank holds the same candidates and, given the same `uniform`, samples the same token.
     """
     k = min(max_topk, logits.shape[-1])
     top_values, top_ids = torch.topk(logits.float(), k, dim=-1)
+    if cc.degree > 1:
+        global_ids = (top_ids + vocab_offset).to(torch.int32)
+        top_values, global_ids = cc.all_gather_last(top_values), cc.all_gather_last(global_ids)
+        k = min(max_topk, vocab_size)
+        top_values, order = torch.topk(top_values, k, dim=-1)
+        top_ids = global_ids.gather(-1, order).long()
+    return _sample_sorted(top_values, top_ids, params, uniform)
+
+
+def _sample_sorted(top_values, top_ids, params, uniform) -> torch.Tensor:
+    """Samples among candidates sorted by decreasing logit: values and ids [n, k]."""
+    k = top_values.shape[-1]
     top_k, top_p, temperature = params[:, 0:1], params[:, 1:2], params[:, 2:3]
-    ranks = torch.arange(k, device=logits.device)[None, :]
+    ranks = torch.arange(k, device=top_values.device)[None, :]
     scaled = (top_values / temperature).masked_fill(ranks >= top_k, MASK_FILL)
     probs = torch.softmax(scaled, dim=-1)
     # Running sums as a matmul with a triangular matrix, not torch.cumsum (neuronx-cc has a history of

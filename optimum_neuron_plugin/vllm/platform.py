@@ -101,9 +101,12 @@ class NeuronPlatform(Platform):
     @classmethod
     def pre_register_and_update(cls, parser=None) -> None:
         if parser is None:  # called by EngineArgs.create_engine_config before it fills in defaults
+            from .engine_config import refuse_tensor_parallel_size
             from .user_args import capture
 
             cls._user_args = capture()
+            if cls._user_args is not None:
+                refuse_tensor_parallel_size(cls._user_args.model, cls._user_args.tensor_parallel_size)
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:

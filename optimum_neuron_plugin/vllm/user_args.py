@@ -31,6 +31,8 @@ class UserArgs:
     worker_cls: str = "auto"
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
+    model: str | None = None
+    tensor_parallel_size: int | None = None
     seen: bool = False  # read from the EngineArgs that built the configuration
 
 

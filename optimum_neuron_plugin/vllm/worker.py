@@ -1,4 +1,8 @@
-"""NeuronWorker: vLLM's worker for an exported artifact (one per engine; TP is inside the graphs).
+"""NeuronWorker: vLLM's worker for an exported artifact, one per tensor-parallel rank.
+
+With tp_degree > 1 vLLM's multiprocess executor starts one worker process per rank and sends every rank the same
+scheduler output: each joins the ranks' process group (gloo on the CPU backend), loads its shard and makes the
+same graph calls in lockstep; vLLM reads the sampled tokens of rank 0 only (MultiprocExecutor.output_rank).
 
 Step protocol of vLLM 0.32: execute_model(scheduler_output) keeps the step's ModelRunnerOutput
 and returns None, then sample_tokens(grammar_output) returns it. A step with no scheduled tokens
@@ -7,8 +11,13 @@ and returns None, then sample_tokens(grammar_output) returns it. A step with no 
 
 from __future__ import annotations
 
+import os
+from datetime import timedelta
+
 import torch
+import torch.distributed as dist
 from vllm.config import VllmConfig
+from vllm.utils.torch_utils import OMP_NUM_THREADS_SET_BY_VLLM
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
@@ -24,6 +33,14 @@ from .options import CPU_THREADS_ENV, cpu_threads
 from .platform import serves_on_neuron
 
 logger = get_logger(__name__)
+
+
+def rank_threads(threads: int, tp: int) -> int:
+    """Intra-op threads per rank: vLLM's multiprocess executor already divided OMP_NUM_THREADS between the workers
+    when it set it; any other count (ONP_CPU_THREADS, the user's OMP_NUM_THREADS, every core) is split here."""
+    if tp == 1 or os.environ.get(OMP_NUM_THREADS_SET_BY_VLLM) and not os.environ.get(CPU_THREADS_ENV):
+        return threads
+    return max(1, threads // tp)
 
 
 class NeuronWorker(WorkerBase):
@@ -44,11 +61,20 @@ class NeuronWorker(WorkerBase):
 
     def init_device(self) -> None:
         self.device = torch.device("cpu")  # what vLLM sees; the runtime owns the Neuron device
-        threads = cpu_threads()
+        tp = self.parallel_config.tensor_parallel_size
+        threads = rank_threads(cpu_threads(), tp)
         torch.set_num_threads(threads)
         logger.info("graphs run with %d intra-op thread(s) (set %s to change)", threads, CPU_THREADS_ENV)
         if serves_on_neuron():
             pin_cores(self.local_rank)
+        if tp > 1 and not dist.is_initialized():
+            # CPU tensors (host-drawn uniforms, sampled tokens) go over gloo, device tensors over TorchNeuron's
+            # native "neuron" backend.
+            backend = "cpu:gloo,neuron:neuron" if serves_on_neuron() else "gloo"
+            dist.init_process_group(
+                backend, init_method=self.distributed_init_method, rank=self.rank, world_size=tp,
+                timeout=timedelta(minutes=30),
+            )  # fmt: skip
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         path = self.model_config.model
@@ -157,3 +183,5 @@ class NeuronWorker(WorkerBase):
             self.runner.shutdown()
         self.runner = None
         self.model = None
+        if dist.is_initialized():
+            dist.destroy_process_group()

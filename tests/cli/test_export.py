@@ -303,13 +303,6 @@ def test_batch_size_below_one(tiny_llama, tmp_path, batch_size):
     assert_refused(result, output, f"batch_size={batch_size}", ">= 1")
 
 
-def test_tensor_parallel_is_refused_by_the_cpu_backend(tiny_llama, tmp_path):
-    """The cpu backend's graphs are not sharded: an artifact must not claim tp_degree 2."""
-    output = tmp_path / "out"
-    result = run_export("--model", tiny_llama, *TINY_ARGS, "--tensor-parallel-size", "2", output)
-    assert_refused(result, output, "tp_degree=2 is not supported by the cpu backend", "--tensor-parallel-size 1")
-
-
 def test_tensor_parallel_size_the_model_cannot_be_split_by(tiny_llama, tmp_path):
     output = tmp_path / "out"
     result = run_export("--model", tiny_llama, *TINY_ARGS, "--tensor-parallel-size", "3", output)

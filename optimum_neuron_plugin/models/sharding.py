@@ -1,0 +1,119 @@
+"""Tensor-parallel sharding plan of the Llama family: which slice of each weight rank r holds.
+
+- q/k/v/gate/up are column-parallel (rank r computes its heads / its slice of the MLP), o/down row-parallel
+  (each rank's partial sum, then an all-reduce in the graph).
+- KV heads are sharded when kv_heads % tp == 0; when tp % kv_heads == 0 each rank holds one whole KV head,
+  the one its query heads use (each KV head replicated on tp / kv_heads ranks); anything else is refused.
+- The vocabulary (embedding and lm_head, tied or not) is split in equal slices of ceil(V / tp) rows, the last
+  one padded with zero rows; the graphs mask padded logits and offset token ids by VOCAB_OFFSET.
+- Norms (Qwen3's q/k norms included) are replicated; biases follow their rows (q/k/v) or are added once after
+  the all-reduce (o).
+
+The artifact stores the full weights once; each rank slices its shard at load (shard_params).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..config import NeuronConfigError
+from .args import ModelArgs
+
+# Per-rank scalar weight: the global id of the rank's first vocabulary row (the graphs are rank-independent).
+VOCAB_OFFSET = "tp.vocab_offset"
+
+
+class ShardingError(NeuronConfigError):
+    """The model cannot be split over this many ranks; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    degree: int
+    heads: int  # query heads per rank
+    kv_heads: int  # KV heads per rank
+    kv_replicas: int  # ranks holding each KV head (1: sharded)
+    intermediate: int  # MLP columns per rank
+    vocab: int  # the model's vocabulary
+    local_vocab: int  # vocabulary rows per rank, padded: degree * local_vocab >= vocab
+
+    def kv_head_start(self, rank: int) -> int:
+        """The first of this rank's KV heads in the full model."""
+        return (rank // self.kv_replicas) * self.kv_heads
+
+
+def check_degree(degree: int, heads: int, kv_heads: int, intermediate: int) -> str | None:
+    """Why `degree` ranks cannot share the model, or None. The one source of truth for what divides."""
+    if heads % degree or (kv_heads % degree and degree % kv_heads) or intermediate % degree:
+        return (
+            f"a divisor of the model's attention heads ({heads}) and MLP size ({intermediate}) "
+            f"that divides or is a multiple of its key/value heads ({kv_heads})"
+        )
+    return None
+
+
+def plan_for(args: ModelArgs, degree: int) -> ShardPlan:
+    why = check_degree(degree, args.num_attention_heads, args.num_key_value_heads, args.intermediate_size)
+    if why:
+        raise ShardingError(f"tp_degree={degree} is not allowed: must be {why}")
+    kv = args.num_key_value_heads
+    replicas = degree // kv if degree > kv else 1
+    return ShardPlan(
+        degree=degree,
+        heads=args.num_attention_heads // degree,
+        kv_heads=max(kv // degree, 1),
+        kv_replicas=replicas,
+        intermediate=args.intermediate_size // degree,
+        vocab=args.vocab_size,
+        local_vocab=-(-args.vocab_size // degree),
+    )
+
+
+def local_args(args: ModelArgs, plan: ShardPlan) -> ModelArgs:
+    """The architecture one rank's graph sees: its heads and MLP slice (hidden size and vocabulary unchanged)."""
+    return replace(
+        args,
+        num_attention_heads=plan.heads,
+        num_key_value_heads=plan.kv_heads,
+        intermediate_size=plan.intermediate,
+    )
+
+
+def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, plan: ShardPlan, rank: int) -> dict:
+    """Rank `rank`'s slice of every weight (copies, so the full weights can be freed)."""
+    if plan.degree == 1:
+        return params
+    d = args.head_dim
+    q_rows = slice(rank * plan.heads * d, (rank + 1) * plan.heads * d)
+    kv_start = plan.kv_head_start(rank) * d
+    kv_rows = slice(kv_start, kv_start + plan.kv_heads * d)
+    mlp_rows = slice(rank * plan.intermediate, (rank + 1) * plan.intermediate)
+    shards = {}
+    for name, tensor in params.items():
+        kind = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else name
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            shard = _vocab_rows(tensor, plan, rank)
+        elif kind == "q_proj":
+            shard = tensor[q_rows]
+        elif kind in ("k_proj", "v_proj"):
+            shard = tensor[kv_rows]
+        elif kind in ("gate_proj", "up_proj"):
+            shard = tensor[mlp_rows]
+        elif kind == "o_proj" and name.endswith("weight"):
+            shard = tensor[:, q_rows]
+        elif kind == "down_proj":
+            shard = tensor[:, mlp_rows]
+        else:  # norms and the o bias: replicated
+            shard = tensor
+        shards[name] = shard.contiguous().clone()
+    shards[VOCAB_OFFSET] = torch.tensor([rank * plan.local_vocab], dtype=torch.int64)
+    return shards
+
+
+def _vocab_rows(table: torch.Tensor, plan: ShardPlan, rank: int) -> torch.Tensor:
+    start = rank * plan.local_vocab
+    rows = table[start : start + plan.local_vocab]
+    pad = plan.local_vocab - rows.shape[0]
+    return torch.cat((rows, rows.new_zeros(pad, rows.shape[1]))) if pad else rows
