@@ -1,4 +1,5 @@
-"""NeuronWorker: vLLM's worker for an exported artifact (one per engine; TP is inside the graphs).
+"""NeuronWorker: vLLM's worker for an exported artifact (one per engine; TP is inside the graphs; each
+data-parallel engine has its own worker, artifact instance and cache, placed by placement.py).
 
 Step protocol of vLLM 0.32: execute_model(scheduler_output) keeps the step's ModelRunnerOutput
 and returns None, then sample_tokens(grammar_output) returns it. A step with no scheduled tokens
@@ -15,12 +16,13 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from ..backends.neuron import pin_cores
+from ..placement import Rank
 from ..runtime import NeuronModelForCausalLM
 from .health import fatal
 from .kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
 from .log import get_logger
 from .model_runner import NeuronModelRunner
-from .options import CPU_THREADS_ENV, cpu_threads
+from .options import CPU_THREADS_ENV, cpu_threads, data_parallel_size
 from .platform import serves_on_neuron
 
 logger = get_logger(__name__)
@@ -44,11 +46,28 @@ class NeuronWorker(WorkerBase):
 
     def init_device(self) -> None:
         self.device = torch.device("cpu")  # what vLLM sees; the runtime owns the Neuron device
-        threads = cpu_threads()
+        rank = self.placement()
+        threads = cpu_threads(rank)
         torch.set_num_threads(threads)
-        logger.info("graphs run with %d intra-op thread(s) (set %s to change)", threads, CPU_THREADS_ENV)
+        logger.info(
+            "engine %d of %d: graphs run with %d intra-op thread(s) (set %s to change)",
+            rank.dp_rank,
+            rank.dp_size,
+            threads,
+            CPU_THREADS_ENV,
+        )
         if serves_on_neuron():
-            pin_cores(self.local_rank)
+            pin_cores(rank)
+
+    def placement(self) -> Rank:
+        """This worker's place among the server's ranks: its engine (DP rank) and its rank in the engine."""
+        parallel = self.parallel_config
+        return Rank(
+            dp_rank=parallel.data_parallel_rank_local or 0,
+            dp_size=data_parallel_size(self.vllm_config.additional_config),
+            tp_rank=self.local_rank,
+            tp_size=parallel.tensor_parallel_size,
+        )
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         path = self.model_config.model
@@ -117,6 +136,9 @@ class NeuronWorker(WorkerBase):
         return None
 
     def execute_dummy_batch(self) -> None:
+        # vLLM calls this on an idle data-parallel rank of a MoE model (DPEngineCoreProc) to keep the ranks'
+        # collectives in step. The plugin serves dense models, whose DP engines are independent and never
+        # call it; had it been called, no graph runs and no cache slot changes.
         return None
 
     # ---- housekeeping -------------------------------------------------------------------------
