@@ -30,6 +30,7 @@ import torch
 from ..config import NEURON_CONFIG_FILE, NeuronConfig
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
+from ..placement import Rank, neuron_core
 from . import Progress, neuron_devices_present
 
 logger = logging.getLogger(__name__)
@@ -233,10 +234,11 @@ def core_memory(index: int) -> int:
     return torch_neuronx.get_device_properties(index).total_memory
 
 
-def pin_cores(rank: int) -> None:
-    """Gives this process NeuronCore `rank` only, unless NEURON_RT_VISIBLE_CORES already chose: the Neuron
-    runtime otherwise claims every core it sees. Must run before the runtime starts (first device use)."""
-    os.environ.setdefault("NEURON_RT_VISIBLE_CORES", str(rank))
+def pin_cores(rank: Rank) -> None:
+    """Gives this process the NeuronCore of `rank` only (placement.neuron_core: its place among the cores
+    NEURON_RT_VISIBLE_CORES lists, else among all): the Neuron runtime otherwise claims every core it sees.
+    Must run before the runtime starts (first device use)."""
+    os.environ["NEURON_RT_VISIBLE_CORES"] = str(neuron_core(rank, os.environ.get("NEURON_RT_VISIBLE_CORES")))
 
 
 def _require_cores(error: type[Exception], context: str) -> None:

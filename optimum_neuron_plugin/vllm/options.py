@@ -8,8 +8,9 @@ with `VLLM_`, so the plugin never uses that prefix.
   activates it. Unset: active only when Neuron devices (/dev/neuron0) are present.
 - `ONP_PREFILL_MODE`: `serial` (default) or `interleaved`, see `PrefillMode`. vLLM's
   `--additional-config '{"prefill_mode": "interleaved"}'` takes precedence over the variable.
-- `ONP_CPU_THREADS`: intra-op threads of the CPU backend's graphs (default: OMP_NUM_THREADS if
-  set, else every core this process may run on).
+- `ONP_CPU_THREADS`: intra-op threads of the CPU backend's graphs, per engine rank (default: the
+  server's threads, OMP_NUM_THREADS if set, else every core it may run on, split evenly between the
+  data-parallel x tensor-parallel ranks, placement.py).
 - `ONP_PREFILL_CHUNK_BUDGET`: interleaved mode only, prefill graph calls (compiled chunks) per
   engine step next to the decodes (default 2); additional_config key `prefill_chunk_budget`.
 """
@@ -20,12 +21,19 @@ import os
 from enum import Enum
 from pathlib import Path
 
+from vllm.utils.torch_utils import OMP_NUM_THREADS_SET_BY_VLLM
+
+from .. import placement
+from ..placement import Rank
+
 BACKEND_ENV = "ONP_BACKEND"
 PREFILL_MODE_ENV = "ONP_PREFILL_MODE"
 PREFILL_MODE_KEY = "prefill_mode"
 CPU_THREADS_ENV = "ONP_CPU_THREADS"
 PREFILL_CHUNK_BUDGET_ENV = "ONP_PREFILL_CHUNK_BUDGET"
 PREFILL_CHUNK_BUDGET_KEY = "prefill_chunk_budget"
+# Set by the plugin (engine_config): the server's --data-parallel-size, which vLLM resets to 1 in each engine.
+DATA_PARALLEL_SIZE_KEY = "data_parallel_size"
 DEFAULT_PREFILL_CHUNK_BUDGET = 2
 NEURON_DEVICE = Path("/dev/neuron0")
 
@@ -78,14 +86,25 @@ def prefill_mode(additional_config: object = None) -> PrefillMode:
         ) from None
 
 
-def cpu_threads() -> int:
+def cpu_threads(rank: Rank | None = None) -> int:
+    """Intra-op threads of one rank (default: a server's only one): ONP_CPU_THREADS as given, else its share of
+    the server's threads."""
     value = os.environ.get(CPU_THREADS_ENV, "").strip()
     if not value:
-        omp = os.environ.get("OMP_NUM_THREADS", "")
-        return int(omp) if omp.isdigit() and int(omp) > 0 else len(os.sched_getaffinity(0))
+        # vLLM's multiprocess executor sets OMP_NUM_THREADS to its own per-worker share when unset: not the user's.
+        omp = "" if os.environ.get(OMP_NUM_THREADS_SET_BY_VLLM) == "1" else os.environ.get("OMP_NUM_THREADS", "")
+        total = int(omp) if omp.isdigit() and int(omp) > 0 else len(os.sched_getaffinity(0))
+        return placement.cpu_threads(rank or Rank(), total)
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{CPU_THREADS_ENV}={value!r} is not allowed: set it to a number of threads >= 1, or unset it")
     return int(value)
+
+
+def data_parallel_size(additional_config: object = None) -> int:
+    """The number of engines the server runs (engine_config records it in additional_config)."""
+    if isinstance(additional_config, dict):
+        return int(additional_config.get(DATA_PARALLEL_SIZE_KEY, 1))
+    return 1
 
 
 def prefill_chunk_budget(additional_config: object = None) -> int:

@@ -1,8 +1,9 @@
-"""NeuronWorker: vLLM's worker for an exported artifact, one per tensor-parallel rank.
+"""NeuronWorker: vLLM's worker for an exported artifact, one per tensor-parallel rank of each engine.
 
 With tp_degree > 1 vLLM's multiprocess executor starts one worker process per rank and sends every rank the same
 scheduler output: each joins the ranks' process group (gloo on the CPU backend), loads its shard and makes the
 same graph calls in lockstep; vLLM reads the sampled tokens of rank 0 only (MultiprocExecutor.output_rank).
+Each data-parallel engine has its own workers, artifact instance and cache, placed by placement.py.
 
 Step protocol of vLLM 0.32: execute_model(scheduler_output) keeps the step's ModelRunnerOutput
 and returns None, then sample_tokens(grammar_output) returns it. A step with no scheduled tokens
@@ -11,36 +12,27 @@ and returns None, then sample_tokens(grammar_output) returns it. A step with no 
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from vllm.config import VllmConfig
-from vllm.utils.torch_utils import OMP_NUM_THREADS_SET_BY_VLLM
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from ..backends.neuron import pin_cores
+from ..placement import Rank
 from ..runtime import NeuronModelForCausalLM
 from .health import fatal
 from .kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
 from .log import get_logger
 from .model_runner import NeuronModelRunner
-from .options import CPU_THREADS_ENV, cpu_threads
+from .options import CPU_THREADS_ENV, cpu_threads, data_parallel_size
 from .platform import serves_on_neuron
 
 logger = get_logger(__name__)
-
-
-def rank_threads(threads: int, tp: int) -> int:
-    """Intra-op threads per rank: vLLM's multiprocess executor already divided OMP_NUM_THREADS between the workers
-    when it set it; any other count (ONP_CPU_THREADS, the user's OMP_NUM_THREADS, every core) is split here."""
-    if tp == 1 or os.environ.get(OMP_NUM_THREADS_SET_BY_VLLM) and not os.environ.get(CPU_THREADS_ENV):
-        return threads
-    return max(1, threads // tp)
 
 
 class NeuronWorker(WorkerBase):
@@ -61,20 +53,36 @@ class NeuronWorker(WorkerBase):
 
     def init_device(self) -> None:
         self.device = torch.device("cpu")  # what vLLM sees; the runtime owns the Neuron device
-        tp = self.parallel_config.tensor_parallel_size
-        threads = rank_threads(cpu_threads(), tp)
+        rank = self.placement()
+        threads = cpu_threads(rank)
         torch.set_num_threads(threads)
-        logger.info("graphs run with %d intra-op thread(s) (set %s to change)", threads, CPU_THREADS_ENV)
+        logger.info(
+            "engine %d of %d: graphs run with %d intra-op thread(s) (set %s to change)",
+            rank.dp_rank,
+            rank.dp_size,
+            threads,
+            CPU_THREADS_ENV,
+        )
         if serves_on_neuron():
-            pin_cores(self.local_rank)
-        if tp > 1 and not dist.is_initialized():
+            pin_cores(rank)
+        if rank.tp_size > 1 and not dist.is_initialized():
             # CPU tensors (host-drawn uniforms, sampled tokens) go over gloo, device tensors over TorchNeuron's
             # native "neuron" backend.
             backend = "cpu:gloo,neuron:neuron" if serves_on_neuron() else "gloo"
             dist.init_process_group(
-                backend, init_method=self.distributed_init_method, rank=self.rank, world_size=tp,
+                backend, init_method=self.distributed_init_method, rank=self.rank, world_size=rank.tp_size,
                 timeout=timedelta(minutes=30),
             )  # fmt: skip
+
+    def placement(self) -> Rank:
+        """This worker's place among the server's ranks: its engine (DP rank) and its rank in the engine."""
+        parallel = self.parallel_config
+        return Rank(
+            dp_rank=parallel.data_parallel_rank_local or 0,
+            dp_size=data_parallel_size(self.vllm_config.additional_config),
+            tp_rank=self.local_rank,
+            tp_size=parallel.tensor_parallel_size,
+        )
 
     def load_model(self, *, load_dummy_weights: bool = False) -> None:
         path = self.model_config.model
@@ -143,6 +151,9 @@ class NeuronWorker(WorkerBase):
         return None
 
     def execute_dummy_batch(self) -> None:
+        # vLLM calls this on an idle data-parallel rank of a MoE model (DPEngineCoreProc) to keep the ranks'
+        # collectives in step. The plugin serves dense models, whose DP engines are independent and never
+        # call it; had it been called, no graph runs and no cache slot changes.
         return None
 
     # ---- housekeeping -------------------------------------------------------------------------

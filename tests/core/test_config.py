@@ -110,7 +110,11 @@ def test_older_format_version_asks_for_a_new_export(tmp_path):
     with pytest.raises(NeuronConfigError) as error:
         NeuronConfig.load(tmp_path)
     message = str(error.value)
-    assert NEURON_CONFIG_FILE in message and f"format_version {FORMAT_VERSION - 1}" in message and "export the model again" in message
+    assert (
+        NEURON_CONFIG_FILE in message
+        and f"format_version {FORMAT_VERSION - 1}" in message
+        and "export the model again" in message
+    )
 
 
 def test_missing_field_names_the_file_and_field(tmp_path):

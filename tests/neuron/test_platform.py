@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from optimum_neuron_plugin.backends.neuron import neuron_core_count, pin_cores
+from optimum_neuron_plugin.placement import Rank
 
 pytest.importorskip("vllm")
 from optimum_neuron_plugin.vllm.platform import NeuronPlatform  # noqa: E402
@@ -33,10 +34,10 @@ def test_the_cpu_backend_is_one_device_with_the_host_memory(monkeypatch):
     assert NeuronPlatform.get_device_total_memory() == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def test_pin_cores_gives_the_worker_its_core_unless_chosen(monkeypatch):
+def test_pin_cores_gives_the_worker_its_core_among_those_chosen(monkeypatch):
     monkeypatch.delenv("NEURON_RT_VISIBLE_CORES", raising=False)
-    pin_cores(3)
-    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "3"
-    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-1")
-    pin_cores(0)
-    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "0-1"
+    pin_cores(Rank(dp_rank=1, dp_size=2))
+    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "1"
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-7")
+    pin_cores(Rank(dp_rank=1, dp_size=2, tp_rank=0, tp_size=2))
+    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "6"

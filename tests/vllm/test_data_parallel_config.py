@@ -1,0 +1,82 @@
+"""`--data-parallel-size M`: the configuration each engine gets, its placement, and the refusals.
+
+Configurations are built in-process through vLLM's EngineArgs.create_engine_config (as `vllm serve` does);
+an engine's view is made with vLLM's own per-engine step (ParallelConfig.reconfigure_for_independent_dp_rank,
+what EngineCoreProc.run_engine_core applies to each engine of a dense model). The live server is in
+test_data_parallel_server.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optimum_neuron_plugin.vllm.worker import NeuronWorker
+
+
+def engine_config(model, **kwargs):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    return EngineArgs(model=str(model), **kwargs).create_engine_config(UsageContext.OPENAI_API_SERVER)
+
+
+def engine_view(config, dp_rank: int):
+    """The configuration as engine `dp_rank` of a dense model sees it (vLLM's run_engine_core)."""
+    parallel = config.parallel_config
+    parallel.data_parallel_rank_local = dp_rank
+    parallel.data_parallel_index = dp_rank
+    parallel.reconfigure_for_independent_dp_rank()
+    return config
+
+
+def test_data_parallel_engines_are_independent_and_know_their_place(chunked_dir, monkeypatch):
+    config = engine_config(chunked_dir, data_parallel_size=2, tensor_parallel_size=1)
+    parallel = config.parallel_config
+    assert parallel.data_parallel_size == 2 and parallel.world_size == 1
+    assert parallel.worker_cls == "optimum_neuron_plugin.vllm.worker.NeuronWorker"
+    # Dense: vLLM runs each engine as an independent EngineCoreProc (no DP all-reduce, no dummy batches).
+    assert config.model_config.is_moe is False
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the server's threads, split between the engines
+    monkeypatch.delenv("ONP_CPU_THREADS", raising=False)
+    worker = NeuronWorker(engine_view(config, 1), local_rank=0, rank=0, distributed_init_method="")
+    assert config.parallel_config.data_parallel_size == 1  # what vLLM leaves the engine
+    threads = torch.get_num_threads()
+    try:
+        worker.init_device()
+        assert (worker.placement().index, worker.placement().count, torch.get_num_threads()) == (1, 2, 2)
+        monkeypatch.setenv("ONP_CPU_THREADS", "3")  # per engine, as given
+        worker.init_device()
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_an_idle_engine_call_runs_no_graph_and_changes_no_cache(chunked_dir, tokenizer):
+    worker = NeuronWorker(engine_config(chunked_dir), local_rank=0, rank=0, distributed_init_method="")
+    worker.load_model()
+    try:
+        worker.model.prefill(seq_id=1, token_ids=tokenizer("alpha beta gamma").input_ids)
+        before = [c.clone() for c in worker.model.caches]
+        worker.execute_dummy_batch()
+        assert all(torch.equal(a, b) for a, b in zip(before, worker.model.caches, strict=True))
+    finally:
+        worker.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            dict(pipeline_parallel_size=2),
+            "pipeline parallelism is not supported by the Neuron plugin: omit --pipeline-parallel-size",
+        ),
+        (
+            dict(data_parallel_size=2, data_parallel_size_local=1),
+            "external, hybrid or multi-node data parallelism is not supported by the Neuron plugin",
+        ),
+    ],
+)
+def test_parallelism_the_plugin_cannot_run_is_refused(chunked_dir, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        engine_config(chunked_dir, **kwargs)

@@ -1,0 +1,90 @@
+"""`vllm serve --data-parallel-size 2` on SmolLM2-135M-Instruct: two engines behind vLLM's front end.
+
+vLLM's own data parallelism: two engine processes (EngineCore_DP0/1), each with its own artifact instance,
+cache slots and KV cache, and vLLM's internal load balancing (its DP coordinator) between them. Eight
+concurrent greedy requests on engines of batch 2 (so requests queue on both) must each equal the same
+request served alone and Hugging Face's greedy tokens; vLLM's per-engine metrics show both engines served.
+The server's two threads (OMP_NUM_THREADS=2) are split, one per engine.
+"""
+
+from __future__ import annotations
+
+import http.client
+import re
+
+import pytest
+from support.client import HOST, completion_tokens, concurrently, greedy
+from support.references import hf_greedy
+from support.server import serve
+from support.smollm2 import smollm2_hf_and_checkpoint
+
+from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # SmolLM2 and a live `vllm serve`
+
+NEW_TOKENS = 8
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name a color.",
+    "How many legs does a spider have?",
+    "Write one word that rhymes with cat.",
+    "What is 2 + 3?",
+    "The Seine flows through Paris and reaches the English Channel at Le Havre. The Loire is the longest river in "
+    "France. Which river flows through Paris?",
+    "Say hello in Spanish.",
+    "What do bees make?",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory):
+    hf, tokenizer, source = smollm2_hf_and_checkpoint(tmp_path_factory.mktemp("smollm2-source"))
+    out = tmp_path_factory.mktemp("smollm2-dp")
+    NeuronModelForCausalLM.export(
+        source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=64)
+    ).save_pretrained(out)
+    chats = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in QUESTIONS
+    ]
+    return hf, [tokenizer(chat, add_special_tokens=False)["input_ids"] for chat in chats], out
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, tmp_path_factory):
+    _, _, exported = smollm2
+    log = tmp_path_factory.mktemp("dp-server") / "server.log"
+    yield from serve(exported, log, "--data-parallel-size", "2", env={"OMP_NUM_THREADS": "2"}, timeout=900)
+
+
+def requests_finished_by_engine(port: int) -> dict[str, float]:
+    """vLLM's vllm:request_success_total, summed per `engine` label (one label per DP engine)."""
+    connection = http.client.HTTPConnection(HOST, port, timeout=120)
+    try:
+        connection.request("GET", "/metrics")
+        text = connection.getresponse().read().decode()
+    finally:
+        connection.close()
+    counts: dict[str, float] = {}
+    for engine, value in re.findall(r'^vllm:request_success_total\{[^}]*engine="(\d+)"[^}]*\} (\S+)$', text, re.M):
+        counts[engine] = counts.get(engine, 0.0) + float(value)
+    return counts
+
+
+def test_concurrent_requests_equal_their_solo_outputs_and_transformers(smollm2, server):
+    hf, prompts, _ = smollm2
+    body = lambda prompt: greedy(server.model, prompt, NEW_TOKENS)  # noqa: E731
+    solo = [completion_tokens(server.port, body(p)) for p in prompts]
+    together = concurrently(lambda p: completion_tokens(server.port, body(p)), prompts, workers=len(prompts))
+    assert together == solo
+    assert solo == [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+
+
+def test_both_engines_served_requests_with_their_share_of_threads(smollm2, server):
+    _, prompts, _ = smollm2
+    concurrently(lambda p: completion_tokens(server.port, greedy(server.model, p, 2)), prompts, workers=len(prompts))
+    finished = requests_finished_by_engine(server.port)
+    assert set(finished) == {"0", "1"} and min(finished.values()) >= 1, finished
+    log = server.log.read_text()
+    for engine in (0, 1):
+        assert f"engine {engine} of 2: graphs run with 1 intra-op thread(s)" in log
