@@ -44,8 +44,13 @@ export_artifact() {
   local name=$1 out chunk ods _mode
   out=$(config_artifact "$name")
   if [ -f "$out/neuron_config.json" ]; then
-    log "$name: using $out"
-    return 0
+    # A cached artifact from an older plugin (format_version) is exported again, not served into an error.
+    if "$VENV_BIN/python" -c "import sys; from optimum_neuron_plugin.config import NeuronConfig; NeuronConfig.load(sys.argv[1])" "$out" 2>/dev/null; then
+      log "$name: using $out"
+      return 0
+    fi
+    log "$name: $out was exported by another plugin version: exporting again"
+    rm -rf "$out"
   fi
   read -r chunk ods _mode <<<"$(config_settings "$name")"
   local source=$MODEL
