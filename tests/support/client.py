@@ -123,16 +123,20 @@ def health(port: int) -> int:
         connection.close()
 
 
-def metrics(port: int) -> dict[str, float]:
-    """vLLM's Prometheus gauges and counters, summed over labels (e.g. vllm:num_requests_running)."""
+def metrics_text(port: int) -> str:
+    """vLLM's /metrics page (Prometheus text format)."""
     connection = http.client.HTTPConnection(HOST, port, timeout=TIMEOUT)
     try:
         connection.request("GET", "/metrics")
-        text = connection.getresponse().read().decode()
+        return connection.getresponse().read().decode()
     finally:
         connection.close()
+
+
+def metrics(port: int) -> dict[str, float]:
+    """vLLM's Prometheus gauges and counters, summed over labels (e.g. vllm:num_requests_running)."""
     values: dict[str, float] = {}
-    for line in text.splitlines():
+    for line in metrics_text(port).splitlines():
         if line.startswith("#") or not line.strip():
             continue
         name, _, value = line.rpartition(" ")

@@ -9,11 +9,10 @@ The server's two threads (OMP_NUM_THREADS=2) are split, one per engine.
 
 from __future__ import annotations
 
-import http.client
 import re
 
 import pytest
-from support.client import HOST, completion_tokens, concurrently, greedy
+from support.client import completion_tokens, concurrently, greedy, metrics_text
 from support.references import hf_greedy
 from support.server import serve
 from support.smollm2 import smollm2_hf_and_checkpoint
@@ -59,13 +58,8 @@ def server(smollm2, tmp_path_factory):
 
 def requests_finished_by_engine(port: int) -> dict[str, float]:
     """vLLM's vllm:request_success_total, summed per `engine` label (one label per DP engine)."""
-    connection = http.client.HTTPConnection(HOST, port, timeout=120)
-    try:
-        connection.request("GET", "/metrics")
-        text = connection.getresponse().read().decode()
-    finally:
-        connection.close()
     counts: dict[str, float] = {}
+    text = metrics_text(port)
     for engine, value in re.findall(r'^vllm:request_success_total\{[^}]*engine="(\d+)"[^}]*\} (\S+)$', text, re.M):
         counts[engine] = counts.get(engine, 0.0) + float(value)
     return counts
