@@ -67,16 +67,14 @@ def _run(job: RankJob, degree: int, progress: Progress) -> None:
     """Starts the ranks and waits for all of them; a failure of any becomes one ExportError."""
     messages = mp.get_context("spawn").SimpleQueue()
     ranks = mp.start_processes(_rank_main, (job, degree, messages), nprocs=degree, join=False, start_method="spawn")
-    failures: list[str] = []
+    failures: dict[int, str] = {}  # rank -> its failure, in the order they were reported
     try:
         while not ranks.join(timeout=1):  # raises when a rank exits with an error, after stopping the others
             _relay(messages, progress, failures)
         _relay(messages, progress, failures)
     except (mp.ProcessExitedException, mp.ProcessRaisedException) as error:
         _relay(messages, progress, failures)
-        # The first failure reported is the cause: the other ranks fail after it (a peer left the group).
-        cause = failures[0] if failures else f"rank {error.error_index} stopped ({error}); see the log above"
-        raise ExportError(f"tensor-parallel export on {degree} ranks failed: {cause}") from None
+        raise ExportError(f"tensor-parallel export on {degree} ranks failed: {_cause(error, failures)}") from None
     finally:
         for process in ranks.processes:  # only when the export itself is interrupted
             if process.is_alive():
@@ -84,13 +82,22 @@ def _run(job: RankJob, degree: int, progress: Progress) -> None:
                 process.join()
 
 
-def _relay(messages, progress: Progress, failures: list[str]) -> None:
+def _relay(messages, progress: Progress, failures: dict[int, str]) -> None:
     while not messages.empty():
-        kind, text = messages.get()
+        kind, rank, text = messages.get()
         if kind == "progress":
             progress(text)
         else:
-            failures.append(text)
+            failures.setdefault(rank, text)
+
+
+def _cause(error: mp.ProcessExitedException | mp.ProcessRaisedException, failures: dict[int, str]) -> str:
+    """A rank that stopped without a word (killed, crashed) is the cause; otherwise the first failure reported:
+    the other ranks fail after it, when their peer leaves the group."""
+    if error.error_index not in failures:
+        return f"rank {error.error_index} stopped ({error}); see the log above"
+    rank, text = next(iter(failures.items()))
+    return f"rank {rank}: {text}"
 
 
 def _rank_main(rank: int, job: RankJob, degree: int, messages) -> None:
@@ -100,7 +107,7 @@ def _rank_main(rank: int, job: RankJob, degree: int, messages) -> None:
         if not isinstance(error, ExportError):
             traceback.print_exc()
         text = " ".join(str(error).split())[:800] or type(error).__name__
-        messages.put(("error", f"rank {rank}: {text}"))
+        messages.put(("error", rank, text))
         sys.exit(1)
 
 
@@ -117,6 +124,6 @@ def _compile_rank(rank: int, job: RankJob, degree: int, messages) -> None:
     )
     cc = Collectives(degree, dist.group.WORLD.group_name)
     graphs = [DecoderGraph(sharding.local_args(args, plan), spec, nc.max_topk, cc) for spec in graph_specs(nc)]
-    progress = (lambda message: messages.put(("progress", message))) if rank == 0 else (lambda message: None)
+    progress = (lambda message: messages.put(("progress", rank, message))) if rank == 0 else (lambda message: None)
     backend.compile(graphs, shard, caches, job.directory, progress, peers)
     dist.destroy_process_group()
