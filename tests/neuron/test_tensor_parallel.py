@@ -61,7 +61,9 @@ def run(source, tmp_path_factory) -> dict:
         env.setenv(LOG_ENV, str(root / "load.log"))
         run_ranks(greedy_worker, TP, artifact, root)
         env.delenv(LOG_ENV)
-        tp1 = NeuronModelForCausalLM.from_pretrained(export(source, root / "tp1", 1), make_backend=FAKE_BACKEND)
+        tp1_artifact = export(source, root / "tp1", 1)
+        torch._dynamo.reset()  # as in a new process: Dynamo traces the graphs again
+        tp1 = NeuronModelForCausalLM.from_pretrained(tp1_artifact, make_backend=FAKE_BACKEND)
         tp1_tokens = runtime_greedy(tp1, PROMPT, NEW_TOKENS)
     return {
         "artifact": artifact,
