@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 
 from . import __version__, artifact, backends
+from .backends import BackendFactory
+from .backends.neuron_ranks import compile_on_ranks
 from .config import NeuronConfig
 from .errors import ArtifactError, ExportError, InputError
 from .graphs import INDEX_DTYPE, TOKEN_GENERATION, DecoderGraph, GraphSpec, example_inputs, graph_specs
@@ -48,6 +50,9 @@ class NeuronModelForCausalLM:
     torch.distributed world, of tp_degree processes) is the ranks' process group, this rank's shard of the weights
     and of the KV cache (its KV heads) is loaded, and every rank must call prefill/decode in lockstep with the same
     arguments; all ranks return the same results. Without a group (the export process) the model is saved, not run.
+
+    `make_backend` builds the compile backend from the NeuronConfig (default: the artifact's, backends.get_backend);
+    tests pass one that builds the neuron backend with a stand-in compiler on the cpu device.
     """
 
     def __init__(
@@ -60,6 +65,7 @@ class NeuronModelForCausalLM:
         tokenizer: object | None = None,
         generation_config: object | None = None,
         group: dist.ProcessGroup | None = None,
+        make_backend: BackendFactory = backends.get_backend,
     ) -> None:
         self.config, self.neuron_config, self.hf_config = args, neuron_config, hf_config
         self.params, self.tokenizer, self.generation_config = params, tokenizer, generation_config
@@ -67,7 +73,7 @@ class NeuronModelForCausalLM:
         self.graphs_dir = Path(graphs_dir)
         self._by_bucket = {(spec.name, spec.bucket): spec for spec in self.specs}
         nc = neuron_config
-        self.backend = backends.get_backend(nc)
+        self.backend = make_backend(nc)
         self.plan = sharding.plan_for(args, nc.tp_degree)
         self.group = group if group is not None else tp_group(nc.tp_degree)
         self.rank = 0 if self.group is None else dist.get_rank(self.group)
@@ -94,7 +100,11 @@ class NeuronModelForCausalLM:
 
     @classmethod
     def export(
-        cls, model: str | Path, neuron_config: NeuronConfig, progress: Callable[[str], None] | None = None
+        cls,
+        model: str | Path,
+        neuron_config: NeuronConfig,
+        progress: Callable[[str], None] | None = None,
+        make_backend: BackendFactory = backends.get_backend,
     ) -> NeuronModelForCausalLM:
         progress = progress or (lambda message: None)
         from .sources import load_source, read_config
@@ -102,7 +112,7 @@ class NeuronModelForCausalLM:
         _, args = read_config(model)
         _check_model(neuron_config, args)
         plan = sharding.plan_for(args, neuron_config.tp_degree)
-        backend = backends.get_backend(neuron_config)
+        backend = make_backend(neuron_config)
         backend.check_can_compile()
         progress(f"loading weights of {model}")
         source = load_source(model)
@@ -116,7 +126,10 @@ class NeuronModelForCausalLM:
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
-        model_ = cls(args, neuron_config, hf_config, params, workdir, source.tokenizer, source.generation_config)
+        model_ = cls(
+            args, neuron_config, hf_config, params, workdir, source.tokenizer, source.generation_config,
+            make_backend=make_backend,
+        )  # fmt: skip
         # The compiled graphs live in workdir until save_pretrained copies them; removed with the model.
         weakref.finalize(model_, shutil.rmtree, workdir, True)
         return model_
@@ -141,7 +154,12 @@ class NeuronModelForCausalLM:
         self.neuron_config.save(directory, **versions, compiler=self.backend.versions())
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, group: dist.ProcessGroup | None = None) -> NeuronModelForCausalLM:
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        group: dist.ProcessGroup | None = None,
+        make_backend: BackendFactory = backends.get_backend,
+    ) -> NeuronModelForCausalLM:
         """Loads an export. With tp_degree > 1, call it in each of tp_degree processes of `group` (default: the
         initialised torch.distributed world): each loads its rank's shard."""
         directory = Path(directory)
@@ -156,13 +174,15 @@ class NeuronModelForCausalLM:
                 f"{directory}: tp_degree={neuron_config.tp_degree}: load it in each of {neuron_config.tp_degree} "
                 f"processes after torch.distributed.init_process_group(world_size={neuron_config.tp_degree})"
             )
-        for path in backends.get_backend(neuron_config).graph_files(directory, graph_specs(neuron_config)):
+        for path in make_backend(neuron_config).graph_files(directory, graph_specs(neuron_config)):
             if not path.is_file():
                 raise ArtifactError(f"{path}: missing compiled graph; export the model again")
         params = artifact.load_weights(directory, weight_names(args))
         tokenizer, generation_config = _load_tokenizer(directory)
         try:
-            return cls(args, neuron_config, hf_config, params, directory, tokenizer, generation_config, group)
+            return cls(
+                args, neuron_config, hf_config, params, directory, tokenizer, generation_config, group, make_backend
+            )
         except (RuntimeError, OSError, ValueError) as error:
             if isinstance(error, ArtifactError):
                 raise
@@ -364,9 +384,13 @@ class _NoRanks:
 
 
 def _compile(backend, args, plan, neuron_config, params, workdir, progress) -> None:
-    """Compiles every graph. Under TP the graphs are traced once on rank 0's shard shapes (every rank's are the
-    same) against a fake process group: one rank-independent program per graph and bucket."""
+    """Compiles every graph. Under TP on the CPU backend the graphs are traced once on rank 0's shard shapes (every
+    rank's are the same) against a fake process group: one rank-independent program per graph and bucket. TorchNeuron
+    compiles them for a live group instead: one process per NeuronCore, each on its shard (backends/neuron_ranks.py)."""
     nc = neuron_config
+    if nc.tp_degree > 1 and backend.name == "neuron":
+        compile_on_ranks(backend, args, params, artifact.torch_dtype(nc), workdir, progress)
+        return
     shard = sharding.shard_params(params, args, plan, 0)
     caches = empty_cache(
         args.num_hidden_layers, nc.batch_size, nc.sequence_length, plan.kv_heads, args.head_dim,

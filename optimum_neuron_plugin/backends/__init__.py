@@ -11,6 +11,7 @@ back as one callable `graphs(spec, *inputs) -> output` that owns the weights and
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
@@ -58,6 +59,13 @@ class Backend(Protocol):
 
     def versions(self) -> dict:
         """What compiled the graphs, recorded in neuron_config.json."""
+
+    def init_process_group(self, rank: int, world_size: int, init_method: str, timeout: timedelta) -> None:
+        """Joins the torch.distributed group of the tensor-parallel ranks with the backend its collectives need."""
+
+
+# How the runtime gets its backend from an artifact's NeuronConfig (tests pass one building a stand-in compiler).
+BackendFactory = Callable[[NeuronConfig], Backend]
 
 
 def get_backend(neuron_config: NeuronConfig) -> Backend:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from ..config import NeuronConfig
 from ..errors import ArtifactError, ExportError
@@ -67,6 +69,10 @@ class CpuBackend:
                 f"tp_degree={self.neuron_config.tp_degree} needs --cpu-compiler export (AOTInductor packages cannot "
                 "be bound to the serving process group); drop --cpu-compiler inductor or use --tensor-parallel-size 1"
             )
+
+    def init_process_group(self, rank: int, world_size: int, init_method: str, timeout: timedelta) -> None:
+        """Joins the tensor-parallel ranks: gloo, the programs' collectives run on host tensors."""
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
 
     def graph_path(self, directory: Path, spec: GraphSpec) -> Path:
         return Path(directory) / GRAPH_DIR / f"{spec.key}{self.format.suffix}"

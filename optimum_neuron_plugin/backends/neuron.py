@@ -13,6 +13,10 @@
 - Compiling needs the device: TorchNeuron reads the compilation target from the Neuron runtime
   (nrt_get_instance_info), and SDK 2.32's FAQ says compiling without Trainium hardware is not supported;
   an export on a host without NeuronCores is refused at once.
+- Tensor parallelism (tp_degree N > 1): the graphs' functional collectives are compiled for a live process group,
+  so the export runs N rank processes, one per NeuronCore (backends/neuron_ranks.py), each compiling every graph
+  on its shard in lockstep; serving runs N vLLM workers the same way. TorchNeuron's cache keys do not depend on
+  the rank, so the ranks share one NEFF cache.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ import json
 import logging
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
 from importlib import metadata
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from ..config import NEURON_CONFIG_FILE, NeuronConfig
 from ..errors import ArtifactError, ExportError
@@ -46,22 +53,63 @@ INSTALL = 'pip install ".[neuron]" on a Trn2/Trn3 host with Python 3.12+ (Neuron
 WHERE = "run it on a trn2 or trn3 instance (Neuron SDK 2.33+), or use --backend cpu"
 
 
+@dataclass(frozen=True)
+class Peers:
+    """The ranks compiling the same graphs together (tensor parallelism); alone by default.
+    `group` is a gloo group: barriers on host tensors, whatever backend the graphs' collectives use."""
+
+    rank: int = 0
+    group: dist.ProcessGroup | None = None
+
+    def barrier(self) -> None:
+        if self.group is not None:
+            dist.barrier(group=self.group)
+
+
+ALONE = Peers()
+
+
 class NeuronBackend:
     """`compiler` names the Dynamo backend (TorchNeuron registers "neuron") and `device` the torch device
-    the weights and cache live on; a test may register its own "neuron" backend and run on "cpu"."""
+    the weights and cache live on. `compiler_module`, when given, is imported before `compiler` is looked up, in
+    this process and in every rank process of a tensor-parallel export: a module registering another Dynamo
+    backend under that name (the tests' stand-in compiler, which runs on device "cpu")."""
 
     name = "neuron"
 
-    def __init__(self, neuron_config: NeuronConfig, compiler: str = "neuron", device: str = "neuron") -> None:
+    def __init__(
+        self,
+        neuron_config: NeuronConfig,
+        compiler: str = "neuron",
+        device: str = "neuron",
+        compiler_module: str | None = None,
+    ) -> None:
         self.neuron_config, self.compiler, self.device = neuron_config, compiler, device
+        self.compiler_module = compiler_module
 
     def check_can_compile(self) -> None:
-        _check_tp(self.neuron_config, ExportError)
         if self.device == "neuron":
             _require(COMPILE_PACKAGES, ExportError)
             _require_cores(ExportError, "an export with --backend neuron compiles on the device host: ")
+            if not dist.is_initialized():  # the exporting process; a rank process sees its one pinned core
+                _require_tp_cores(self.neuron_config.tp_degree)
             _check_target(self.neuron_config)
-        _require_compiler(self.compiler, ExportError)
+        self._require_compiler(ExportError)
+
+    def init_process_group(self, rank: int, world_size: int, init_method: str, timeout: timedelta) -> None:
+        """Joins the tensor-parallel ranks, before the first use of the device: device tensors (the graphs'
+        collectives) go over TorchNeuron's native "neuron" backend, host tensors over gloo."""
+        if self.device != "neuron":
+            dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
+            return
+        import torch_neuronx  # noqa: F401 - registers the "neuron" process group backend
+
+        # The ranks of a group are the NeuronCores of one host (pin_cores chose this process's core): TorchNeuron
+        # takes its local rank from these instead of matching host addresses through the store.
+        os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = str(rank), str(world_size)
+        dist.init_process_group(
+            "cpu:gloo,neuron:neuron", init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
+        )
 
     def graph_files(self, directory: Path, specs: list[GraphSpec]) -> list[Path]:
         """Each graph's manifest, then the cache files it lists (once the manifest exists)."""
@@ -75,35 +123,48 @@ class NeuronBackend:
         return list(dict.fromkeys(files))
 
     def compile(
-        self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path, progress: Progress
+        self,
+        graphs: list[DecoderGraph],
+        params: dict,
+        caches: list[torch.Tensor],
+        directory: Path,
+        progress: Progress,
+        peers: Peers = ALONE,
     ) -> None:
+        """Compiles every graph by calling it once. Under tensor parallelism every rank calls this with its shard
+        and the same graphs in the same order (`peers`): rank 0 writes each graph's manifest once every rank's
+        cache files for it are written, and before any rank starts the next graph."""
         self.check_can_compile()
         cache = _use_cache(directory)
         device_graphs = NeuronGraphs(self, graphs, params, caches)
+        listed = _files_under(cache)
+        peers.barrier()
         for graph in graphs:
             spec = graph.spec
             progress(
                 f"compiling graph {spec.key} [{spec.rows} x {spec.tokens}] with torch.compile(backend={self.compiler!r})"
             )
-            before = _files_under(cache)
             try:
                 device_graphs(spec, *example_inputs(spec))
             except Exception as error:  # noqa: BLE001 - Dynamo, StableHLO lowering and neuronx-cc errors
                 message = " ".join(str(error).split())[:500]
                 raise ExportError(f"compiling graph {spec.key} failed ({message}); see the log above") from None
-            added = sorted(str(p.relative_to(cache.parent)) for p in _files_under(cache) - before)
-            manifest = {"graph": spec.key, "cache_files": added}
-            (cache.parent / f"{spec.key}.neuron.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            peers.barrier()
+            if peers.rank == 0:
+                added = _files_under(cache) - listed
+                listed |= added
+                manifest = {"graph": spec.key, "cache_files": sorted(str(p.relative_to(cache.parent)) for p in added)}
+                (cache.parent / f"{spec.key}.neuron.json").write_text(json.dumps(manifest, indent=2) + "\n")
+            peers.barrier()
 
     def load(
         self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path
     ) -> NeuronGraphs:
-        _check_tp(self.neuron_config, ArtifactError)
         if self.device == "neuron":
             _require(RUNTIME_PACKAGES, ArtifactError)
             _require_cores(ArtifactError, "")
             _check_compiled_here(Path(directory), self.versions())
-        _require_compiler(self.compiler, ArtifactError)
+        self._require_compiler(ArtifactError)
         return NeuronGraphs(self, graphs, params, caches, loaded_from=_use_cache(directory))
 
     def versions(self) -> dict:
@@ -120,6 +181,15 @@ class NeuronBackend:
 
             versions.update(target=get_platform_target(), logical_nc_config=str(get_logical_neuron_cores()))
         return versions
+
+    def _require_compiler(self, error: type[Exception]) -> None:
+        if self.compiler_module:
+            importlib.import_module(self.compiler_module)
+        # torch-neuronx registers "neuron" through the torch_dynamo_backends entry point group.
+        if self.compiler not in torch._dynamo.list_backends(exclude_tags=()):
+            raise error(
+                f"no torch.compile backend named {self.compiler!r}: the neuron backend needs torch-neuronx; {INSTALL}"
+            )
 
 
 class NeuronGraphs:
@@ -189,17 +259,6 @@ def _read_manifest(path: Path) -> dict:
     raise ArtifactError(f"{path}: unreadable graph manifest; export the model again")
 
 
-def _check_tp(neuron_config: NeuronConfig, error: type[Exception]) -> None:
-    """The graphs of a tp_degree > 1 model carry functional collectives (models/collectives.py) that TorchNeuron
-    lowers to its native collectives over a "neuron" process group; compiling them needs tp_degree ranks on
-    tp_degree NeuronCores, which the exporter (one process) does not start yet."""
-    if neuron_config.tp_degree != 1:
-        raise error(
-            f"tp_degree={neuron_config.tp_degree} is not supported by the neuron backend yet: compiling sharded graphs "
-            "needs one process per NeuronCore; use --tensor-parallel-size 1 (or --backend cpu to validate sharding)"
-        )
-
-
 def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
@@ -210,12 +269,6 @@ def _require(packages: dict[str, str], error: type[Exception]) -> None:
         raise error(
             f"the neuron backend needs {' and '.join(missing)} (not installed): {INSTALL}; or use --backend cpu"
         )
-
-
-def _require_compiler(compiler: str, error: type[Exception]) -> None:
-    # torch-neuronx registers "neuron" through the torch_dynamo_backends entry point group.
-    if compiler not in torch._dynamo.list_backends(exclude_tags=()):
-        raise error(f"no torch.compile backend named {compiler!r}: the neuron backend needs torch-neuronx; {INSTALL}")
 
 
 def neuron_core_count() -> int:
@@ -244,6 +297,16 @@ def pin_cores(rank: Rank) -> None:
 def _require_cores(error: type[Exception], context: str) -> None:
     if neuron_core_count() == 0:
         raise error(f"{context}no NeuronCore is visible on this host (/dev/neuron*, NEURON_RT_VISIBLE_CORES): {WHERE}")
+
+
+def _require_tp_cores(degree: int) -> None:
+    """A tensor-parallel export compiles on `degree` NeuronCores, one rank process each."""
+    cores = neuron_core_count()
+    if cores < degree:
+        raise ExportError(
+            f"tp_degree={degree} compiles on {degree} NeuronCores (one process each) but {cores} are visible "
+            "(NEURON_RT_VISIBLE_CORES): make more cores visible or lower --tensor-parallel-size"
+        )
 
 
 def _check_target(neuron_config: NeuronConfig) -> None:

@@ -1,8 +1,9 @@
 """NeuronWorker: vLLM's worker for an exported artifact, one per tensor-parallel rank of each engine.
 
 With tp_degree > 1 vLLM's multiprocess executor starts one worker process per rank and sends every rank the same
-scheduler output: each joins the ranks' process group (gloo on the CPU backend), loads its shard and makes the
-same graph calls in lockstep; vLLM reads the sampled tokens of rank 0 only (MultiprocExecutor.output_rank).
+scheduler output: each joins the ranks' process group (the artifact's backend chooses it: gloo on the CPU backend;
+on Neuron gloo for host tensors and TorchNeuron's "neuron" backend for device tensors), loads its shard and makes
+the same graph calls in lockstep; vLLM reads the sampled tokens of rank 0 only (MultiprocExecutor.output_rank).
 Each data-parallel engine has its own workers, artifact instance and cache, placed by placement.py.
 
 Step protocol of vLLM 0.32: execute_model(scheduler_output) keeps the step's ModelRunnerOutput
@@ -13,6 +14,7 @@ and returns None, then sample_tokens(grammar_output) returns it. A step with no 
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -22,6 +24,8 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
+from ..artifact import load_neuron_config
+from ..backends import get_backend
 from ..backends.neuron import pin_cores
 from ..placement import Rank
 from ..runtime import NeuronModelForCausalLM
@@ -66,13 +70,10 @@ class NeuronWorker(WorkerBase):
         if serves_on_neuron():
             pin_cores(rank)
         if rank.tp_size > 1 and not dist.is_initialized():
-            # CPU tensors (host-drawn uniforms, sampled tokens) go over gloo, device tensors over TorchNeuron's
-            # native "neuron" backend.
-            backend = "cpu:gloo,neuron:neuron" if serves_on_neuron() else "gloo"
-            dist.init_process_group(
-                backend, init_method=self.distributed_init_method, rank=self.rank, world_size=rank.tp_size,
-                timeout=timedelta(minutes=30),
-            )  # fmt: skip
+            # The artifact's backend joins the ranks: gloo on the CPU backend; on Neuron, device tensors (the graphs'
+            # collectives) over TorchNeuron's native "neuron" backend and host tensors (uniforms, tokens) over gloo.
+            backend = get_backend(load_neuron_config(Path(self.model_config.model)))
+            backend.init_process_group(self.rank, rank.tp_size, self.distributed_init_method, timedelta(minutes=30))
 
     def placement(self) -> Rank:
         """This worker's place among the server's ranks: its engine (DP rank) and its rank in the engine."""

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
-import os
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -20,6 +17,7 @@ from optimum_neuron_plugin.models.args import ModelArgs
 from optimum_neuron_plugin.models.kv_cache import empty_cache
 from optimum_neuron_plugin.runtime import _to_params
 from tests.core.helpers import SEEDS, VOCAB
+from tests.neuron.fake_compiler import FakeNeuronCompiler
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -53,27 +51,6 @@ def build_tiny(name: str) -> TinyModel:
 @pytest.fixture(scope="module")
 def tiny_models() -> dict[str, TinyModel]:
     return {name: build_tiny(name) for name in ARCHITECTURES}
-
-
-@dataclass(eq=False)  # hashable: Dynamo's registry keys on the function
-class FakeNeuronCompiler:
-    """Stands in for TorchNeuron's Dynamo backend: one "NEFF" per distinct graph in the persistent cache
-    directory TorchNeuron reads from CACHE_ENV, a cache hit when the file is there; runs the graph eagerly."""
-
-    compiled: list[str] = field(default_factory=list)
-    hits: list[str] = field(default_factory=list)
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        signature = [(tuple(x.shape), str(x.dtype)) for x in example_inputs if isinstance(x, torch.Tensor)]
-        key = hashlib.sha256((gm.code + repr(signature)).encode()).hexdigest()
-        path = Path(os.environ[CACHE_ENV]) / key[:2] / f"{key}.neff"
-        if path.is_file():
-            self.hits.append(key)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(gm.code)
-            self.compiled.append(key)
-        return gm.forward
 
 
 @pytest.fixture

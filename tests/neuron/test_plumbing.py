@@ -114,10 +114,11 @@ def test_artifacts_built_for_another_target_or_compiler_are_refused(tmp_path):
     neuron._check_compiled_here(tmp_path, dict(built))
 
 
-def test_tensor_parallel_is_refused_before_anything(tmp_path):
-    with pytest.raises(ExportError, match=r"tp_degree=2 .*--tensor-parallel-size 1"):
-        neuron.NeuronBackend(NeuronConfig(**{**CONFIG, "tp_degree": 2})).compile([], {}, [], tmp_path, print)
-    assert list(tmp_path.iterdir()) == []
+@NO_SDK
+def test_a_tensor_parallel_export_needs_one_visible_core_per_rank():
+    """(Tensor parallelism itself: tests/neuron/test_tensor_parallel.py.)"""
+    with pytest.raises(ExportError, match=r"tp_degree=2 compiles on 2 NeuronCores \(one process each\) but 0 are"):
+        neuron._require_tp_cores(2)
 
 
 def test_a_graph_missing_from_the_artifact_cache_is_reported_at_load(

@@ -1,0 +1,65 @@
+"""A stand-in for TorchNeuron's Dynamo backend, for hosts without the Neuron SDK.
+
+Importing this module registers two Dynamo backends, so a process started by the product (a rank of a
+tensor-parallel export) gets them through NeuronBackend(compiler_module=MODULE), without any patching:
+- FAKE: compiles like FakeNeuronCompiler (one "NEFF" file per distinct graph in the cache TorchNeuron would use);
+- FAILS_ON_RANK_1: the same, but the compile raises in the process of torch.distributed rank 1.
+With LOG_ENV set to a file, every compile appends "<rank> <key> compiled|hit" to it (rank processes cannot return
+the in-memory lists).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from optimum_neuron_plugin.backends.neuron import CACHE_ENV
+
+MODULE = __name__
+FAKE = "fake_neuron"
+FAILS_ON_RANK_1 = "fake_neuron_fails_on_rank_1"
+LOG_ENV = "ONP_TEST_COMPILE_LOG"
+FAILURE = "fake neuronx-cc failure on rank 1"
+
+
+@dataclass(eq=False)  # hashable: Dynamo's registry keys on the function
+class FakeNeuronCompiler:
+    """Stands in for TorchNeuron's Dynamo backend: one "NEFF" per distinct graph in the persistent cache
+    directory TorchNeuron reads from CACHE_ENV, a cache hit when the file is there; runs the graph eagerly."""
+
+    fail_on_rank: int | None = None
+    compiled: list[str] = field(default_factory=list)
+    hits: list[str] = field(default_factory=list)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        if rank == self.fail_on_rank:
+            raise RuntimeError(FAILURE)
+        signature = [(tuple(x.shape), str(x.dtype)) for x in example_inputs if isinstance(x, torch.Tensor)]
+        key = hashlib.sha256((gm.code + repr(signature)).encode()).hexdigest()
+        path = Path(os.environ[CACHE_ENV]) / key[:2] / f"{key}.neff"
+        what = "hit" if path.is_file() else "compiled"
+        if what == "compiled":
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(gm.code)
+        (self.hits if what == "hit" else self.compiled).append(key)
+        if os.environ.get(LOG_ENV):
+            with open(os.environ[LOG_ENV], "a") as log:
+                log.write(f"{rank} {key} {what}\n")
+        return gm.forward
+
+
+torch._dynamo.register_backend(FakeNeuronCompiler(), name=FAKE)
+torch._dynamo.register_backend(FakeNeuronCompiler(fail_on_rank=1), name=FAILS_ON_RANK_1)
+
+
+def read_log(path: Path) -> list[tuple[int, str, str]]:
+    """(rank, graph key, "compiled" or "hit") per compile, in order."""
+    if not path.is_file():
+        return []
+    return [(int(rank), key, what) for rank, key, what in (line.split() for line in path.read_text().splitlines())]

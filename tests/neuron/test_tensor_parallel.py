@@ -1,0 +1,111 @@
+"""Tensor parallelism on the neuron backend, with the stand-in compiler (fake_compiler.py) on the cpu device.
+
+The export of a tiny Llama (4 query heads, 2 KV heads) at tp 2 starts 2 rank processes; each compiles every graph
+for the live process group (gloo here; TorchNeuron's "neuron" group on a device) into the artifact's one cache, and
+the manifests list every file. The artifact then loads in 2 processes, finds every graph in that cache and
+generates tp 1's and HF's greedy tokens. A rank failing to compile ends the export with one line naming the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+from support.references import hf_greedy, runtime_greedy
+from support.tensor_parallel import run_ranks
+from support.tiny_models import save_tiny, tiny_model
+
+from optimum_neuron_plugin import ExportError, NeuronConfig, NeuronModelForCausalLM
+from optimum_neuron_plugin.backends.neuron import CACHE_DIR, CACHE_ENV, NeuronBackend
+from optimum_neuron_plugin.graphs import graph_specs
+from tests.core.helpers import SEEDS, VOCAB, prompt
+from tests.neuron.fake_compiler import FAILS_ON_RANK_1, FAILURE, FAKE, LOG_ENV, MODULE, read_log
+
+TP = 2
+SHAPE = dict(backend="neuron", batch_size=2, sequence_length=32, prefill_chunk_size=8, context_buckets=(16, 32))
+PROMPT = prompt(13, seed=3)  # 2 chunks; decoding crosses from bucket 16 to bucket 32
+NEW_TOKENS = 10
+FAKE_BACKEND = partial(NeuronBackend, compiler=FAKE, device="cpu", compiler_module=MODULE)
+
+
+def export(source: Path, output: Path, tp_degree: int, make_backend=FAKE_BACKEND) -> Path:
+    model = NeuronModelForCausalLM.export(source, NeuronConfig(**SHAPE, tp_degree=tp_degree), make_backend=make_backend)
+    model.save_pretrained(output)
+    return output
+
+
+def greedy_worker(rank: int, artifact: Path, out: Path) -> None:
+    model = NeuronModelForCausalLM.from_pretrained(artifact, make_backend=FAKE_BACKEND)
+    model.warm_up()  # every graph once: each must be found in the artifact's cache
+    torch.save(runtime_greedy(model, PROMPT, NEW_TOKENS), out / f"rank{rank}.pt")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("hf") / "llama", "llama", seed=SEEDS["llama"], vocab_size=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def run(source, tmp_path_factory) -> dict:
+    """The tp 2 export (compile log of its ranks), its greedy tokens on 2 loading ranks (their compile log),
+    and tp 1's greedy tokens."""
+    root = tmp_path_factory.mktemp("neuron-tp")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv(CACHE_ENV, "unset")  # restored: the backend points it at each artifact
+        env.setenv(LOG_ENV, str(root / "export.log"))
+        artifact = export(source, root / "tp2", TP)
+        env.setenv(LOG_ENV, str(root / "load.log"))
+        run_ranks(greedy_worker, TP, artifact, root)
+        env.delenv(LOG_ENV)
+        tp1_artifact = export(source, root / "tp1", 1)
+        torch._dynamo.reset()  # as in a new process: Dynamo traces the graphs again
+        tp1 = NeuronModelForCausalLM.from_pretrained(tp1_artifact, make_backend=FAKE_BACKEND)
+        tp1_tokens = runtime_greedy(tp1, PROMPT, NEW_TOKENS)
+    return {
+        "artifact": artifact,
+        "export_log": read_log(root / "export.log"),
+        "load_log": read_log(root / "load.log"),
+        "ranks": [torch.load(root / f"rank{r}.pt") for r in range(TP)],
+        "tp1": tp1_tokens,
+    }
+
+
+def test_every_rank_compiles_every_graph_into_the_artifacts_one_cache(run):
+    artifact, specs = run["artifact"], graph_specs(NeuronConfig(**SHAPE, tp_degree=TP))
+    assert json.loads((artifact / "neuron_config.json").read_text())["tp_degree"] == TP
+    by_rank = {r: [key for rank, key, _ in run["export_log"] if rank == r] for r in range(TP)}
+    assert all(len(keys) == len(specs) == 4 for keys in by_rank.values())  # every graph once on every rank
+    assert set(by_rank[0]) == set(by_rank[1])  # the same graphs: the cache keys do not depend on the rank
+    cache = artifact / "graphs" / CACHE_DIR
+    neffs = {p.relative_to(artifact / "graphs").as_posix() for p in cache.rglob("*.neff")}
+    assert {Path(name).stem for name in neffs} == set(by_rank[0])
+    listed = [json.loads((artifact / "graphs" / f"{spec.key}.neuron.json").read_text()) for spec in specs]
+    assert all(len(manifest["cache_files"]) == 1 for manifest in listed)
+    assert {name for manifest in listed for name in manifest["cache_files"]} == neffs
+
+
+def test_two_ranks_load_their_shards_and_generate_tp1_and_hf_greedy_tokens(run):
+    expected = hf_greedy(tiny_model("llama", seed=SEEDS["llama"], vocab_size=VOCAB), PROMPT, NEW_TOKENS)
+    assert run["tp1"] == expected
+    assert run["ranks"] == [expected] * TP
+    exported = {key for _, key, _ in run["export_log"]}
+    for r in range(TP):  # each rank found every graph in the artifact's cache and compiled nothing
+        assert {(key, what) for rank, key, what in run["load_log"] if rank == r} == {(key, "hit") for key in exported}
+
+
+def test_a_rank_failing_to_compile_fails_the_export_with_one_line_naming_it(source, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, "unset")
+    failing = partial(NeuronBackend, compiler=FAILS_ON_RANK_1, device="cpu", compiler_module=MODULE)
+    with pytest.raises(ExportError) as raised:
+        NeuronModelForCausalLM.export(source, NeuronConfig(**SHAPE, tp_degree=TP), make_backend=failing)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"tensor-parallel export on {TP} ranks failed: rank 1: compiling graph chunked_prefill_16"
+    )
+    assert FAILURE in message
+    assert not multiprocessing.active_children()  # rank 0, blocked in the graph's collective, was stopped
