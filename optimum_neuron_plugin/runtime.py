@@ -388,7 +388,7 @@ def _compile(backend, args, plan, neuron_config, params, workdir, progress) -> N
     rank's are the same) against a fake process group: one rank-independent program per graph and bucket. TorchNeuron
     compiles them for a live group instead: one process per NeuronCore, each on its shard (backends/neuron_ranks.py)."""
     nc = neuron_config
-    if nc.tp_degree > 1 and backend.name == "neuron":
+    if nc.tp_degree > 1 and backend.compiles_on_live_ranks:
         compile_on_ranks(backend, args, params, artifact.torch_dtype(nc), workdir, progress)
         return
     shard = sharding.shard_params(params, args, plan, 0)

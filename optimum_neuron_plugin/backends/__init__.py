@@ -40,6 +40,9 @@ class LoadedGraphs(Protocol):
 
 class Backend(Protocol):
     name: str
+    # Tensor-parallel graphs are compiled for a live process group, one process per rank
+    # (backends/neuron_ranks.py), instead of traced once against a fake group.
+    compiles_on_live_ranks: bool
 
     def check_can_compile(self) -> None:
         """Fail before any weight is loaded when this host cannot compile (e.g. the SDK is absent)."""

@@ -56,6 +56,7 @@ FORMATS = {
 
 class CpuBackend:
     name = "cpu"
+    compiles_on_live_ranks = False
 
     def __init__(self, neuron_config: NeuronConfig) -> None:
         self.neuron_config = neuron_config

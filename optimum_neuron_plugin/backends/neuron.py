@@ -76,6 +76,7 @@ class NeuronBackend:
     backend under that name (the tests' stand-in compiler, which runs on device "cpu")."""
 
     name = "neuron"
+    compiles_on_live_ranks = True  # TorchNeuron lowers collectives against the live group
 
     def __init__(
         self,
