@@ -213,12 +213,13 @@ class NeuronGraphs:
             g.spec: torch.compile(g.to(self.device), backend=backend.compiler, fullgraph=True, dynamic=False)
             for g in graphs
         }
+        _GRAPHS_IN_PROCESS[0] += len(graphs)
 
     def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
         inputs = [x.to(self.device) for x in inputs]
         before = _files_under(self.cache) if spec in self.unchecked else None
         # Every graph shares one code object (DecoderGraph.forward): Dynamo keeps one cache entry per distinct graph.
-        with torch.no_grad(), _dynamo_limit(len(self.compiled)):
+        with torch.no_grad(), _dynamo_limit(_GRAPHS_IN_PROCESS[0]):
             output = self.compiled[spec](self.params, self.caches, *inputs)
         if before is not None:
             self.unchecked.discard(spec)
@@ -227,6 +228,11 @@ class NeuronGraphs:
                     "graph %s was not in %s and was compiled at load time; export again", spec.key, self.cache
                 )
         return output.cpu()
+
+
+# Graphs built in this process: every one is a Dynamo cache entry of the same code object (DecoderGraph.forward),
+# the entries of an earlier model (a test, a second export in one process) included.
+_GRAPHS_IN_PROCESS = [0]
 
 
 @contextmanager
