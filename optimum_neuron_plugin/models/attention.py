@@ -14,32 +14,30 @@ def attend(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    seq_ids: torch.Tensor,
-    position_ids: torch.Tensor,
+    rows: kv_cache.CallRows,
     bias: torch.Tensor,
 ) -> torch.Tensor:
     """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D].
 
-    Writes k/v into the cache rows seq_ids at position_ids, then attends cache positions [0, L) of
+    Writes k/v into the cache at the call's rows and positions, then attends cache positions [0, L) of
     those rows under `bias` [n, 1, G*T, L] (masks.attention_bias; L: the graph's context bucket).
-    A call with one row per cache row (token_generation) attends the cache in place, in slot order;
-    other calls read copies of their rows.
+    A call with one row per cache row (token_generation) attends the cache in place, in slot order,
+    and its bias must already be in slot order (to_slots); other calls read copies of their rows.
     """
-    kv_cache.write(k_cache, seq_ids, position_ids, k)
-    kv_cache.write(v_cache, seq_ids, position_ids, v)
+    kv_cache.write(k_cache, rows, k)
+    kv_cache.write(v_cache, rows, v)
     bucket = bias.shape[-1]
-    if q.shape[0] == k_cache.shape[0]:
-        q_slots, bias_slots = _to_slots(q, seq_ids), _to_slots(bias, seq_ids)
-        out = _attend_rows(q_slots, bias_slots, kv_cache.all_rows(k_cache, bucket), kv_cache.all_rows(v_cache, bucket))
-        return out.index_select(0, seq_ids)
-    keys, values = kv_cache.read(k_cache, seq_ids, bucket), kv_cache.read(v_cache, seq_ids, bucket)
+    if rows.in_slot_order:
+        keys, values = kv_cache.all_rows(k_cache, bucket), kv_cache.all_rows(v_cache, bucket)
+        return _attend_rows(to_slots(q, rows.seq_ids), bias, keys, values).index_select(0, rows.seq_ids)
+    keys, values = kv_cache.read(k_cache, rows.seq_ids, bucket), kv_cache.read(v_cache, rows.seq_ids, bucket)
     return _attend_rows(q, bias, keys, values)
 
 
-def _to_slots(x: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
-    """Row i of x moved to row seq_ids[i]. Padding rows repeat row 0 (same slot, same values); slots
-    without a row get zeros (their queries attend every position equally: finite, and discarded)."""
-    return torch.zeros_like(x).index_copy(0, seq_ids.long(), x)
+def to_slots(x: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
+    """Row i of x moved to row seq_ids[i] (int64). Padding rows repeat row 0 (same slot, same values);
+    slots without a row get zeros (their queries attend every position equally: finite, and discarded)."""
+    return torch.zeros_like(x).index_copy(0, seq_ids, x)
 
 
 def _attend_rows(q: torch.Tensor, bias: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:

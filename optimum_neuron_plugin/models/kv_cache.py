@@ -8,6 +8,8 @@ the cache never travels to the host. Reads need no transpose: a row is already [
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -18,15 +20,30 @@ def empty_cache(
     return [torch.zeros(shape, dtype=dtype) for _ in range(2 * num_layers)]
 
 
-def write(cache: torch.Tensor, seq_ids: torch.Tensor, position_ids: torch.Tensor, values: torch.Tensor) -> None:
-    """The KV scatter: values [n, T, kv_heads, head_dim] to rows seq_ids [n] at positions position_ids [n, T]."""
-    rows, kv_heads, length, head_dim = cache.shape
-    heads = torch.arange(kv_heads, device=cache.device)
-    flat_index = (seq_ids[:, None, None].long() * kv_heads + heads) * length + position_ids[:, :, None]
+@dataclass(frozen=True)
+class CallRows:
+    """Where one graph call's tokens go in the cache, computed once per call and shared by every layer."""
+
+    seq_ids: torch.Tensor  # [n] int64: the cache row of each call row
+    flat_index: torch.Tensor  # [n * T * kv_heads]: the flat cache row of each new K/V vector (see module doc)
+    in_slot_order: bool  # one call row per cache row (token_generation): attention runs on the cache in place
+
+    @classmethod
+    def of(cls, cache: torch.Tensor, seq_ids: torch.Tensor, position_ids: torch.Tensor) -> CallRows:
+        rows, kv_heads, length, _ = cache.shape
+        seq_ids = seq_ids.long()  # index_copy_ wants int64 indices
+        heads = torch.arange(kv_heads, device=cache.device)
+        flat_index = (seq_ids[:, None, None] * kv_heads + heads) * length + position_ids[:, :, None]
+        return cls(seq_ids, flat_index.reshape(-1), seq_ids.shape[0] == rows)
+
+
+def write(cache: torch.Tensor, rows: CallRows, values: torch.Tensor) -> None:
+    """The KV scatter: values [n, T, kv_heads, head_dim] to the rows and positions of the call."""
     # index_copy_ on a view of the cache input: TorchNeuron's Dynamo backend records it as a mutation of
     # that input (aliasing_analysis.py, INPLACE_METHODS) and aliases it to an output, so the cache is
-    # updated in place on the device. index_copy_ wants int64 indices.
-    cache.view(-1, head_dim).index_copy_(0, flat_index.reshape(-1), values.reshape(-1, head_dim))
+    # updated in place on the device.
+    head_dim = cache.shape[-1]
+    cache.view(-1, head_dim).index_copy_(0, rows.flat_index, values.reshape(-1, head_dim))
 
 
 def read(cache: torch.Tensor, seq_ids: torch.Tensor, bucket: int) -> torch.Tensor:

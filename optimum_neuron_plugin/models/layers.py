@@ -11,9 +11,10 @@ from .args import ModelArgs
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    x32 = x.float()
+    # Casts only where the dtype changes: an fp32 graph would otherwise hold two no-op casts per norm.
+    x32 = x if x.dtype == torch.float32 else x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    return weight * (x32 if x.dtype == torch.float32 else x32.to(x.dtype))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

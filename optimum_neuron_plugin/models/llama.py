@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from . import masks
+from . import kv_cache, masks
 from .args import ModelArgs
-from .attention import attend
+from .attention import attend, to_slots
 from .collectives import SINGLE, Collectives
 from .layers import apply_rope, linear, mlp, rms_norm, rope_cos_sin
 from .masks import MASK_FILL
@@ -57,13 +57,14 @@ def decoder_logits(
     x = _embed(params, input_ids, cc)
     cos, sin = rope_cos_sin(position_ids, inv_freq, x.dtype)
     groups = args.num_attention_heads // args.num_key_value_heads
+    rows = kv_cache.CallRows.of(caches[0], seq_ids, position_ids)
     attn_bias = masks.attention_bias(position_ids, bucket, groups, x.dtype)
+    if rows.in_slot_order:
+        attn_bias = to_slots(attn_bias, rows.seq_ids)
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."
         h = rms_norm(x, params[p + "input_layernorm.weight"], args.rms_norm_eps)
-        h = _attention(
-            args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], seq_ids, position_ids, attn_bias, cc
-        )
+        h = _attention(args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], rows, attn_bias, cc)
         x = x + h
         h = rms_norm(x, params[p + "post_attention_layernorm.weight"], args.rms_norm_eps)
         x = x + cc.all_reduce(mlp(h, *(params[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))))
@@ -87,7 +88,7 @@ def _embed(params: Params, input_ids: torch.Tensor, cc: Collectives) -> torch.Te
     return cc.all_reduce(x)
 
 
-def _attention(args, params, p, h, cos, sin, k_cache, v_cache, seq_ids, position_ids, attn_bias, cc):
+def _attention(args, params, p, h, cos, sin, k_cache, v_cache, rows, attn_bias, cc):
     n, t, _ = h.shape
     a = p + "self_attn."
     q = linear(h, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"))
@@ -100,7 +101,7 @@ def _attention(args, params, p, h, cos, sin, k_cache, v_cache, seq_ids, position
         q = rms_norm(q, params[a + "q_norm.weight"], args.rms_norm_eps)
         k = rms_norm(k, params[a + "k_norm.weight"], args.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    out = attend(q, k, v, k_cache, v_cache, seq_ids, position_ids, attn_bias)
+    out = attend(q, k, v, k_cache, v_cache, rows, attn_bias)
     if cc.degree == 1:
         return linear(out, params[a + "o_proj.weight"], params.get(a + "o_proj.bias"))
     # Row-parallel: each rank's partial sum, then the bias once.

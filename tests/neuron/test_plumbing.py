@@ -67,10 +67,11 @@ def test_outputs_match_the_cpu_backend_and_the_cache_is_updated_in_place(tiny_mo
     ids = torch.arange(8, dtype=torch.int32)[None] * 7
     positions, seq = torch.arange(8, dtype=torch.int32)[None], torch.tensor([1], dtype=torch.int32)
     cache_before = device.caches[0]
-    assert torch.equal(device(prefill, ids, positions, seq), reference(prefill, ids, positions, seq))
+    # Equal up to rounding: the CPU backend computes small-row linears weight-major (backends/cpu.py).
+    torch.testing.assert_close(device(prefill, ids, positions, seq), reference(prefill, ids, positions, seq))
     assert device.caches[0] is cache_before and cache_before[1, :, :8].abs().sum() > 0
     for mine, theirs in zip(device.caches, reference_caches, strict=True):
-        assert torch.equal(mine, theirs)
+        torch.testing.assert_close(mine, theirs)
 
 
 @NO_SDK

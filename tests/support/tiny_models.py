@@ -73,8 +73,20 @@ def tiny_model(architecture: str = "llama", seed: int = 0, tokenizer=None, **ove
         )
     torch.manual_seed(seed)
     model = model_cls(config_cls(**{**COMMON, **extra, **special, **overrides})).eval()
+    _randomize_biases_and_norms(model)
     model.generation_config.pad_token_id = model.config.pad_token_id or 0
     return model
+
+
+@torch.no_grad()
+def _randomize_biases_and_norms(model: PreTrainedModel) -> None:
+    """HF initialises biases to 0 and norm weights to 1: a graph that dropped either would still match HF."""
+    std = model.config.initializer_range
+    for name, param in model.named_parameters():
+        if name.endswith(".bias"):
+            param.normal_(0.0, std)
+        elif "norm" in name:
+            param.copy_(1.0 + std * torch.randn_like(param))
 
 
 def build_atomically(target: Path, build: Callable[[Path], object]) -> Path:

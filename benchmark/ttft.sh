@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Time to first token of long prompts through the servers, in one run: each configuration in CONFIGS (plugin
+# configurations and vLLM CPU) served at SEQUENCE_LENGTH, then one prompt of each length in TTFT_LENGTHS at
+# a time (OUTPUT_LEN 1); prints TTFT p50 per configuration and its ratio to the last configuration.
+#
+#   benchmark/ttft.sh     # chunked-hybrid, ce-ods, vllm-cpu; 2048- and 4000-token prompts; sequence length 4096
+#
+# benchmark/prefill.py measures the same prefill as graph calls (no server) against HF eager. Knobs: those of
+# benchmark/common.sh; defaults here: SEQUENCE_LENGTH 4096, CHUNK_SIZE 512, BATCH_SIZE 1, NUM_PROMPTS 2.
+# Results: benchmark/results/ttft-<timestamp>/len<L>/ (drive.sh files) and ttft.md (the table).
+set -euo pipefail
+export SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-4096} CHUNK_SIZE=${CHUNK_SIZE:-512} BATCH_SIZE=${BATCH_SIZE:-1}
+export NUM_PROMPTS=${NUM_PROMPTS:-2} OUTPUT_LEN=1 CONCURRENCY=1
+# shellcheck source=benchmark/common.sh
+source "$(dirname "$0")/common.sh"
+TTFT_CONFIGS=${TTFT_CONFIGS:-chunked-hybrid ce-ods vllm-cpu}
+TTFT_LENGTHS=${TTFT_LENGTHS:-2048 4000}
+OUT=${TTFT_RUN_DIR:-$RESULTS_ROOT/ttft-$(date +%Y%m%d-%H%M%S)}
+for length in $TTFT_LENGTHS; do
+  [ "$length" -lt "$SEQUENCE_LENGTH" ] || die "TTFT_LENGTHS: $length leaves no room for a token in SEQUENCE_LENGTH=$SEQUENCE_LENGTH"
+done
+
+current=""
+trap '[ -z "$current" ] || RUN_DIR=$OUT "$BENCH_DIR/serve.sh" --stop "$current" || true' EXIT
+mkdir -p "$OUT"
+for name in $TTFT_CONFIGS; do
+  current=$name
+  RUN_DIR=$OUT "$BENCH_DIR/serve.sh" "$name"
+  for length in $TTFT_LENGTHS; do
+    RUN_DIR=$OUT INPUT_LEN=$length "$BENCH_DIR/drive.sh" "$name"
+    mkdir -p "$OUT/len$length"
+    mv "$OUT/$name-c1".* "$OUT/len$length/"
+  done
+  RUN_DIR=$OUT "$BENCH_DIR/serve.sh" --stop "$name"
+  current=""
+done
+
+"$PYTHON" - "$OUT" $TTFT_LENGTHS -- $TTFT_CONFIGS <<'PY' | tee "$OUT/ttft.md"
+import json, sys
+from pathlib import Path
+
+out, rest = Path(sys.argv[1]), sys.argv[2:]
+split = rest.index("--")
+lengths, names = rest[:split], rest[split + 1 :]
+print("| prompt tokens | " + " | ".join(f"{n} TTFT p50 ms" for n in names) + " | " +
+      " | ".join(f"{n} / {names[-1]}" for n in names[:-1]) + " |")
+print("|---:|" + "---:|" * (2 * len(names) - 1))
+for length in lengths:
+    ttft = [json.loads((out / f"len{length}" / f"{n}-c1.json").read_text())["median_ttft_ms"] for n in names]
+    cells = [f"{t:.0f}" for t in ttft] + [f"{t / ttft[-1]:.2f}" for t in ttft[:-1]]
+    print(f"| {length} | " + " | ".join(cells) + " |")
+PY
