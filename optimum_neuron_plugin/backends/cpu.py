@@ -48,9 +48,6 @@ def _save_exported(program: torch.export.ExportedProgram, path: Path) -> None:
 
 def _load_exported(path: Path) -> torch.fx.GraphModule:
     module = torch.export.load(str(path)).module()
-    # Its pre-hook walks every input (each weight and cache tensor) in Python on every call to check shapes
-    # the runtime already fixed: milliseconds per decode step.
-    module.validate_inputs = False
     use_weight_major_linears(module)
     return module
 
@@ -166,7 +163,18 @@ class CpuGraphs:
 
     def __init__(self, programs: dict[GraphSpec, Callable], params: dict, caches: list[torch.Tensor]) -> None:
         self.programs, self.params, self.caches = programs, params, caches
+        self.unchecked = set(programs)
 
     def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
+        program = self.programs[spec]
         with torch.inference_mode():
-            return self.programs[spec](self.params, self.caches, *inputs)
+            output = program(self.params, self.caches, *inputs)
+        if spec in self.unchecked:
+            # An exported module checks every input against the shapes it was traced with: the first call (the
+            # warm-up) keeps that check, which catches a graph file of another export. Later calls skip it: it
+            # walks every weight and cache tensor in Python (milliseconds per decode step), and the runtime
+            # fixes every shape.
+            self.unchecked.discard(spec)
+            if isinstance(program, torch.nn.Module):
+                program.validate_inputs = False
+        return output
