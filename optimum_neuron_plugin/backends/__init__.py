@@ -23,6 +23,13 @@ from ..graphs import DecoderGraph, GraphSpec
 Progress = Callable[[str], None]
 
 
+def join_gloo_group(rank: int, world_size: int, init_method: str, timeout: timedelta) -> None:
+    """The ranks' torch.distributed group when every collective runs on host tensors."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
+
+
 def neuron_devices_present() -> bool:
     return any(Path("/dev").glob("neuron[0-9]*"))
 

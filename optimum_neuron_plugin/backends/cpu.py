@@ -13,13 +13,12 @@ from datetime import timedelta
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from ..config import NeuronConfig
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from ..models.collectives import GROUP_OPS
-from . import Progress
+from . import Progress, join_gloo_group
 
 GRAPH_DIR = "graphs"
 
@@ -103,7 +102,7 @@ class CpuBackend:
 
     def init_process_group(self, rank: int, world_size: int, init_method: str, timeout: timedelta) -> None:
         """Joins the tensor-parallel ranks: gloo, the programs' collectives run on host tensors."""
-        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
+        join_gloo_group(rank, world_size, init_method, timeout)
 
     def graph_path(self, directory: Path, spec: GraphSpec) -> Path:
         return Path(directory) / GRAPH_DIR / f"{spec.key}{self.format.suffix}"

@@ -38,7 +38,7 @@ from ..config import NEURON_CONFIG_FILE, NeuronConfig
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from ..placement import Rank, neuron_core
-from . import Progress, neuron_devices_present
+from . import Progress, join_gloo_group, neuron_devices_present
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class NeuronBackend:
         """Joins the tensor-parallel ranks, before the first use of the device: device tensors (the graphs'
         collectives) go over TorchNeuron's native "neuron" backend, host tensors over gloo."""
         if self.device != "neuron":
-            dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
+            join_gloo_group(rank, world_size, init_method, timeout)
             return
         import torch_neuronx  # noqa: F401 - registers the "neuron" process group backend
 
@@ -196,6 +196,10 @@ class NeuronBackend:
 class NeuronGraphs:
     """Every graph compiled for the device, with the weights and the KV cache moved there once."""
 
+    # Graphs built in this process, an earlier model's (a test, a second export) included: each is a Dynamo cache
+    # entry of the same code object (DecoderGraph.forward), and the recompile limit must cover them all.
+    built_in_process = 0
+
     def __init__(
         self,
         backend: NeuronBackend,
@@ -213,13 +217,13 @@ class NeuronGraphs:
             g.spec: torch.compile(g.to(self.device), backend=backend.compiler, fullgraph=True, dynamic=False)
             for g in graphs
         }
-        _GRAPHS_IN_PROCESS[0] += len(graphs)
+        NeuronGraphs.built_in_process += len(graphs)
 
     def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
         inputs = [x.to(self.device) for x in inputs]
         before = _files_under(self.cache) if spec in self.unchecked else None
         # Every graph shares one code object (DecoderGraph.forward): Dynamo keeps one cache entry per distinct graph.
-        with torch.no_grad(), _dynamo_limit(_GRAPHS_IN_PROCESS[0]):
+        with torch.no_grad(), _dynamo_limit(NeuronGraphs.built_in_process):
             output = self.compiled[spec](self.params, self.caches, *inputs)
         if before is not None:
             self.unchecked.discard(spec)
@@ -228,11 +232,6 @@ class NeuronGraphs:
                     "graph %s was not in %s and was compiled at load time; export again", spec.key, self.cache
                 )
         return output.cpu()
-
-
-# Graphs built in this process: every one is a Dynamo cache entry of the same code object (DecoderGraph.forward),
-# the entries of an earlier model (a test, a second export in one process) included.
-_GRAPHS_IN_PROCESS = [0]
 
 
 @contextmanager
