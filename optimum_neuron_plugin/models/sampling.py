@@ -6,6 +6,8 @@ generator, so a seeded request samples the same tokens on any backend.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .collectives import SINGLE, Collectives
@@ -20,6 +22,7 @@ def sample(
     cc: Collectives = SINGLE,
     vocab_offset: torch.Tensor | None = None,
     vocab_size: int | None = None,
+    running_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """logits [n, V], params [n, 3] = (top_k, top_p, temperature), uniform [n, 1] in [0, 1) -> token ids [n].
 
@@ -27,6 +30,8 @@ def sample(
     Under tensor parallelism `logits` are this rank's vocabulary slice, starting at global id `vocab_offset`:
     each rank's top k (with global ids) is all-gathered and the global top k is taken among them, so every
     rank holds the same candidates and, given the same `uniform`, samples the same token.
+    `running_sum` (default: triangular_running_sum, for the graphs) computes the running sums of the candidates'
+    probabilities; the host sampler passes torch.cumsum.
     """
     k = min(max_topk, logits.shape[-1])
     top_values, top_ids = torch.topk(logits.float(), k, dim=-1)
@@ -36,22 +41,27 @@ def sample(
         k = min(max_topk, vocab_size)
         top_values, order = torch.topk(top_values, k, dim=-1)
         top_ids = global_ids.gather(-1, order).long()
-    return _sample_sorted(top_values, top_ids, params, uniform)
+    return _sample_sorted(top_values, top_ids, params, uniform, running_sum or triangular_running_sum)
 
 
-def _sample_sorted(top_values, top_ids, params, uniform) -> torch.Tensor:
+def triangular_running_sum(probs: torch.Tensor) -> torch.Tensor:
+    """[n, k] -> running sums along k, as a matmul with a triangular matrix, not torch.cumsum (neuronx-cc has a
+    history of cumsum failures): upper[i, j] = 1 where i <= j, so (p @ upper)[j] = p[0] + ... + p[j].
+    The matrix is k x k: fine for max_topk candidates, not for a whole vocabulary."""
+    ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
+    return probs @ (ranks >= ranks.T).to(probs.dtype)
+
+
+def _sample_sorted(top_values, top_ids, params, uniform, running_sum) -> torch.Tensor:
     """Samples among candidates sorted by decreasing logit: values and ids [n, k]."""
     k = top_values.shape[-1]
     top_k, top_p, temperature = params[:, 0:1], params[:, 1:2], params[:, 2:3]
     ranks = torch.arange(k, device=top_values.device)[None, :]
     scaled = (top_values / temperature).masked_fill(ranks >= top_k, MASK_FILL)
     probs = torch.softmax(scaled, dim=-1)
-    # Running sums as a matmul with a triangular matrix, not torch.cumsum (neuronx-cc has a history of
-    # cumsum failures): upper[i, j] = 1 where i <= j, so (p @ upper)[j] = p[0] + ... + p[j].
-    upper = (ranks >= ranks.T).float()
     # Keep a rank while the mass strictly before it is below top_p: rank 0 is always kept.
-    keep = (probs @ upper - probs) < top_p
+    keep = (running_sum(probs) - probs) < top_p
     probs = probs * keep
-    cdf = probs @ upper
+    cdf = running_sum(probs)
     choice = (cdf < uniform * cdf[:, -1:]).sum(dim=-1, keepdim=True).clamp(max=k - 1)
     return top_ids.gather(-1, choice).squeeze(-1)

@@ -153,3 +153,31 @@ def test_same_seed_same_tokens(llama_context, llama_logits):
     assert not torch.equal(first, llama_context.model.generate(ids, seed=1235, **kwargs))
     greedy = llama_context.model.generate(ids, max_new_tokens=12, eos_token_id=[])
     assert not torch.equal(first, greedy)
+
+
+HOST_SAMPLING_UNDER_A_MEMORY_LIMIT = """
+import resource, re
+import torch
+from optimum_neuron_plugin.sampling import SamplingParams, make_generator, sample_on_host
+
+used = int(re.search(r"VmData:\\s+(\\d+) kB", open("/proc/self/status").read()).group(1)) * 1024
+limit = used + (1 << 30)  # 1 GiB above what the process already holds
+resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+logits = torch.randn(2, 49152)  # SmolLM2's vocabulary
+params = [SamplingParams(top_k=0, top_p=0.9, temperature=1.0)] * 2  # no top-k limit: the whole vocabulary
+print(sample_on_host(logits, params, [make_generator(0), make_generator(1)]).tolist())
+"""
+
+
+def test_host_sampler_over_a_whole_vocabulary_needs_no_vocab_squared_memory():
+    """Without on-device sampling the host samples over the whole vocabulary: its running sums must not build the
+    graphs' k x k triangular matrix (9.7 GB for 49152 tokens). Run under a 1 GiB allowance in a child process."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", HOST_SAMPLING_UNDER_A_MEMORY_LIMIT], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    tokens = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - the child's printed list of ints
+    assert len(tokens) == 2 and all(0 <= t < 49152 for t in tokens)
