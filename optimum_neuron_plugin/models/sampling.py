@@ -30,8 +30,8 @@ def sample(
     Under tensor parallelism `logits` are this rank's vocabulary slice, starting at global id `vocab_offset`:
     each rank's top k (with global ids) is all-gathered and the global top k is taken among them, so every
     rank holds the same candidates and, given the same `uniform`, samples the same token.
-    `running_sum` (default: triangular_running_sum, for the graphs) computes the running sums of the candidates'
-    probabilities; the host sampler passes torch.cumsum.
+    `running_sum` (default: triangular_running_sum(k), for the graphs) computes the running sums of the
+    candidates' probabilities; the host sampler passes a torch.cumsum.
     """
     k = min(max_topk, logits.shape[-1])
     top_values, top_ids = torch.topk(logits.float(), k, dim=-1)
@@ -41,15 +41,17 @@ def sample(
         k = min(max_topk, vocab_size)
         top_values, order = torch.topk(top_values, k, dim=-1)
         top_ids = global_ids.gather(-1, order).long()
-    return _sample_sorted(top_values, top_ids, params, uniform, running_sum or triangular_running_sum)
+    running_sum = running_sum or triangular_running_sum(k, top_values.device)
+    return _sample_sorted(top_values, top_ids, params, uniform, running_sum)
 
 
-def triangular_running_sum(probs: torch.Tensor) -> torch.Tensor:
+def triangular_running_sum(k: int, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
     """[n, k] -> running sums along k, as a matmul with a triangular matrix, not torch.cumsum (neuronx-cc has a
     history of cumsum failures): upper[i, j] = 1 where i <= j, so (p @ upper)[j] = p[0] + ... + p[j].
-    The matrix is k x k: fine for max_topk candidates, not for a whole vocabulary."""
-    ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
-    return probs @ (ranks >= ranks.T).to(probs.dtype)
+    The matrix is k x k, built once per call: fine for max_topk candidates, not for a whole vocabulary."""
+    ranks = torch.arange(k, device=device)[None, :]
+    upper = (ranks >= ranks.T).float()
+    return lambda probs: probs @ upper
 
 
 def _sample_sorted(top_values, top_ids, params, uniform, running_sum) -> torch.Tensor:

@@ -156,7 +156,7 @@ def test_same_seed_same_tokens(llama_context, llama_logits):
 
 
 HOST_SAMPLING_UNDER_A_MEMORY_LIMIT = """
-import resource, re
+import json, resource, re
 import torch
 from optimum_neuron_plugin.sampling import SamplingParams, make_generator, sample_on_host
 
@@ -165,13 +165,14 @@ limit = used + (1 << 30)  # 1 GiB above what the process already holds
 resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 logits = torch.randn(2, 49152)  # SmolLM2's vocabulary
 params = [SamplingParams(top_k=0, top_p=0.9, temperature=1.0)] * 2  # no top-k limit: the whole vocabulary
-print(sample_on_host(logits, params, [make_generator(0), make_generator(1)]).tolist())
+print(json.dumps(sample_on_host(logits, params, [make_generator(0), make_generator(1)]).tolist()))
 """
 
 
 def test_host_sampler_over_a_whole_vocabulary_needs_no_vocab_squared_memory():
     """Without on-device sampling the host samples over the whole vocabulary: its running sums must not build the
     graphs' k x k triangular matrix (9.7 GB for 49152 tokens). Run under a 1 GiB allowance in a child process."""
+    import json
     import subprocess
     import sys
 
@@ -179,5 +180,5 @@ def test_host_sampler_over_a_whole_vocabulary_needs_no_vocab_squared_memory():
         [sys.executable, "-c", HOST_SAMPLING_UNDER_A_MEMORY_LIMIT], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    tokens = eval(done.stdout.strip().splitlines()[-1])  # noqa: S307 - the child's printed list of ints
+    tokens = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(tokens) == 2 and all(0 <= t < 49152 for t in tokens)
