@@ -9,7 +9,8 @@ from pathlib import Path
 NEURON_CONFIG_FILE = "neuron_config.json"
 # 2: context-length buckets (one graph file per graph and bucket).
 # 3: int32 index inputs; graphs write the new K/V first, then attend their bucket (bucket > last position).
-FORMAT_VERSION = 3
+# 4: chunk_and_decode graphs (a prompt chunk and a decode batch in one call).
+FORMAT_VERSION = 4
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
 TARGETS = ("trn2", "trn3")
@@ -151,7 +152,7 @@ class NeuronConfig:
         if version < FORMAT_VERSION:
             raise NeuronConfigError(
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
-                f"{FORMAT_VERSION}: graphs per context bucket, int32 index inputs); export the model again"
+                f"{FORMAT_VERSION}: graphs per context bucket, int32 index inputs, chunk_and_decode graphs); export the model again"
             )
         missing = [f.name for f in fields(cls) if f.name not in data]
         if missing:

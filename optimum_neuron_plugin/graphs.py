@@ -4,6 +4,10 @@ weights and the KV cache.
 - chunked_prefill  : 1 sequence x C tokens -> logits [1, V] of the last real token (no sampling)
 - context_encoding : 1 sequence x S tokens -> logits [1, V] (only when prefill_chunk_size is 0)
 - token_generation : B sequences x 1 token -> token ids [B] (on-device sampling) or logits [B, V]
+- chunk_and_decode : one chunked_prefill chunk and one token_generation batch in a single pass over the
+                     weights -> (chunk logits [1, V], token ids [B]) or logits [1 + B, V]. It is how a prompt
+                     is prefilled while other requests decode without stalling them or paying for a second
+                     call (chunked exports with batch_size > 1)
 
 Each kind is compiled once per context bucket L (NeuronConfig.context_buckets): that graph reads
 and attends only cache positions [0, L). A call whose rows start at positions <= L can use it.
@@ -20,13 +24,14 @@ from .config import NeuronConfig
 from .models.args import ModelArgs
 from .models.collectives import SINGLE, Collectives
 from .models.layers import rope_inv_freq
-from .models.llama import decoder_logits
+from .models.llama import groups_logits
 from .models.sampling import sample
 from .models.sharding import VOCAB_OFFSET
 
 CHUNKED_PREFILL = "chunked_prefill"
 CONTEXT_ENCODING = "context_encoding"
 TOKEN_GENERATION = "token_generation"
+CHUNK_AND_DECODE = "chunk_and_decode"
 # dtype of the token id, position and seq id inputs of every graph (int64 is emulated on NeuronCores).
 INDEX_DTYPE = torch.int32
 
@@ -38,6 +43,7 @@ class GraphSpec:
     tokens: int
     samples: bool  # on-device sampling: returns token ids instead of logits
     bucket: int  # cache positions the graph reads: [0, bucket)
+    chunk: int = 0  # chunk_and_decode: tokens of the prompt chunk computed with the rows x tokens batch
 
     @property
     def key(self) -> str:
@@ -51,11 +57,16 @@ def graph_specs(neuron_config: NeuronConfig) -> list[GraphSpec]:
     for bucket in nc.context_buckets:
         specs.append(GraphSpec(nc.prefill_graph, 1, nc.prefill_length, samples=False, bucket=bucket))
         specs.append(GraphSpec(TOKEN_GENERATION, nc.batch_size, 1, samples=nc.on_device_sampling, bucket=bucket))
+        if nc.chunked and nc.batch_size > 1:
+            specs.append(
+                GraphSpec(CHUNK_AND_DECODE, nc.batch_size, 1, nc.on_device_sampling, bucket, chunk=nc.prefill_length)
+            )
     return specs
 
 
 class DecoderGraph(nn.Module):
-    """forward(params, caches, input_ids, position_ids, seq_ids[, sampling_params, uniform]).
+    """forward(params, caches, [chunk_ids, chunk_positions, chunk_seq_ids,] input_ids, position_ids, seq_ids
+    [, sampling_params, uniform]): the chunk inputs only in chunk_and_decode (spec.chunk > 0).
 
     Under tensor parallelism `args` is one rank's shard (models.sharding.local_args) and `cc` names the group:
     the same program serves every rank (rank-specific values such as the vocabulary offset are weights)."""
@@ -65,25 +76,35 @@ class DecoderGraph(nn.Module):
         self.args, self.spec, self.max_topk, self.cc = args, spec, max_topk, cc
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=True)
 
-    def forward(self, params, caches, input_ids, position_ids, seq_ids, sampling_params=None, uniform=None):
-        logits = decoder_logits(
-            self.args, params, caches, self.inv_freq, input_ids, position_ids, seq_ids, self.spec.bucket, self.cc
-        )
+    def forward(self, params, caches, *inputs):
+        groups = [inputs[0:3], inputs[3:6]] if self.spec.chunk else [inputs[0:3]]
+        logits = groups_logits(self.args, params, caches, self.inv_freq, groups, self.spec.bucket, self.cc)
+        if not self.spec.samples:
+            return self._whole(logits)
+        sampling_params, uniform = inputs[3 * len(groups) :]
+        prompt, batch = (logits[:1], logits[1:]) if self.spec.chunk else (None, logits)
         vocab = self.args.vocab_size
-        if self.spec.samples:
-            return sample(logits, sampling_params, uniform, self.max_topk, self.cc, params.get(VOCAB_OFFSET), vocab)
-        # Every rank returns the whole logits (host sampling, prefill).
-        return self.cc.all_gather_last(logits)[:, :vocab] if self.cc.degree > 1 else logits
+        tokens = sample(batch, sampling_params, uniform, self.max_topk, self.cc, params.get(VOCAB_OFFSET), vocab)
+        return tokens if prompt is None else (self._whole(prompt), tokens)
+
+    def _whole(self, logits: torch.Tensor) -> torch.Tensor:
+        """Every rank returns the whole logits (host sampling, prefill)."""
+        return self.cc.all_gather_last(logits)[:, : self.args.vocab_size] if self.cc.degree > 1 else logits
 
 
 def example_inputs(spec: GraphSpec) -> tuple[torch.Tensor, ...]:
     """The small per-call inputs (everything but weights and caches), with the graph's shapes.
 
     Token ids, positions and seq ids are int32 (INDEX_DTYPE): the graph widens them only where an op needs int64."""
-    ids = torch.zeros(spec.rows, spec.tokens, dtype=INDEX_DTYPE)
-    positions = torch.arange(spec.tokens, dtype=INDEX_DTYPE).repeat(spec.rows, 1)
-    seq_ids = torch.zeros(spec.rows, dtype=INDEX_DTYPE)
+    chunk = _rows_inputs(1, spec.chunk) if spec.chunk else ()
+    batch = _rows_inputs(spec.rows, spec.tokens)
     if not spec.samples:
-        return ids, positions, seq_ids
+        return *chunk, *batch
     params = torch.tensor([[1.0, 1.0, 1.0]]).repeat(spec.rows, 1)
-    return ids, positions, seq_ids, params, torch.zeros(spec.rows, 1)
+    return *chunk, *batch, params, torch.zeros(spec.rows, 1)
+
+
+def _rows_inputs(rows: int, tokens: int) -> tuple[torch.Tensor, ...]:
+    ids = torch.zeros(rows, tokens, dtype=INDEX_DTYPE)
+    positions = torch.arange(tokens, dtype=INDEX_DTYPE).repeat(rows, 1)
+    return ids, positions, torch.zeros(rows, dtype=INDEX_DTYPE)

@@ -2,6 +2,8 @@
 
 - prefill(): the per-sequence chunk loop (chunked_prefill or context_encoding calls)
 - decode():  one token_generation call for up to batch_size sequences
+- prefill_and_decode(): both in one step, the prompt's first chunk and the decode batch in one
+  chunk_and_decode call (the chunk loop goes on for the rest of the prompt)
 - generate(): Hugging Face style generation on top of both
 """
 
@@ -22,7 +24,15 @@ from .backends import BackendFactory
 from .backends.neuron_ranks import compile_on_ranks
 from .config import NeuronConfig
 from .errors import ArtifactError, ExportError, InputError
-from .graphs import INDEX_DTYPE, TOKEN_GENERATION, DecoderGraph, GraphSpec, example_inputs, graph_specs
+from .graphs import (
+    CHUNK_AND_DECODE,
+    INDEX_DTYPE,
+    TOKEN_GENERATION,
+    DecoderGraph,
+    GraphSpec,
+    example_inputs,
+    graph_specs,
+)
 from .models import sharding
 from .models.args import ModelArgs
 from .models.collectives import Collectives, export_world
@@ -225,26 +235,11 @@ class NeuronModelForCausalLM:
 
         Returns the fp32 logits [vocab] of the last token.
         """
-        nc = self.neuron_config
-        tokens = [int(t) for t in token_ids]
-        self._check_seq_id(seq_id)
-        if not tokens:
-            raise InputError("prefill needs at least one token")
-        if start < 0 or start + len(tokens) > nc.sequence_length:
-            raise InputError(
-                f"positions {start}..{start + len(tokens) - 1} do not fit sequence_length {nc.sequence_length}: "
-                "shorten the prompt or export with a larger --sequence-length"
-            )
-        size = nc.prefill_length
-        seq_ids = torch.tensor([seq_id], dtype=INDEX_DTYPE)
+        tokens = self._checked_prompt(seq_id, token_ids, start)
+        size = self.neuron_config.prefill_length
         for offset in range(0, len(tokens), size):
-            chunk = tokens[offset : offset + size]
-            positions = list(range(start + offset, start + offset + len(chunk)))
-            # Pad a partial chunk by repeating its last token and position (see models/masks.py).
-            pad = size - len(chunk)
-            ids = torch.tensor([chunk + chunk[-1:] * pad], dtype=INDEX_DTYPE)
-            pos = torch.tensor([positions + positions[-1:] * pad], dtype=INDEX_DTYPE)
-            logits = self.graphs(self.graph_for(nc.prefill_graph, [positions[-1]]), ids, pos, seq_ids)
+            chunk, positions = self._chunk(seq_id, tokens, start, offset)
+            logits = self.graphs(self.graph_for(self.neuron_config.prefill_graph, [positions[-1]]), *chunk)
         # Clone: the runtime may reuse the graph's output buffer on the next call.
         return logits[0].clone()
 
@@ -257,6 +252,76 @@ class NeuronModelForCausalLM:
         generators: Sequence[torch.Generator | None] | None = None,
     ) -> DecodeResult:
         """One token_generation call: token_ids[i] at positions[i] of slot seq_ids[i]."""
+        batch, sampling_inputs = self._batch(seq_ids, token_ids, positions, sampling, generators)
+        output = self.graphs(self.graph_for(TOKEN_GENERATION, positions), *batch, *sampling_inputs)
+        return self._decoded(output, len(seq_ids), sampling, generators)
+
+    @property
+    def fuses_prefill_and_decode(self) -> bool:
+        """The artifact has chunk_and_decode graphs (chunked, batch_size > 1)."""
+        return any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
+
+    def prefill_and_decode(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        start: int,
+        decode_seq_ids: Sequence[int],
+        decode_token_ids: Sequence[int],
+        decode_positions: Sequence[int],
+        sampling: Sequence[SamplingParams] | None = None,
+        generators: Sequence[torch.Generator | None] | None = None,
+    ) -> tuple[torch.Tensor, DecodeResult]:
+        """prefill(seq_id, token_ids, start) and decode(decode_*), with the prompt's first chunk and the decode batch
+        in one chunk_and_decode call: one pass over the weights for both. Same results as the two calls.
+
+        Returns the prefill's logits [vocab] of the last token and the decode's result."""
+        tokens = self._checked_prompt(seq_id, token_ids, start)
+        if seq_id in decode_seq_ids:
+            raise InputError(f"slot {seq_id} cannot prefill and decode in the same call")
+        if not self.fuses_prefill_and_decode:
+            result = self.decode(decode_seq_ids, decode_token_ids, decode_positions, sampling, generators)
+            return self.prefill(seq_id, tokens, start), result
+        batch, sampling_inputs = self._batch(decode_seq_ids, decode_token_ids, decode_positions, sampling, generators)
+        chunk, positions = self._chunk(seq_id, tokens, start, 0)
+        spec = self.graph_for(CHUNK_AND_DECODE, [positions[-1], *decode_positions])
+        output = self.graphs(spec, *chunk, *batch, *sampling_inputs)
+        if self.neuron_config.on_device_sampling:
+            chunk_logits, tokens_out = output
+        else:
+            chunk_logits, tokens_out = output[:1], output[1:]
+        result = self._decoded(tokens_out, len(decode_seq_ids), sampling, generators)
+        rest = tokens[self.neuron_config.prefill_length :]
+        if rest:
+            return self.prefill(seq_id, rest, start + self.neuron_config.prefill_length), result
+        return chunk_logits[0].clone(), result
+
+    def _checked_prompt(self, seq_id: int, token_ids: Sequence[int], start: int) -> list[int]:
+        nc = self.neuron_config
+        tokens = [int(t) for t in token_ids]
+        self._check_seq_id(seq_id)
+        if not tokens:
+            raise InputError("prefill needs at least one token")
+        if start < 0 or start + len(tokens) > nc.sequence_length:
+            raise InputError(
+                f"positions {start}..{start + len(tokens) - 1} do not fit sequence_length {nc.sequence_length}: "
+                "shorten the prompt or export with a larger --sequence-length"
+            )
+        return tokens
+
+    def _chunk(self, seq_id: int, tokens: list[int], start: int, offset: int) -> tuple[tuple, list[int]]:
+        """The inputs of the chunk of tokens at `offset` (positions from start + offset), and its positions."""
+        size = self.neuron_config.prefill_length
+        chunk = tokens[offset : offset + size]
+        positions = list(range(start + offset, start + offset + len(chunk)))
+        # Pad a partial chunk by repeating its last token and position (see models/masks.py).
+        pad = size - len(chunk)
+        ids = torch.tensor([chunk + chunk[-1:] * pad], dtype=INDEX_DTYPE)
+        pos = torch.tensor([positions + positions[-1:] * pad], dtype=INDEX_DTYPE)
+        return (ids, pos, torch.tensor([seq_id], dtype=INDEX_DTYPE)), positions
+
+    def _batch(self, seq_ids, token_ids, positions, sampling, generators) -> tuple[tuple, tuple]:
+        """The decode batch's inputs, padded to batch_size, and its sampling inputs (on-device sampling)."""
         nc = self.neuron_config
         n = len(seq_ids)
         sampling = list(sampling or [GREEDY] * n)
@@ -265,13 +330,19 @@ class NeuronModelForCausalLM:
         # Pad to batch_size by repeating row 0: identical inputs write identical K/V to the same place.
         pad = nc.batch_size - n
         rows = lambda values: torch.tensor([list(values) + [values[0]] * pad], dtype=INDEX_DTYPE)  # noqa: E731
-        ids, pos, seqs = rows(token_ids).T, rows(positions).T, rows(seq_ids)[0]
-        if nc.on_device_sampling:
-            params = params_tensor(sampling + [sampling[0]] * pad, nc.max_topk)
-            uniform = self._from_rank0(torch.cat((draw_uniform(generators), torch.zeros(pad, 1))))
-            tokens = self.graphs(self.graph_for(TOKEN_GENERATION, positions), ids, pos, seqs, params, uniform)
-            return DecodeResult(tokens[:n].tolist(), None)
-        logits = self.graphs(self.graph_for(TOKEN_GENERATION, positions), ids, pos, seqs)[:n].clone()
+        batch = (rows(token_ids).T, rows(positions).T, rows(seq_ids)[0])
+        if not nc.on_device_sampling:
+            return batch, ()
+        params = params_tensor(sampling + [sampling[0]] * pad, nc.max_topk)
+        uniform = self._from_rank0(torch.cat((draw_uniform(generators), torch.zeros(pad, 1))))
+        return batch, (params, uniform)
+
+    def _decoded(self, output: torch.Tensor, n: int, sampling, generators) -> DecodeResult:
+        """The graph's token ids (on-device sampling), or its logits sampled on the host."""
+        if self.neuron_config.on_device_sampling:
+            return DecodeResult(output[:n].tolist(), None)
+        logits = output[:n].clone()
+        sampling, generators = list(sampling or [GREEDY] * n), list(generators or [None] * n)
         tokens = self._from_rank0(sample_on_host(logits, sampling, generators))
         return DecodeResult(tokens.tolist(), logits)
 

@@ -219,7 +219,7 @@ class NeuronGraphs:
         }
         NeuronGraphs.built_in_process += len(graphs)
 
-    def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         inputs = [x.to(self.device) for x in inputs]
         before = _files_under(self.cache) if spec in self.unchecked else None
         # Every graph shares one code object (DecoderGraph.forward): Dynamo keeps one cache entry per distinct graph.
@@ -231,7 +231,8 @@ class NeuronGraphs:
                 logger.warning(
                     "graph %s was not in %s and was compiled at load time; export again", spec.key, self.cache
                 )
-        return output.cpu()
+        # chunk_and_decode with on-device sampling returns (chunk logits, token ids).
+        return tuple(x.cpu() for x in output) if isinstance(output, tuple) else output.cpu()
 
 
 @contextmanager

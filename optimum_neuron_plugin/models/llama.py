@@ -6,6 +6,8 @@ as inputs: compiled programs hold no weights, the artifact stores them once.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from . import kv_cache, masks
@@ -37,6 +39,9 @@ def weight_names(args: ModelArgs) -> list[str]:
     return names
 
 
+Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # input_ids, position_ids [n, T]; seq_ids [n]
+
+
 def decoder_logits(
     args: ModelArgs,
     params: Params,
@@ -54,27 +59,72 @@ def decoder_logits(
     Only cache positions [0, bucket) are read: every position must be < bucket.
     Under tensor parallelism (cc.degree > 1) `args` and `params` are one rank's shard (models/sharding.py)
     and the logits are that rank's vocabulary slice, padding columns filled with MASK_FILL."""
-    x = _embed(params, input_ids, cc)
-    cos, sin = rope_cos_sin(position_ids, inv_freq, x.dtype)
-    groups = args.num_attention_heads // args.num_key_value_heads
-    rows = kv_cache.CallRows.of(caches[0], seq_ids, position_ids)
-    attn_bias = masks.attention_bias(position_ids, bucket, groups, x.dtype)
-    if rows.in_slot_order:
-        attn_bias = to_slots(attn_bias, rows.seq_ids)
+    return groups_logits(args, params, caches, inv_freq, [(input_ids, position_ids, seq_ids)], bucket, cc)
+
+
+def groups_logits(
+    args: ModelArgs,
+    params: Params,
+    caches: list[torch.Tensor],
+    inv_freq: torch.Tensor,
+    groups: list[Rows],
+    bucket: int,
+    cc: Collectives = SINGLE,
+) -> torch.Tensor:
+    """decoder_logits of several row groups in one pass over the weights, e.g. a prompt chunk [1, C] and a decode
+    batch [B, 1] (chunk_and_decode): the linears and the MLP run on every group's tokens at once, attention per
+    group. The groups must use distinct cache rows. Returns the logits of each group's rows, in group order."""
+    x = _cat([_embed(params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
+    positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
+    cos, sin = rope_cos_sin(positions, inv_freq, x.dtype)
+    kv_groups = args.num_attention_heads // args.num_key_value_heads
+    calls = [_AttentionCall.of(caches[0], pos, seq, bucket, kv_groups, x.dtype) for _, pos, seq in groups]
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."
         h = rms_norm(x, params[p + "input_layernorm.weight"], args.rms_norm_eps)
-        h = _attention(args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], rows, attn_bias, cc)
+        h = _attention(args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], calls, cc)
         x = x + h
         h = rms_norm(x, params[p + "post_attention_layernorm.weight"], args.rms_norm_eps)
         x = x + cc.all_reduce(mlp(h, *(params[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))))
-    last = rms_norm(x[:, -1], params["model.norm.weight"], args.rms_norm_eps)
+    last = rms_norm(_last_columns(x[0], groups), params["model.norm.weight"], args.rms_norm_eps)
     head = params["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"]
     logits = linear(last, head).float()
     if cc.degree == 1:
         return logits
     vocab_ids = params[VOCAB_OFFSET] + torch.arange(head.shape[0], device=logits.device)
     return logits.masked_fill(vocab_ids >= args.vocab_size, MASK_FILL)
+
+
+def _last_columns(x: torch.Tensor, groups: list[Rows]) -> torch.Tensor:
+    """x [tokens, hidden] -> [rows, hidden]: each row's last column (padding repeats the last real token)."""
+    lasts, start = [], 0
+    for ids, _, _ in groups:
+        n, t = ids.shape
+        lasts.append(x[start : start + n * t].view(n, t, -1)[:, -1])
+        start += n * t
+    return _cat(lasts)
+
+
+def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
+    """torch.cat, without a copy for a single group (the graphs of one group keep their ops)."""
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=dim)
+
+
+@dataclass(frozen=True)
+class _AttentionCall:
+    """One row group's cache rows and attention bias, computed once per call and shared by every layer."""
+
+    rows: kv_cache.CallRows
+    bias: torch.Tensor
+    shape: tuple[int, int]  # (n, T)
+
+    @classmethod
+    def of(cls, cache, position_ids, seq_ids, bucket, kv_groups, dtype) -> _AttentionCall:
+        rows = kv_cache.CallRows.of(cache, seq_ids, position_ids)
+        bias = masks.attention_bias(position_ids, bucket, kv_groups, dtype)
+        if rows.in_slot_order:
+            bias = to_slots(bias, rows.seq_ids)
+        return cls(rows, bias, tuple(position_ids.shape))
 
 
 def _embed(params: Params, input_ids: torch.Tensor, cc: Collectives) -> torch.Tensor:
@@ -88,20 +138,28 @@ def _embed(params: Params, input_ids: torch.Tensor, cc: Collectives) -> torch.Te
     return cc.all_reduce(x)
 
 
-def _attention(args, params, p, h, cos, sin, k_cache, v_cache, rows, attn_bias, cc):
-    n, t, _ = h.shape
+def _attention(args, params, p, h, cos, sin, k_cache, v_cache, calls: list[_AttentionCall], cc):
+    """h [1, tokens, hidden]: every group's tokens in a row; each group attends its own cache rows."""
+    tokens = h.shape[1]
     a = p + "self_attn."
     q = linear(h, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"))
     k = linear(h, params[a + "k_proj.weight"], params.get(a + "k_proj.bias"))
     v = linear(h, params[a + "v_proj.weight"], params.get(a + "v_proj.bias"))
-    q = q.view(n, t, args.num_attention_heads, args.head_dim)
-    k = k.view(n, t, args.num_key_value_heads, args.head_dim)
-    v = v.view(n, t, args.num_key_value_heads, args.head_dim)
+    q = q.view(1, tokens, args.num_attention_heads, args.head_dim)
+    k = k.view(1, tokens, args.num_key_value_heads, args.head_dim)
+    v = v.view(1, tokens, args.num_key_value_heads, args.head_dim)
     if args.qk_norm:
         q = rms_norm(q, params[a + "q_norm.weight"], args.rms_norm_eps)
         k = rms_norm(k, params[a + "k_norm.weight"], args.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    out = attend(q, k, v, k_cache, v_cache, rows, attn_bias)
+    outs, start = [], 0
+    for call in calls:
+        n, t = call.shape
+        group = slice(start, start + n * t)
+        qg, kg, vg = (x[:, group].reshape(n, t, *x.shape[2:]) for x in (q, k, v))
+        outs.append(attend(qg, kg, vg, k_cache, v_cache, call.rows, call.bias).reshape(1, n * t, -1))
+        start += n * t
+    out = _cat(outs, dim=1)
     if cc.degree == 1:
         return linear(out, params[a + "o_proj.weight"], params.get(a + "o_proj.bias"))
     # Row-parallel: each rank's partial sum, then the bias once.
