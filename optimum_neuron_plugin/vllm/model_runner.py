@@ -2,7 +2,9 @@
 
 Per step: one token_generation call (runtime.decode) for every request that is decoding, then
 the prompt slices scheduled this step, one request at a time (runtime.prefill is the chunk loop:
-chunks of prefill_chunk_size, the last padded). A request whose prompt is complete samples its
+chunks of prefill_chunk_size, the last padded). When a step has both, the decode batch rides in the
+first prompt slice's first chunk: one chunk_and_decode call (runtime.prefill_and_decode) instead of
+two, so a step that prefills costs the decoding requests almost nothing. A request whose prompt is complete samples its
 first token on the host from the prefill logits; later tokens come from decode (sampled on device,
 or on the host when the artifact returns logits). The same code serves both prefill modes: in
 serial mode vLLM schedules whole prompts, in interleaved mode vLLM's scheduler hands out slices.
@@ -16,7 +18,7 @@ from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 
-from ..graphs import TOKEN_GENERATION
+from ..graphs import CHUNK_AND_DECODE, TOKEN_GENERATION
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY, host_topk
 from .health import GraphHealth
@@ -104,13 +106,18 @@ class NeuronModelRunner:
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, TokenLogprobs] = {}
         failed: list[str] = []
+        prefills = plan.prefills
         if plan.decodes:
+            # The first prompt slice goes with the decode batch (chunk_and_decode) where the artifact has the graph.
+            fused = prefills[0] if prefills and self.model.fuses_prefill_and_decode else None
+            prefills = prefills[1:] if fused else prefills
             try:
-                self._decode(plan.decodes, sampled, logprobs)
+                self._decode(plan.decodes, sampled, logprobs, with_prefill=fused)
                 self.health.succeeded()
             except Exception as error:  # noqa: BLE001 - any graph failure fails its requests (scheduler.py)
-                failed += self._graph_failed(TOKEN_GENERATION, plan.decodes, error)
-        for work in plan.prefills:
+                graph = CHUNK_AND_DECODE if fused else TOKEN_GENERATION
+                failed += self._graph_failed(graph, plan.decodes + ([fused] if fused else []), error)
+        for work in prefills:
             try:
                 self._prefill(work, interleaved=bool(plan.decodes), sampled=sampled, logprobs=logprobs)
                 self.health.succeeded()
@@ -152,18 +159,24 @@ class NeuronModelRunner:
     def _graph_files(self, graph: str) -> str:
         return ", ".join(str(path) for path in self.model.graph_files(graph))
 
-    def _decode(self, work: list[ScheduledSlice], sampled, logprobs) -> None:
+    def _decode(self, work: list[ScheduledSlice], sampled, logprobs, with_prefill: ScheduledSlice | None) -> None:
         states = [self.requests[w.req_id] for w in work]
         # Rows whose logits need processing (penalties, min_tokens, min_p, ...) are sampled here
         # afterwards: the runtime treats them as greedy without a generator, so it draws no randomness for them.
         processed = [s.needs_logits_processing() for s in states]
-        result = self.model.decode(
+        batch = (
             [s.slot for s in states],
             [s.all_token_ids[w.start] for s, w in zip(states, work, strict=True)],
             [w.start for w in work],
             [GREEDY if p else s.sampling for s, p in zip(states, processed, strict=True)],
             [None if p else s.generator for s, p in zip(states, processed, strict=True)],
         )
+        if with_prefill is None:
+            result = self.model.decode(*batch)
+        else:
+            state, tokens, began = self._prompt_slice(with_prefill)
+            prefill_logits, result = self.model.prefill_and_decode(state.slot, tokens, with_prefill.start, *batch)
+            self._prefilled(with_prefill, prefill_logits, began, True, sampled, logprobs)
         tokens = list(result.tokens)
         rows = [i for i, p in enumerate(processed) if p]
         if rows:
@@ -179,12 +192,19 @@ class NeuronModelRunner:
             self._append(state, tokens[i], None if result.logits is None else result.logits[i], sampled, logprobs)
 
     def _prefill(self, work: ScheduledSlice, interleaved: bool, sampled, logprobs) -> None:
-        state = self.requests[work.req_id]
-        tokens = state.all_token_ids[work.start : work.start + work.count]
-        began = time.perf_counter()
+        state, tokens, began = self._prompt_slice(work)
         logits = self.model.prefill(state.slot, tokens, start=work.start)
+        self._prefilled(work, logits, began, interleaved, sampled, logprobs)
+
+    def _prompt_slice(self, work: ScheduledSlice) -> tuple[RequestState, list[int], float]:
+        state = self.requests[work.req_id]
+        return state, state.all_token_ids[work.start : work.start + work.count], time.perf_counter()
+
+    def _prefilled(self, work: ScheduledSlice, logits, began: float, interleaved: bool, sampled, logprobs) -> None:
+        """Stats of a prompt slice; a complete prompt samples its first token on the host from the logits."""
+        state = self.requests[work.req_id]
         state.stats.prefill_seconds += time.perf_counter() - began
-        state.stats.prefill_calls += self.model.prefill_calls(len(tokens))
+        state.stats.prefill_calls += self.model.prefill_calls(work.count)
         state.stats.prefill_steps += 1
         state.stats.interleaved |= interleaved
         if work.start + work.count == state.num_tokens:
