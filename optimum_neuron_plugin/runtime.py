@@ -272,29 +272,48 @@ class NeuronModelForCausalLM:
         sampling: Sequence[SamplingParams] | None = None,
         generators: Sequence[torch.Generator | None] | None = None,
     ) -> tuple[torch.Tensor, DecodeResult]:
-        """prefill(seq_id, token_ids, start) and decode(decode_*), with the prompt's first chunk and the decode batch
-        in one chunk_and_decode call: one pass over the weights for both. Same results as the two calls.
+        """prefill(seq_id, token_ids, start) and decode(decode_*), with the decode batch riding in one chunk of the
+        prompt: one chunk_and_decode call, one pass over the weights for both. Same results as the two calls.
 
-        Returns the prefill's logits [vocab] of the last token and the decode's result."""
+        The batch rides in the first chunk whose context bucket also holds every decode row, so the chunk never
+        attends more cache than it would alone; when no chunk's bucket is large enough (or the artifact has no
+        chunk_and_decode graph) it is the two calls. Returns the prefill's logits [vocab] of the last token and
+        the decode's result."""
         tokens = self._checked_prompt(seq_id, token_ids, start)
+        n = len(decode_seq_ids)
+        sampling, generators = list(sampling or [GREEDY] * n), list(generators or [None] * n)
+        self._check_decode(decode_seq_ids, decode_token_ids, decode_positions, sampling, generators)
         if seq_id in decode_seq_ids:
             raise InputError(f"slot {seq_id} cannot prefill and decode in the same call")
-        if not self.fuses_prefill_and_decode:
+        fused_at = self._riding_chunk(len(tokens), start, max(decode_positions))
+        if fused_at is None:
             result = self.decode(decode_seq_ids, decode_token_ids, decode_positions, sampling, generators)
             return self.prefill(seq_id, tokens, start), result
+        if fused_at:
+            self.prefill(seq_id, tokens[:fused_at], start)
         batch, sampling_inputs = self._batch(decode_seq_ids, decode_token_ids, decode_positions, sampling, generators)
-        chunk, positions = self._chunk(seq_id, tokens, start, 0)
-        spec = self.graph_for(CHUNK_AND_DECODE, [positions[-1], *decode_positions])
-        output = self.graphs(spec, *chunk, *batch, *sampling_inputs)
+        chunk, positions = self._chunk(seq_id, tokens, start, fused_at)
+        output = self.graphs(self.graph_for(CHUNK_AND_DECODE, [positions[-1]]), *chunk, *batch, *sampling_inputs)
         if self.neuron_config.on_device_sampling:
             chunk_logits, tokens_out = output
         else:
             chunk_logits, tokens_out = output[:1], output[1:]
-        result = self._decoded(tokens_out, len(decode_seq_ids), sampling, generators)
-        rest = tokens[self.neuron_config.prefill_length :]
-        if rest:
-            return self.prefill(seq_id, rest, start + self.neuron_config.prefill_length), result
+        result = self._decoded(tokens_out, n, sampling, generators)
+        after = fused_at + self.neuron_config.prefill_length
+        if after < len(tokens):
+            return self.prefill(seq_id, tokens[after:], start + after), result
         return chunk_logits[0].clone(), result
+
+    def _riding_chunk(self, num_tokens: int, start: int, last_decode_position: int) -> int | None:
+        """Offset of the first chunk whose bucket holds last_decode_position, or None."""
+        nc = self.neuron_config
+        if not self.fuses_prefill_and_decode:
+            return None
+        needed = nc.bucket_for(last_decode_position)
+        for offset in range(0, num_tokens, nc.prefill_length):
+            if nc.bucket_for(start + min(offset + nc.prefill_length, num_tokens) - 1) >= needed:
+                return offset
+        return None
 
     def _checked_prompt(self, seq_id: int, token_ids: Sequence[int], start: int) -> list[int]:
         nc = self.neuron_config

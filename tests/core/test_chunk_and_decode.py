@@ -17,6 +17,18 @@ from optimum_neuron_plugin.errors import InputError
 from .helpers import CHUNK, CHUNKED, CHUNKED_LOGITS, CONTEXT_ENCODING, SEQUENCE_LENGTH, prompt, slot_positions
 
 
+def logged(model, calls: list):
+    """Wraps the model's graphs to append each call's (graph name, bucket) to `calls`."""
+    graphs = model.graphs
+
+    def call(spec, *inputs):
+        calls.append((spec.name, spec.bucket))
+        return graphs(spec, *inputs)
+
+    model.graphs = call
+    return graphs
+
+
 def greedy_while_prefilling(model, decoding: list[int], prefilling: list[int], new_tokens: int, chunks: int = 1):
     """Slot 0 decodes `decoding` greedily while slot 2 prefills `prefilling`, `chunks` chunks per step (each step
     one prefill_and_decode call); then both decode together. Returns each slot's first new_tokens tokens."""
@@ -49,43 +61,66 @@ def test_decoding_while_another_prompt_prefills_matches_hf_in_every_bucket(zoo, 
     artifact = zoo.artifact(name, **CHUNKED)
     decoding, prefilling = prompt(5, seed=50), prompt(45, seed=51)
     calls = []
-    graphs = artifact.model.graphs
-    artifact.model.graphs = lambda spec, *inputs: calls.append(spec) or graphs(spec, *inputs)
+    graphs = logged(artifact.model, calls)
     try:
         a, b = greedy_while_prefilling(artifact.model, decoding, prefilling, 12)
     finally:
         artifact.model.graphs = graphs
     assert a == hf_greedy(artifact.hf, decoding, 12)
     assert b == hf_greedy(artifact.hf, prefilling, 12)
-    fused = [spec.bucket for spec in calls if spec.name == "chunk_and_decode"]
+    fused = [bucket for name, bucket in calls if name == "chunk_and_decode"]
     assert fused == [8, 16, 32, 32, 64, 64]  # chunks ending at positions 7, 15, 23, 31, 39, 44
 
 
 @pytest.mark.parametrize("config", [CHUNKED_LOGITS, CHUNKED], ids=["host-sampling", "on-device-sampling"])
 def test_one_fused_call_writes_and_returns_what_the_two_calls_do(zoo, config):
     """`exported` runs decode then prefill, `model` (the same artifact loaded back) one prefill_and_decode of a
-    two-chunk slice that starts mid-prompt: same outputs, same cache contents, every other position untouched."""
+    two-chunk slice that starts mid-prompt: same outputs, same cache contents, every other position untouched.
+    A decode row at position 21 needs bucket 32: the batch rides in the second chunk (positions 16..23)."""
     artifact = zoo.artifact("llama", **config)
     separate, fused = artifact.exported, artifact.model
-    first, second, rest = prompt(11, seed=60), prompt(9, seed=61), prompt(30, seed=62)
+    first, second, rest = prompt(21, seed=60), prompt(9, seed=61), prompt(30, seed=62)
     for model in (separate, fused):
         for cache in model.caches:
             cache.fill_(7.0)  # a marker: positions never written keep it
         model.prefill(0, first)
         model.prefill(1, second)
         model.prefill(2, rest[:8])
-    decode = ([0, 1], [3, 4], [11, 9])
+    decode = ([0, 1], [3, 4], [21, 9])
     expected = separate.decode(*decode)
     expected_logits = separate.prefill(2, rest[8:24], start=8)
-    logits, result = fused.prefill_and_decode(2, rest[8:24], 8, *decode)
+    calls = []
+    graphs = logged(fused, calls)
+    try:
+        logits, result = fused.prefill_and_decode(2, rest[8:24], 8, *decode)
+    finally:
+        fused.graphs = graphs
+    assert calls == [("chunked_prefill", 16), ("chunk_and_decode", 32)]
     assert result.tokens == expected.tokens
     if expected.logits is not None:
         torch.testing.assert_close(result.logits, expected.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits, expected_logits, atol=1e-5, rtol=1e-5)
     for got, want in zip(fused.caches, separate.caches, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        for slot, end in ((0, 12), (1, 10), (2, 24)):
+        for slot, end in ((0, 22), (1, 10), (2, 24)):
             assert (slot_positions(got, slot, SEQUENCE_LENGTH)[end:] == 7.0).all()
+
+
+def test_a_chunk_whose_bucket_is_smaller_than_the_decode_rows_needs_is_not_fused(zoo):
+    """A request decoding at positions 40+ (bucket 64) while an 8-token prompt prefills (bucket 8): fusing would make
+    the chunk attend 64 positions instead of 8, so the two graphs run, and both requests still get HF's tokens."""
+    artifact = zoo.artifact("llama", **CHUNKED)
+    decoding, prefilling = prompt(40, seed=80), prompt(8, seed=81)
+    calls = []
+    graphs = logged(artifact.model, calls)
+    try:
+        a, b = greedy_while_prefilling(artifact.model, decoding, prefilling, 4)
+    finally:
+        artifact.model.graphs = graphs
+    assert (a, b) == (hf_greedy(artifact.hf, decoding, 4), hf_greedy(artifact.hf, prefilling, 4))
+    # After the decoding prompt's own 5 chunks: the decode step, then the prompt's chunk on its own.
+    assert calls[5:7] == [("token_generation", 64), ("chunked_prefill", 8)]
+    assert "chunk_and_decode" not in {name for name, _ in calls}
 
 
 def test_an_artifact_without_the_fused_graph_runs_the_two_calls(zoo):
