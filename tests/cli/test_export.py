@@ -124,9 +124,8 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     for name in ("config.json", "neuron_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert name in files, sorted(files)
     graphs = sorted(f for f in files if f.startswith("graphs/"))
-    expected = [
-        f"{graph}_{bucket}.aoti.pt2" for graph in ("chunked_prefill", "token_generation") for bucket in (32, 64)
-    ]
+    kinds = ("chunk_and_decode", "chunked_prefill", "token_generation")
+    expected = sorted(f"{graph}_{bucket}.aoti.pt2" for graph in kinds for bucket in (32, 64))
     assert [Path(g).name for g in graphs] == expected, graphs
     assert [f for f in files if f.endswith(".safetensors")] == ["model.safetensors"]  # weights once
     # progress and summary
