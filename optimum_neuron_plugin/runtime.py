@@ -289,6 +289,21 @@ class NeuronModelForCausalLM:
         if fused_at is None:
             result = self.decode(decode_seq_ids, decode_token_ids, decode_positions, sampling, generators)
             return self.prefill(seq_id, tokens, start), result
+        # A call that raises leaves the generators as they were: the caller may run the two calls apart instead,
+        # and a seeded request then draws what it would have drawn.
+        saved = [None if g is None else g.get_state() for g in generators]
+        try:
+            return self._fused(seq_id, tokens, start, fused_at, decode_seq_ids, decode_token_ids, decode_positions,
+                               sampling, generators)  # fmt: skip
+        except Exception:
+            for generator, state in zip(generators, saved, strict=True):
+                if generator is not None:
+                    generator.set_state(state)
+            raise
+
+    def _fused(self, seq_id, tokens, start, fused_at, decode_seq_ids, decode_token_ids, decode_positions, sampling,
+               generators) -> tuple[torch.Tensor, DecodeResult]:  # fmt: skip
+        n = len(decode_seq_ids)
         if fused_at:
             self.prefill(seq_id, tokens[:fused_at], start)
         batch, sampling_inputs = self._batch(decode_seq_ids, decode_token_ids, decode_positions, sampling, generators)

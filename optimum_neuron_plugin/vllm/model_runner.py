@@ -3,8 +3,9 @@
 Per step: one token_generation call (runtime.decode) for every request that is decoding, then
 the prompt slices scheduled this step, one request at a time (runtime.prefill is the chunk loop:
 chunks of prefill_chunk_size, the last padded). When a step has both, the decode batch rides in the
-first prompt slice's first chunk: one chunk_and_decode call (runtime.prefill_and_decode) instead of
-two, so a step that prefills costs the decoding requests almost nothing. A request whose prompt is complete samples its
+first prompt slice's chunks: one chunk_and_decode call (runtime.prefill_and_decode) instead of
+two, so a step that prefills costs the decoding requests almost nothing. If that call raises, the batch
+and the slice run apart, so a bad prompt fails alone, as it would without the fused graph. A request whose prompt is complete samples its
 first token on the host from the prefill logits; later tokens come from decode (sampled on device,
 or on the host when the artifact returns logits). The same code serves both prefill modes: in
 serial mode vLLM schedules whole prompts, in interleaved mode vLLM's scheduler hands out slices.
@@ -30,6 +31,10 @@ from .stats import StatsSink
 from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids
 
 logger = get_logger(__name__)
+
+
+class FusedCallFailed(Exception):
+    """runtime.prefill_and_decode raised (its cause); nothing of the step was recorded, so it can run apart."""
 
 
 class NeuronModelRunner:
@@ -106,17 +111,24 @@ class NeuronModelRunner:
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, TokenLogprobs] = {}
         failed: list[str] = []
-        prefills = plan.prefills
-        if plan.decodes:
-            # The first prompt slice goes with the decode batch (chunk_and_decode) where the artifact has the graph.
-            fused = prefills[0] if prefills and self.model.fuses_prefill_and_decode else None
-            prefills = prefills[1:] if fused else prefills
+        prefills = list(plan.prefills)
+        if plan.decodes and prefills and self.model.fuses_prefill_and_decode:
+            # The first prompt slice goes with the decode batch (chunk_and_decode).
             try:
-                self._decode(plan.decodes, sampled, logprobs, with_prefill=fused)
+                self._decode(plan.decodes, sampled, logprobs, with_prefill=prefills[0])
                 self.health.succeeded()
-            except Exception as error:  # noqa: BLE001 - any graph failure fails its requests (scheduler.py)
-                graph = CHUNK_AND_DECODE if fused else TOKEN_GENERATION
-                failed += self._graph_failed(graph, plan.decodes + ([fused] if fused else []), error)
+                prefills.pop(0)
+            except FusedCallFailed as error:  # isolate the failure: run the batch and the slice apart
+                cause = error.__cause__
+                logger.warning(
+                    "graph %s raised %s: %s; running its decode batch and its prompt slice in separate calls",
+                    CHUNK_AND_DECODE, type(cause).__name__, cause,
+                )  # fmt: skip
+                self._decode_alone(plan.decodes, sampled, logprobs, failed)
+            except Exception as error:  # noqa: BLE001 - after the call: fail its requests (scheduler.py)
+                failed += self._graph_failed(CHUNK_AND_DECODE, plan.decodes + [prefills.pop(0)], error)
+        elif plan.decodes:
+            self._decode_alone(plan.decodes, sampled, logprobs, failed)
         for work in prefills:
             try:
                 self._prefill(work, interleaved=bool(plan.decodes), sampled=sampled, logprobs=logprobs)
@@ -134,6 +146,13 @@ class NeuronModelRunner:
             logprobs=logprobs_lists([logprobs.get(req_id) for req_id in req_ids]),
             failed_req_ids=failed,
         )
+
+    def _decode_alone(self, work: list[ScheduledSlice], sampled, logprobs, failed: list[str]) -> None:
+        try:
+            self._decode(work, sampled, logprobs, with_prefill=None)
+            self.health.succeeded()
+        except Exception as error:  # noqa: BLE001 - any graph failure fails its requests (scheduler.py)
+            failed += self._graph_failed(TOKEN_GENERATION, work, error)
 
     def _graph_failed(self, graph: str, work: list[ScheduledSlice], error: Exception) -> list[str]:
         """The requests of a graph call that raised: NeuronScheduler finishes them with an error.
@@ -175,7 +194,10 @@ class NeuronModelRunner:
             result = self.model.decode(*batch)
         else:
             state, tokens, began = self._prompt_slice(with_prefill)
-            prefill_logits, result = self.model.prefill_and_decode(state.slot, tokens, with_prefill.start, *batch)
+            try:
+                prefill_logits, result = self.model.prefill_and_decode(state.slot, tokens, with_prefill.start, *batch)
+            except Exception as error:
+                raise FusedCallFailed from error
             self._prefilled(with_prefill, prefill_logits, began, True, sampled, logprobs)
         tokens = list(result.tokens)
         rows = [i for i, p in enumerate(processed) if p]

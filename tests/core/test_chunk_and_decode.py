@@ -13,6 +13,7 @@ from support.references import hf_greedy
 from support.tiny_models import ARCHITECTURES
 
 from optimum_neuron_plugin.errors import InputError
+from optimum_neuron_plugin.sampling import SamplingParams, make_generator
 
 from .helpers import CHUNK, CHUNKED, CHUNKED_LOGITS, CONTEXT_ENCODING, SEQUENCE_LENGTH, prompt, slot_positions
 
@@ -136,3 +137,16 @@ def test_a_slot_cannot_prefill_and_decode_in_the_same_call(zoo):
     model = zoo.artifact("llama", **CHUNKED).model
     with pytest.raises(InputError, match="slot 1 cannot prefill and decode in the same call"):
         model.prefill_and_decode(1, [1, 2, 3], 0, [0, 1], [5, 6], [4, 4])
+
+
+def test_a_fused_call_that_raises_leaves_the_generators_as_they_were(zoo):
+    """A prompt id beyond the embedding table makes the graph raise; the decode rows' seeded generators must not have
+    advanced, so the runner's retry of the decode batch alone draws what it would have drawn."""
+    model = zoo.artifact("llama", **CHUNKED).model
+    model.prefill(0, prompt(6, seed=90))
+    generator = make_generator(7)
+    before = generator.get_state()
+    sampling = [SamplingParams(temperature=1.0, top_k=50)]
+    with pytest.raises(Exception):  # noqa: B017, PT011 - whatever the backend raises for an out-of-range id
+        model.prefill_and_decode(1, [10**6] * 8, 0, [0], [5], [6], sampling, [generator])
+    assert torch.equal(generator.get_state(), before)
