@@ -68,7 +68,10 @@ def use_weight_major_linears(module: torch.fx.GraphModule) -> None:
 
 
 def _weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    rows = x.reshape(-1, x.shape[-1])
+    # contiguous(): x is often the transposed output of the previous weight-major linear (the MLP's down_proj
+    # input), and MKL takes a path 3x slower when rows.T is itself contiguous (SmolLM2's down_proj for 4 rows:
+    # 0.59 ms instead of 0.2, 12 ms of a 64 ms decode step).
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
     out = (weight @ rows.T).T
     if bias is not None:
         out = out + bias
