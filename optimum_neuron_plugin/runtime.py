@@ -82,6 +82,8 @@ class NeuronModelForCausalLM:
         self.specs = graph_specs(neuron_config)
         self.graphs_dir = Path(graphs_dir)
         self._by_bucket = {(spec.name, spec.bucket): spec for spec in self.specs}
+        # The artifact has chunk_and_decode graphs (chunked, batch_size > 1): prefill_and_decode can fuse.
+        self.fuses_prefill_and_decode = any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
         nc = neuron_config
         self.backend = make_backend(nc)
         self.plan = sharding.plan_for(args, nc.tp_degree)
@@ -252,14 +254,10 @@ class NeuronModelForCausalLM:
         generators: Sequence[torch.Generator | None] | None = None,
     ) -> DecodeResult:
         """One token_generation call: token_ids[i] at positions[i] of slot seq_ids[i]."""
+        sampling, generators = self._checked_decode(seq_ids, token_ids, positions, sampling, generators)
         batch, sampling_inputs = self._batch(seq_ids, token_ids, positions, sampling, generators)
         output = self.graphs(self.graph_for(TOKEN_GENERATION, positions), *batch, *sampling_inputs)
         return self._decoded(output, len(seq_ids), sampling, generators)
-
-    @property
-    def fuses_prefill_and_decode(self) -> bool:
-        """The artifact has chunk_and_decode graphs (chunked, batch_size > 1)."""
-        return any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
 
     def prefill_and_decode(
         self,
@@ -280,9 +278,9 @@ class NeuronModelForCausalLM:
         chunk_and_decode graph) it is the two calls. Returns the prefill's logits [vocab] of the last token and
         the decode's result."""
         tokens = self._checked_prompt(seq_id, token_ids, start)
-        n = len(decode_seq_ids)
-        sampling, generators = list(sampling or [GREEDY] * n), list(generators or [None] * n)
-        self._check_decode(decode_seq_ids, decode_token_ids, decode_positions, sampling, generators)
+        sampling, generators = self._checked_decode(
+            decode_seq_ids, decode_token_ids, decode_positions, sampling, generators
+        )
         if seq_id in decode_seq_ids:
             raise InputError(f"slot {seq_id} cannot prefill and decode in the same call")
         fused_at = self._riding_chunk(len(tokens), start, max(decode_positions))
@@ -355,14 +353,11 @@ class NeuronModelForCausalLM:
         return (ids, pos, torch.tensor([seq_id], dtype=INDEX_DTYPE)), positions
 
     def _batch(self, seq_ids, token_ids, positions, sampling, generators) -> tuple[tuple, tuple]:
-        """The decode batch's inputs, padded to batch_size, and its sampling inputs (on-device sampling)."""
+        """The decode batch's inputs, padded to batch_size, and its sampling inputs (on-device sampling).
+        sampling and generators: the lists _checked_decode returned."""
         nc = self.neuron_config
-        n = len(seq_ids)
-        sampling = list(sampling or [GREEDY] * n)
-        generators = list(generators or [None] * n)
-        self._check_decode(seq_ids, token_ids, positions, sampling, generators)
         # Pad to batch_size by repeating row 0: identical inputs write identical K/V to the same place.
-        pad = nc.batch_size - n
+        pad = nc.batch_size - len(seq_ids)
         rows = lambda values: torch.tensor([list(values) + [values[0]] * pad], dtype=INDEX_DTYPE)  # noqa: E731
         batch = (rows(token_ids).T, rows(positions).T, rows(seq_ids)[0])
         if not nc.on_device_sampling:
@@ -376,7 +371,6 @@ class NeuronModelForCausalLM:
         if self.neuron_config.on_device_sampling:
             return DecodeResult(output[:n].tolist(), None)
         logits = output[:n].clone()
-        sampling, generators = list(sampling or [GREEDY] * n), list(generators or [None] * n)
         tokens = self._from_rank0(sample_on_host(logits, sampling, generators))
         return DecodeResult(tokens.tolist(), logits)
 
@@ -390,9 +384,12 @@ class NeuronModelForCausalLM:
         if not 0 <= seq_id < self.neuron_config.batch_size:
             raise InputError(f"seq_id {seq_id} is out of range: slots are 0..{self.neuron_config.batch_size - 1}")
 
-    def _check_decode(self, seq_ids, token_ids, positions, sampling, generators) -> None:
+    def _checked_decode(self, seq_ids, token_ids, positions, sampling, generators) -> tuple[list, list]:
+        """Checks a decode batch; returns its sampling params and generators as lists (defaults: greedy, none)."""
         nc = self.neuron_config
         n = len(seq_ids)
+        sampling = list(sampling or [GREEDY] * n)
+        generators = list(generators or [None] * n)
         if not 1 <= n <= nc.batch_size:
             raise InputError(f"decode got {n} sequences; the model was compiled for batch_size {nc.batch_size}")
         if not len(token_ids) == len(positions) == len(sampling) == len(generators) == n:
@@ -403,6 +400,7 @@ class NeuronModelForCausalLM:
             self._check_seq_id(seq_id)
         if any(not 0 <= p < nc.sequence_length for p in positions):
             raise InputError(f"decode positions {list(positions)} exceed sequence_length {nc.sequence_length}")
+        return sampling, generators
 
     # ---- Hugging Face style generation --------------------------------------------------------
 

@@ -89,3 +89,25 @@ def position_axis(cache: torch.Tensor, sequence_length: int) -> int:
 def slot_positions(cache: torch.Tensor, seq_id: int, sequence_length: int) -> torch.Tensor:
     """Row seq_id of a layer cache as [S, ...] (indexed by position), whatever the cache layout."""
     return cache[seq_id].movedim(position_axis(cache, sequence_length), 0)
+
+
+class CallLog:
+    """Wraps a loaded model's graphs and records (graph name, bucket, last position of row 0) per call."""
+
+    def __init__(self, model) -> None:
+        self.model, self.graphs, self.calls = model, model.graphs, []
+
+    def __enter__(self):
+        def record(spec, *inputs):
+            self.calls.append((spec.name, spec.bucket, int(inputs[1][0].max())))
+            return self.graphs(spec, *inputs)
+
+        self.model.graphs = record
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.model.graphs = self.graphs
+
+    @property
+    def graphs_and_buckets(self) -> list[tuple[str, int]]:
+        return [(name, bucket) for name, bucket, _ in self.calls]

@@ -14,27 +14,9 @@ from support.tiny_models import ARCHITECTURES
 from optimum_neuron_plugin import NeuronConfig
 from optimum_neuron_plugin.config import NeuronConfigError, default_context_buckets
 
-from .helpers import CHUNKED, prompt, slot_positions
+from .helpers import CHUNKED, CallLog, prompt, slot_positions
 
 BUCKETS = (8, 16, 32, 64)
-
-
-class CallLog:
-    """Wraps a loaded model's graphs and records (graph name, bucket, last position of row 0) per call."""
-
-    def __init__(self, model) -> None:
-        self.model, self.graphs, self.calls = model, model.graphs, []
-
-    def __enter__(self):
-        def record(spec, *inputs):
-            self.calls.append((spec.name, spec.bucket, int(inputs[1][0].max())))
-            return self.graphs(spec, *inputs)
-
-        self.model.graphs = record
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.model.graphs = self.graphs
 
 
 def test_default_buckets_double_from_the_chunk_to_the_sequence_length():

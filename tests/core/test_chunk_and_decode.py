@@ -15,19 +15,16 @@ from support.tiny_models import ARCHITECTURES
 from optimum_neuron_plugin.errors import InputError
 from optimum_neuron_plugin.sampling import SamplingParams, make_generator
 
-from .helpers import CHUNK, CHUNKED, CHUNKED_LOGITS, CONTEXT_ENCODING, SEQUENCE_LENGTH, prompt, slot_positions
-
-
-def logged(model, calls: list):
-    """Wraps the model's graphs to append each call's (graph name, bucket) to `calls`."""
-    graphs = model.graphs
-
-    def call(spec, *inputs):
-        calls.append((spec.name, spec.bucket))
-        return graphs(spec, *inputs)
-
-    model.graphs = call
-    return graphs
+from .helpers import (
+    CHUNK,
+    CHUNKED,
+    CHUNKED_LOGITS,
+    CONTEXT_ENCODING,
+    SEQUENCE_LENGTH,
+    CallLog,
+    prompt,
+    slot_positions,
+)
 
 
 def greedy_while_prefilling(model, decoding: list[int], prefilling: list[int], new_tokens: int, chunks: int = 1):
@@ -61,15 +58,11 @@ def test_decoding_while_another_prompt_prefills_matches_hf_in_every_bucket(zoo, 
     every bucket too: each chunk_and_decode graph runs, and both requests' tokens are HF's."""
     artifact = zoo.artifact(name, **CHUNKED)
     decoding, prefilling = prompt(5, seed=50), prompt(45, seed=51)
-    calls = []
-    graphs = logged(artifact.model, calls)
-    try:
+    with CallLog(artifact.model) as log:
         a, b = greedy_while_prefilling(artifact.model, decoding, prefilling, 12)
-    finally:
-        artifact.model.graphs = graphs
     assert a == hf_greedy(artifact.hf, decoding, 12)
     assert b == hf_greedy(artifact.hf, prefilling, 12)
-    fused = [bucket for name, bucket in calls if name == "chunk_and_decode"]
+    fused = [bucket for name, bucket in log.graphs_and_buckets if name == "chunk_and_decode"]
     assert fused == [8, 16, 32, 32, 64, 64]  # chunks ending at positions 7, 15, 23, 31, 39, 44
 
 
@@ -90,13 +83,9 @@ def test_one_fused_call_writes_and_returns_what_the_two_calls_do(zoo, config):
     decode = ([0, 1], [3, 4], [21, 9])
     expected = separate.decode(*decode)
     expected_logits = separate.prefill(2, rest[8:24], start=8)
-    calls = []
-    graphs = logged(fused, calls)
-    try:
+    with CallLog(fused) as log:
         logits, result = fused.prefill_and_decode(2, rest[8:24], 8, *decode)
-    finally:
-        fused.graphs = graphs
-    assert calls == [("chunked_prefill", 16), ("chunk_and_decode", 32)]
+    assert log.graphs_and_buckets == [("chunked_prefill", 16), ("chunk_and_decode", 32)]
     assert result.tokens == expected.tokens
     if expected.logits is not None:
         torch.testing.assert_close(result.logits, expected.logits, atol=1e-5, rtol=1e-5)
@@ -112,12 +101,9 @@ def test_a_chunk_whose_bucket_is_smaller_than_the_decode_rows_needs_is_not_fused
     the chunk attend 64 positions instead of 8, so the two graphs run, and both requests still get HF's tokens."""
     artifact = zoo.artifact("llama", **CHUNKED)
     decoding, prefilling = prompt(40, seed=80), prompt(8, seed=81)
-    calls = []
-    graphs = logged(artifact.model, calls)
-    try:
+    with CallLog(artifact.model) as log:
         a, b = greedy_while_prefilling(artifact.model, decoding, prefilling, 4)
-    finally:
-        artifact.model.graphs = graphs
+    calls = log.graphs_and_buckets
     assert (a, b) == (hf_greedy(artifact.hf, decoding, 4), hf_greedy(artifact.hf, prefilling, 4))
     # After the decoding prompt's own 5 chunks: the decode step, then the prompt's chunk on its own.
     assert calls[5:7] == [("token_generation", 64), ("chunked_prefill", 8)]
