@@ -19,6 +19,7 @@ from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from ..models.collectives import GROUP_OPS
 from . import Progress, join_gloo_group
+from .cpu_linear import packable, use_packed_linears
 
 GRAPH_DIR = "graphs"
 
@@ -46,36 +47,7 @@ def _save_exported(program: torch.export.ExportedProgram, path: Path) -> None:
 
 
 def _load_exported(path: Path) -> torch.fx.GraphModule:
-    module = torch.export.load(str(path)).module()
-    use_weight_major_linears(module)
-    return module
-
-
-# Row counts for which `weight @ x.T` beats `x @ weight.T` (MKL sgemm, fp32, AMD EPYC; 1 and 2 threads).
-WEIGHT_MAJOR_ROWS = range(2, 9)
-
-
-def use_weight_major_linears(module: torch.fx.GraphModule) -> None:
-    """Computes each linear of 2 to 8 rows (a decode step's batch) as `(weight @ x.T).T`: the same product,
-    but MKL's sgemm streams the [out, in] weight about twice as fast that way round (the lm_head of a 4-row
-    decode step: 15 ms instead of 31), and decode is bound by reading the weights. A kernel choice of this
-    backend, like AOTInductor's: the graph is unchanged."""
-    for node in module.graph.find_nodes(op="call_function", target=torch.ops.aten.linear.default):
-        x = node.args[0].meta.get("val")
-        if x is not None and x.dim() >= 2 and x.shape[:-1].numel() in WEIGHT_MAJOR_ROWS:
-            node.target = _weight_major_linear
-    module.recompile()
-
-
-def _weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    # contiguous(): x is often the transposed output of the previous weight-major linear (the MLP's down_proj
-    # input), and MKL takes a path 3x slower when rows.T is itself contiguous (SmolLM2's down_proj for 4 rows:
-    # 0.59 ms instead of 0.2, 12 ms of a 64 ms decode step).
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    out = (weight @ rows.T).T
-    if bias is not None:
-        out = out + bias
-    return out.reshape(*x.shape[:-1], weight.shape[0])
+    return torch.export.load(str(path)).module()
 
 
 FORMATS = {
@@ -130,9 +102,13 @@ class CpuBackend:
 
     def load(self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path) -> CpuGraphs:
         programs = {g.spec: self._load_program(self.graph_path(directory, g.spec)) for g in graphs}
+        packed = {}
         for graph in graphs:
+            program = programs[graph.spec]
             if graph.cc.degree > 1:
-                bind_group(programs[graph.spec], graph.cc.group)
+                bind_group(program, graph.cc.group)
+            if isinstance(program, torch.fx.GraphModule) and packable():
+                use_packed_linears(program, params, packed)
         return CpuGraphs(programs, params, caches)
 
     def _load_program(self, path: Path) -> Callable:
