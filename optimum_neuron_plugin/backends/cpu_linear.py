@@ -10,11 +10,23 @@ second copy of those weights in host memory: the artifact's weights stay as they
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
+@functools.cache
 def packable() -> bool:
-    return torch.backends.mkldnn.is_available()
+    """Whether this torch build packs and runs fp32 linears on oneDNN: checked once on a small product (a build
+    without oneDNN, or whose oneDNN refuses the layout, keeps the exported linears)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    x, weight = torch.randn(4, 64), torch.randn(32, 64)
+    try:
+        out = _packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(weight), None)
+    except (RuntimeError, AttributeError):
+        return False
+    return torch.allclose(out, torch.nn.functional.linear(x, weight), rtol=1e-4, atol=1e-4)
 
 
 def use_packed_linears(module: torch.fx.GraphModule, params: dict[str, torch.Tensor], packed: dict) -> None:

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import torch
+from support.references import hf_greedy, runtime_greedy
+
+from optimum_neuron_plugin import NeuronModelForCausalLM
+from optimum_neuron_plugin.backends import cpu_linear
+
+from . import helpers
 
 
 def _packed_linears(program: torch.fx.GraphModule) -> list[torch.fx.Node]:
@@ -24,3 +30,17 @@ def test_every_linear_reads_a_weight_packed_once_for_all_programs(llama_logits):
             assert weight.is_mkldnn
             packed_by_name.setdefault(node.args[1].target, set()).add(id(weight))
     assert all(len(ids) == 1 for ids in packed_by_name.values()), "a weight was packed more than once"
+
+
+def test_a_torch_without_onednn_keeps_the_exported_linears_and_hf_tokens(llama_logits, monkeypatch):
+    monkeypatch.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+    cpu_linear.packable.cache_clear()
+    try:
+        model = NeuronModelForCausalLM.from_pretrained(llama_logits.path)
+    finally:
+        cpu_linear.packable.cache_clear()
+    for program in model.graphs.programs.values():
+        assert _packed_linears(program) == []
+        assert program.graph.find_nodes(op="call_function", target=torch.ops.aten.linear.default)
+    prompt = helpers.prompt(13, seed=5)
+    assert runtime_greedy(model, prompt, 6) == hf_greedy(llama_logits.hf, prompt, 6)
