@@ -20,6 +20,7 @@ from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from ..models.collectives import GROUP_OPS
 from . import Progress, join_gloo_group
 from .cpu_linear import packable, use_packed_linears
+from .cpu_script import replay, traced_call
 
 GRAPH_DIR = "graphs"
 
@@ -102,14 +103,16 @@ class CpuBackend:
 
     def load(self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path) -> CpuGraphs:
         programs = {g.spec: self._load_program(self.graph_path(directory, g.spec)) for g in graphs}
-        packed = {}
+        packed, replayable = {}, set()
         for graph in graphs:
             program = programs[graph.spec]
             if graph.cc.degree > 1:
                 bind_group(program, graph.cc.group)
+            elif isinstance(program, torch.fx.GraphModule):
+                replayable.add(graph.spec)  # collectives keep running from Python, as exported and rebound
             if isinstance(program, torch.fx.GraphModule) and packable():
                 use_packed_linears(program, params, packed)
-        return CpuGraphs(programs, params, caches)
+        return CpuGraphs(programs, params, caches, replayable)
 
     def _load_program(self, path: Path) -> Callable:
         try:
@@ -137,22 +140,43 @@ def bind_group(module: torch.fx.GraphModule, group: str) -> None:
 
 
 class CpuGraphs:
-    """Loaded programs plus the state they share: weights and the KV cache."""
+    """Loaded programs plus the state they share: weights and the KV cache.
 
-    def __init__(self, programs: dict[GraphSpec, Callable], params: dict, caches: list[torch.Tensor]) -> None:
+    Each exported program's first call is traced and later calls replay the trace (cpu_script.py), except
+    tensor-parallel programs and AOTInductor packages."""
+
+    def __init__(
+        self,
+        programs: dict[GraphSpec, Callable],
+        params: dict,
+        caches: list[torch.Tensor],
+        replayable: set[GraphSpec],
+    ) -> None:
         self.programs, self.params, self.caches = programs, params, caches
-        self.unchecked = set(programs)
+        self.uncalled, self.replayable = set(programs), replayable
+        self.traces: dict[GraphSpec, torch.jit.ScriptModule] = {}
 
     def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
-        program = self.programs[spec]
+        program, args = self.programs[spec], (self.params, self.caches, *inputs)
         with torch.inference_mode():
-            output = program(self.params, self.caches, *inputs)
-        if spec in self.unchecked:
-            # An exported module checks every input against the shapes it was traced with: the first call (the
-            # warm-up) keeps that check, which catches a graph file of another export. Later calls skip it: it
-            # walks every weight and cache tensor in Python (milliseconds per decode step), and the runtime
-            # fixes every shape.
-            self.unchecked.discard(spec)
-            if isinstance(program, torch.nn.Module):
-                program.validate_inputs = False
+            if spec in self.traces:
+                return replay(self.traces[spec], program, args)
+            if spec in self.uncalled:
+                return self._first_call(spec, program, args)
+            return program(*args)
+
+    def _first_call(self, spec: GraphSpec, program: Callable, args: tuple) -> torch.Tensor:
+        if spec in self.replayable:
+            output, trace = traced_call(program, args)
+            if trace is not None:
+                self.traces[spec] = trace
+        else:
+            output = program(*args)
+        # An exported module checks every input against the shapes it was traced with: the first call (the
+        # warm-up) keeps that check, which catches a graph file of another export. Later calls skip it: it
+        # walks every weight and cache tensor in Python (milliseconds per decode step), and the runtime
+        # fixes every shape.
+        self.uncalled.discard(spec)
+        if isinstance(program, torch.nn.Module):
+            program.validate_inputs = False
         return output

@@ -11,6 +11,7 @@ second copy of those weights in host memory: the artifact's weights stay as they
 from __future__ import annotations
 
 import functools
+import warnings
 
 import torch
 
@@ -24,7 +25,7 @@ def packable() -> bool:
     x, weight = torch.randn(4, 64), torch.randn(32, 64)
     try:
         out = _packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(weight), None)
-    except (RuntimeError, AttributeError):
+    except (RuntimeError, AttributeError, OSError):  # OSError: torch.jit.script without the sources
         return False
     return torch.allclose(out, torch.nn.functional.linear(x, weight), rtol=1e-4, atol=1e-4)
 
@@ -52,4 +53,18 @@ def use_packed_linears(module: torch.fx.GraphModule, params: dict[str, torch.Ten
 
 
 def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", [], "")
+    return _scripted_linear()(x, weight, bias)
+
+
+def _linear_on_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    scalars: list[int | float | complex | None] = []
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", scalars, "")
+
+
+@functools.cache
+def _scripted_linear() -> torch.jit.ScriptFunction:
+    """oneDNN's op takes a `Scalar?[]` argument that torch.jit.trace cannot record (cpu_script.py traces the
+    programs); compiled by torch.jit.script, the linear is recorded as one call of this function."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated")
+        return torch.jit.script(_linear_on_packed)

@@ -1,12 +1,15 @@
-"""The CPU backend's kernel choice: every fp32 linear of every loaded program reads one shared packed weight."""
+"""The CPU backend's choices of how to run a program: every fp32 linear of every loaded program reads one shared
+packed weight, and each program is replayed from the TorchScript trace of its first call, bit for bit."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from support.references import hf_greedy, runtime_greedy
 
 from optimum_neuron_plugin import NeuronModelForCausalLM
 from optimum_neuron_plugin.backends import cpu_linear
+from optimum_neuron_plugin.graphs import TOKEN_GENERATION
 
 from . import helpers
 
@@ -44,3 +47,39 @@ def test_a_torch_without_onednn_keeps_the_exported_linears_and_hf_tokens(llama_l
         assert program.graph.find_nodes(op="call_function", target=torch.ops.aten.linear.default)
     prompt = helpers.prompt(13, seed=5)
     assert runtime_greedy(model, prompt, 6) == hf_greedy(llama_logits.hf, prompt, 6)
+
+
+def _run(model: NeuronModelForCausalLM) -> list[torch.Tensor]:
+    """Prompts in two slots over several buckets, then decode steps of both: every logit the graphs returned."""
+    first, second = helpers.prompt(21, seed=7), helpers.prompt(9, seed=8)
+    logits = [model.prefill(0, first), model.prefill(1, second)]
+    tokens, positions = [int(logits[0].argmax()), int(logits[1].argmax())], [len(first), len(second)]
+    for _ in range(14):
+        result = model.decode([0, 1], tokens, positions)
+        logits.append(result.logits)
+        tokens, positions = [int(row.argmax()) for row in result.logits], [p + 1 for p in positions]
+    return logits
+
+
+def test_replayed_programs_return_the_programs_logits_and_cache_bit_for_bit(llama_logits):
+    replayed = NeuronModelForCausalLM.from_pretrained(llama_logits.path)
+    from_python = NeuronModelForCausalLM.from_pretrained(llama_logits.path)
+    from_python.graphs.replayable = set()
+    got, want = _run(replayed), _run(from_python)
+    used = {spec for spec in replayed.specs if spec not in replayed.graphs.uncalled}
+    assert len(used) >= 4 and set(replayed.graphs.traces) == used
+    assert from_python.graphs.traces == {}
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(replayed.caches, from_python.caches, strict=True))
+
+
+def test_a_failing_replay_raises_the_programs_own_error(llama_logits):
+    model = NeuronModelForCausalLM.from_pretrained(llama_logits.path)
+    model.warm_up()
+    spec = model.graph_for(TOKEN_GENERATION, [5])
+    assert spec in model.graphs.traces
+    rows = model.neuron_config.batch_size
+    beyond_vocab = torch.full((rows, 1), helpers.VOCAB + 3, dtype=torch.int32)
+    positions, seq_ids = torch.full((rows, 1), 5, dtype=torch.int32), torch.arange(rows, dtype=torch.int32)
+    with pytest.raises(IndexError, match="out of bounds"):
+        model.graphs(spec, beyond_vocab, positions, seq_ids)

@@ -1,0 +1,60 @@
+"""The CPU programs replayed by TorchScript's C++ interpreter instead of called op by op from Python.
+
+A choice of the CPU backend about how to run a program, like the packed linears about which kernel: the graph
+is the exported one. An exported program is ~2000 aten calls per decode step (SmolLM2), most on tensors of a
+few KB, and dispatching each from Python costs about as much as the kernel. The first call of a program (the
+warm-up) runs under torch.jit.trace, which executes it and records every op; later calls replay the record in
+C++: the same kernels on the same tensors, so the results are those of the program, bit for bit.
+
+TorchScript reports every failure as a RuntimeError with its own traceback. A replay that fails is run again
+by the program, which raises the real error (e.g. IndexError for a token id beyond the vocabulary). Running a
+call twice is safe: it writes the same K/V to the same cache positions before reading them.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class _Recorder(torch.nn.Module):
+    """The program under trace, keeping the output of the call that is traced (the trace returns none)."""
+
+    def __init__(self, program: torch.nn.Module, outputs: list) -> None:
+        super().__init__()
+        self.program, self.outputs = program, outputs
+
+    def forward(self, *args):
+        output = self.program(*args)
+        self.outputs.append(output)
+        return output
+
+
+def traced_call(program: torch.nn.Module, args: tuple) -> tuple[object, torch.jit.ScriptModule | None]:
+    """program(*args), run under torch.jit.trace: its output and the trace to replay. A program TorchScript cannot
+    record keeps running from Python (trace None); one whose call fails raises that failure."""
+    outputs: list = []
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`torch\.jit\.trace")  # deprecated for torch.compile
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # constants of the graph
+            traced = torch.jit.trace(_Recorder(program, outputs), args, check_trace=False, strict=False)
+    except Exception as error:  # noqa: BLE001 - the program's own failure is raised again just below
+        output = program(*args)
+        logger.warning("this CPU program runs from Python: torch.jit.trace failed (%s)", error)
+        return output, None
+    return outputs[0], traced
+
+
+def replay(traced: torch.jit.ScriptModule, program: torch.nn.Module, args: tuple):
+    """One call of the program through its trace (no profiling or re-optimisation of the record: the first
+    calls cost the same as the others)."""
+    try:
+        with torch.jit.optimized_execution(False):
+            return traced(*args)
+    except Exception:  # noqa: BLE001 - TorchScript's RuntimeError hides the error: the program raises it
+        return program(*args)
