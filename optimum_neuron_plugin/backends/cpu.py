@@ -20,7 +20,7 @@ from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from ..models.collectives import GROUP_OPS
 from . import Progress, join_gloo_group
 from .cpu_linear import packable, use_packed_linears
-from .cpu_script import replay, traced_call
+from .cpu_script import Replay, traced_call
 
 GRAPH_DIR = "graphs"
 
@@ -154,22 +154,22 @@ class CpuGraphs:
     ) -> None:
         self.programs, self.params, self.caches = programs, params, caches
         self.uncalled, self.replayable = set(programs), replayable
-        self.traces: dict[GraphSpec, torch.jit.ScriptModule] = {}
+        self.traces: dict[GraphSpec, Replay] = {}
 
     def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
         program, args = self.programs[spec], (self.params, self.caches, *inputs)
         with torch.inference_mode():
             if spec in self.traces:
-                return replay(self.traces[spec], program, args)
+                return self.traces[spec](*args)
             if spec in self.uncalled:
                 return self._first_call(spec, program, args)
             return program(*args)
 
     def _first_call(self, spec: GraphSpec, program: Callable, args: tuple) -> torch.Tensor:
         if spec in self.replayable:
-            output, trace = traced_call(program, args)
-            if trace is not None:
-                self.traces[spec] = trace
+            output, replay = traced_call(program, args)
+            if replay is not None:
+                self.traces[spec] = replay
         else:
             output = program(*args)
         # An exported module checks every input against the shapes it was traced with: the first call (the

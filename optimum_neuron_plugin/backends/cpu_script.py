@@ -34,27 +34,38 @@ class _Recorder(torch.nn.Module):
         return output
 
 
-def traced_call(program: torch.nn.Module, args: tuple) -> tuple[object, torch.jit.ScriptModule | None]:
-    """program(*args), run under torch.jit.trace: its output and the trace to replay. A program TorchScript cannot
-    record keeps running from Python (trace None); one whose call fails raises that failure."""
+class Replay:
+    """A program and the trace of its first call: calls replay the trace."""
+
+    def __init__(self, program: torch.nn.Module, trace: torch.jit.ScriptModule) -> None:
+        self.program, self.trace = program, trace
+
+    def __call__(self, *args):
+        if self.trace is None:
+            return self.program(*args)
+        try:
+            # No profiling runs or re-optimisation of the record: the first replays cost what the others do.
+            with torch.jit.optimized_execution(False):
+                return self.trace(*args)
+        except Exception:  # noqa: BLE001 - TorchScript's RuntimeError hides the error: the program raises it
+            output = self.program(*args)
+        # The program ran where its replay failed: TorchScript is at fault, the program runs from Python from now on.
+        logger.warning("a CPU program failed in TorchScript's interpreter but not from Python: it runs from Python now")
+        self.trace = None
+        return output
+
+
+def traced_call(program: torch.nn.Module, args: tuple) -> tuple[object, Replay | None]:
+    """program(*args), run under torch.jit.trace: its output and the Replay of later calls. A program TorchScript
+    cannot record keeps running from Python (None); a call that fails raises the program's own error."""
     outputs: list = []
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"`torch\.jit\.trace")  # deprecated for torch.compile
             warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # constants of the graph
-            traced = torch.jit.trace(_Recorder(program, outputs), args, check_trace=False, strict=False)
+            trace = torch.jit.trace(_Recorder(program, outputs), args, check_trace=False, strict=False)
     except Exception as error:  # noqa: BLE001 - the program's own failure is raised again just below
         output = program(*args)
-        logger.warning("this CPU program runs from Python: torch.jit.trace failed (%s)", error)
+        logger.warning("a CPU program runs from Python: torch.jit.trace failed (%s)", error)
         return output, None
-    return outputs[0], traced
-
-
-def replay(traced: torch.jit.ScriptModule, program: torch.nn.Module, args: tuple):
-    """One call of the program through its trace (no profiling or re-optimisation of the record: the first
-    calls cost the same as the others)."""
-    try:
-        with torch.jit.optimized_execution(False):
-            return traced(*args)
-    except Exception:  # noqa: BLE001 - TorchScript's RuntimeError hides the error: the program raises it
-        return program(*args)
+    return outputs[0], Replay(program, trace)

@@ -83,3 +83,25 @@ def test_a_failing_replay_raises_the_programs_own_error(llama_logits):
     positions, seq_ids = torch.full((rows, 1), 5, dtype=torch.int32), torch.arange(rows, dtype=torch.int32)
     with pytest.raises(IndexError, match="out of bounds"):
         model.graphs(spec, beyond_vocab, positions, seq_ids)
+
+
+def test_a_replay_failing_where_the_program_runs_hands_over_to_the_program(llama_logits):
+    model = NeuronModelForCausalLM.from_pretrained(llama_logits.path)
+    from_python = NeuronModelForCausalLM.from_pretrained(llama_logits.path)
+    from_python.graphs.replayable = set()
+    model.warm_up(), from_python.warm_up()
+
+    def interpreter_fault(*args):
+        raise RuntimeError("The following operation failed in the TorchScript interpreter.")
+
+    replays = {(spec.name, spec.bucket): replay for spec, replay in model.graphs.traces.items()}
+    for replay in replays.values():
+        replay.trace = interpreter_fault
+    with helpers.CallLog(model) as log:
+        got = _run(model)
+    want = _run(from_python)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(model.caches, from_python.caches, strict=True))
+    used = set(log.graphs_and_buckets)
+    assert len(used) >= 4
+    assert {key for key, replay in replays.items() if replay.trace is None} == used
