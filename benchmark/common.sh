@@ -27,7 +27,8 @@ CHUNK_SIZE=${CHUNK_SIZE:-128}
 TP=${TP:-1}
 # Export backend: cpu (reference backend, any host), neuron or auto.
 BACKEND=${BACKEND:-cpu}
-# CPU backend compiler of the plugin's exports: export (op by op, default) or inductor (AOTInductor C++).
+# CPU backend compiler of the plugin's exports: export (torch.export programs replayed by TorchScript, default)
+# or inductor (AOTInductor C++).
 CPU_COMPILER=${CPU_COMPILER:-export}
 CONCURRENCY=${CONCURRENCY:-1 4}
 INPUT_LEN=${INPUT_LEN:-256}

@@ -160,8 +160,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="cpu_compiler",
         choices=CPU_COMPILERS,
         default="export",
-        help="cpu backend only: export (default) keeps torch.export programs, run op by op; inductor compiles "
-        "each graph to C++ with AOTInductor (minutes per graph for a real model)",
+        help="cpu backend only: export (default) keeps torch.export programs (replayed in C++ after their first "
+        "call); inductor compiles each graph to C++ with AOTInductor (minutes per graph for a real model)",
     )
     optional.add_argument(
         *_spellings("overwrite"),

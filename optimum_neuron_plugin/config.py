@@ -40,7 +40,7 @@ class NeuronConfig:
     # Cache lengths the graphs are compiled for: a graph for bucket L reads cache positions [0, L) only.
     # None: default_context_buckets(). The last bucket is always sequence_length.
     context_buckets: tuple[int, ...] | None = None
-    # CPU backend only: "export" keeps each graph's torch.export program (run op by op), "inductor"
+    # CPU backend only: "export" keeps each graph's torch.export program (replayed by TorchScript), "inductor"
     # compiles it to C++ with AOTInductor (minutes per graph for a real model).
     cpu_compiler: str = "export"
 

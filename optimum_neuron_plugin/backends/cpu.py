@@ -1,5 +1,5 @@
-"""CPU backend: each graph exported with torch.export and kept as the exported program (run op by op) or
-compiled to C++ by AOTInductor, saved in the artifact and run on the host.
+"""CPU backend: each graph exported with torch.export and kept as the exported program (replayed in C++ after its
+first call, cpu_script.py) or compiled to C++ by AOTInductor, saved in the artifact and run on the host.
 
 Weights and KV caches are graph inputs: programs hold no weights (the artifact stores them once)
 and write the caller's cache tensors in place (index_copy_ stays an in-place op, in both forms).
