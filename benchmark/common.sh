@@ -24,6 +24,8 @@ EXPORT_SOURCE=${EXPORT_SOURCE:-hf}
 BATCH_SIZE=${BATCH_SIZE:-4}
 SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-512}
 CHUNK_SIZE=${CHUNK_SIZE:-128}
+# Chunked configurations: prompts prefilled together per call (--prefill-batch-size; 1 = one prompt per call).
+PREFILL_BATCH_SIZE=${PREFILL_BATCH_SIZE:-1}
 TP=${TP:-1}
 # Export backend: cpu (reference backend, any host), neuron or auto.
 BACKEND=${BACKEND:-cpu}
@@ -61,7 +63,7 @@ ARTIFACTS=${ARTIFACTS:-$RESULTS_ROOT/artifacts}
 # Where serve.sh / drive.sh put PID files, logs and raw results; matrix.sh sets a timestamped one.
 RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/manual}
 
-export MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
+export MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
   NUM_WARMUPS SEED TEMPERATURE THREADS CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 
@@ -110,7 +112,9 @@ config_artifact() {
   read -r chunk ods _mode <<<"$(config_settings "$1")"
   if [ "$chunk" = 0 ]; then variant=ce; else variant=chunked; fi
   if [ "$ods" = 1 ]; then variant=$variant-ods; else variant=$variant-host; fi
-  echo "$ARTIFACTS/$variant-$(model_tag)-b$BATCH_SIZE-s$SEQUENCE_LENGTH-c$chunk-tp$TP-$BACKEND-$CPU_COMPILER"
+  local batched=""
+  if [ "$chunk" != 0 ] && [ "$PREFILL_BATCH_SIZE" != 1 ]; then batched=-p$PREFILL_BATCH_SIZE; fi
+  echo "$ARTIFACTS/$variant-$(model_tag)-b$BATCH_SIZE-s$SEQUENCE_LENGTH-c$chunk$batched-tp$TP-$BACKEND-$CPU_COMPILER"
 }
 
 # The original model as a Hugging Face directory (the peers serve it): MODEL itself unless it is

@@ -58,6 +58,7 @@ export_artifact() {
   local args=(--model "$source" --batch-size "$BATCH_SIZE" --sequence-length "$SEQUENCE_LENGTH"
     --prefill-chunk-size "$chunk" --tensor-parallel-size "$TP" --backend "$BACKEND" --cpu-compiler "$CPU_COMPILER")
   [ "$ods" = 1 ] || args+=(--no-on-device-sampling)
+  [ "$chunk" = 0 ] || args+=(--prefill-batch-size "$PREFILL_BATCH_SIZE")
   log "$name: exporting into $out (optimum-cli export neuron ${args[*]})"
   mkdir -p "$(dirname "$out")"
   "$VENV_BIN/optimum-cli" export neuron "${args[@]}" "$out" >"$RUN_DIR/$name.export.log" 2>&1 ||

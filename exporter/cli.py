@@ -94,6 +94,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"Default: {AUTO_CHUNK_SIZE} when the sequence length exceeds {AUTO_CHUNK_THRESHOLD}, else 0",
     )
     optional.add_argument(
+        *_spellings("prefill-batch-size"),
+        dest="prefill_batch_size",
+        metavar="P",
+        type=int,
+        default=1,
+        help="chunked prefill only: also compile chunked_prefill for P prompts at once, so that prompts arriving "
+        "together are prefilled in one call per chunk (at most the batch size). Default: 1",
+    )
+    optional.add_argument(
         *_spellings("tensor-parallel-size"),
         dest="tensor_parallel_size",
         metavar="T",
@@ -220,6 +229,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         backend=backend,
         context_buckets=args.context_buckets,
         cpu_compiler=args.cpu_compiler,
+        prefill_batch_size=args.prefill_batch_size,
     )
     return ExportRequest(model=args.model, neuron_config=config, output=args.output, overwrite=args.overwrite)
 

@@ -17,6 +17,8 @@ TARGETS = ("trn2", "trn3")
 # Instances TorchNeuron (Neuron SDK 2.33+, torch 2.10+) does not cover: they stay on the XLA stack of SDK 2.31.
 LEGACY_TARGETS = ("inf1", "inf2", "trn1", "trn1n")
 CPU_COMPILERS = ("export", "inductor")
+# Fields added without a format change: a format-4 file without them has their defaults (it has no such graphs).
+ADDED_IN_FORMAT_4 = ("prefill_batch_size",)
 # Default context buckets: doubling lengths ending at sequence_length, at most this many.
 MAX_DEFAULT_BUCKETS = 4
 
@@ -43,9 +45,12 @@ class NeuronConfig:
     # CPU backend only: "export" keeps each graph's torch.export program (replayed by TorchScript), "inductor"
     # compiles it to C++ with AOTInductor (minutes per graph for a real model).
     cpu_compiler: str = "export"
+    # Chunked exports: also compile chunked_prefill for this many prompts at once (chunk k of each prompt in one
+    # call, one pass over the weights for all). 1: one prompt per call only.
+    prefill_batch_size: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("batch_size", "sequence_length", "tp_degree", "max_topk"):
+        for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
             _require_positive_int(name, getattr(self, name))
         if not isinstance(self.prefill_chunk_size, int) or self.prefill_chunk_size < 0:
             _fail("prefill_chunk_size", self.prefill_chunk_size, "an integer >= 0 (0 disables chunking)")
@@ -71,6 +76,10 @@ class NeuronConfig:
             _fail("on_device_sampling", self.on_device_sampling, "true or false")
         if self.cpu_compiler not in CPU_COMPILERS:
             _fail("cpu_compiler", self.cpu_compiler, f"one of {', '.join(CPU_COMPILERS)}")
+        if self.prefill_batch_size > 1 and not self.chunked:
+            _fail("prefill_batch_size", self.prefill_batch_size, "1 without chunked prefill (prefill_chunk_size 0)")
+        if self.prefill_batch_size > self.batch_size:
+            _fail("prefill_batch_size", self.prefill_batch_size, f"at most batch_size ({self.batch_size})")
         object.__setattr__(self, "context_buckets", self._checked_buckets())
 
     def _checked_buckets(self) -> tuple[int, ...]:
@@ -154,7 +163,7 @@ class NeuronConfig:
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
                 f"{FORMAT_VERSION}: graphs per context bucket, int32 index inputs, chunk_and_decode graphs); export the model again"
             )
-        missing = [f.name for f in fields(cls) if f.name not in data]
+        missing = [f.name for f in fields(cls) if f.name not in data and f.name not in ADDED_IN_FORMAT_4]
         if missing:
             raise NeuronConfigError(f"{path}: missing field(s) {', '.join(missing)}; export the model again")
         try:

@@ -1,7 +1,8 @@
 """The compiled graphs: one fixed-shape program per graph kind and context bucket, sharing the
 weights and the KV cache.
 
-- chunked_prefill  : 1 sequence x C tokens -> logits [1, V] of the last real token (no sampling)
+- chunked_prefill  : 1 sequence x C tokens -> logits [1, V] of the last real token (no sampling); with
+                     prefill_batch_size P > 1 also P sequences x C tokens -> logits [P, V], one chunk of P prompts
 - context_encoding : 1 sequence x S tokens -> logits [1, V] (only when prefill_chunk_size is 0)
 - token_generation : B sequences x 1 token -> token ids [B] (on-device sampling) or logits [B, V]
 - chunk_and_decode : one chunked_prefill chunk and one token_generation batch in a single pass over the
@@ -48,7 +49,12 @@ class GraphSpec:
     @property
     def key(self) -> str:
         """Unique per compiled graph: names its file in the artifact."""
-        return f"{self.name}_{self.bucket}"
+        return f"{self.name}_x{self.rows}_{self.bucket}" if self.is_prefill_batch else f"{self.name}_{self.bucket}"
+
+    @property
+    def is_prefill_batch(self) -> bool:
+        """A chunked_prefill graph of several prompts (prefill_batch_size)."""
+        return self.name == CHUNKED_PREFILL and self.rows > 1
 
 
 def graph_specs(neuron_config: NeuronConfig) -> list[GraphSpec]:
@@ -56,6 +62,8 @@ def graph_specs(neuron_config: NeuronConfig) -> list[GraphSpec]:
     specs = []
     for bucket in nc.context_buckets:
         specs.append(GraphSpec(nc.prefill_graph, 1, nc.prefill_length, samples=False, bucket=bucket))
+        if nc.prefill_batch_size > 1:
+            specs.append(GraphSpec(CHUNKED_PREFILL, nc.prefill_batch_size, nc.prefill_length, False, bucket))
         specs.append(GraphSpec(TOKEN_GENERATION, nc.batch_size, 1, samples=nc.on_device_sampling, bucket=bucket))
         if nc.chunked and nc.batch_size > 1:
             specs.append(

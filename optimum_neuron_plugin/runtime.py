@@ -26,6 +26,7 @@ from .config import NeuronConfig
 from .errors import ArtifactError, ExportError, InputError
 from .graphs import (
     CHUNK_AND_DECODE,
+    CHUNKED_PREFILL,
     INDEX_DTYPE,
     TOKEN_GENERATION,
     DecoderGraph,
@@ -81,7 +82,8 @@ class NeuronModelForCausalLM:
         self.params, self.tokenizer, self.generation_config = params, tokenizer, generation_config
         self.specs = graph_specs(neuron_config)
         self.graphs_dir = Path(graphs_dir)
-        self._by_bucket = {(spec.name, spec.bucket): spec for spec in self.specs}
+        self._by_bucket = {(spec.name, spec.bucket): spec for spec in self.specs if not spec.is_prefill_batch}
+        self._prefill_batches = {spec.bucket: spec for spec in self.specs if spec.is_prefill_batch}
         # The artifact has chunk_and_decode graphs (chunked, batch_size > 1): prefill_and_decode can fuse.
         self.fuses_prefill_and_decode = any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
         nc = neuron_config
@@ -244,6 +246,36 @@ class NeuronModelForCausalLM:
             logits = self.graphs(self.graph_for(self.neuron_config.prefill_graph, [positions[-1]]), *chunk)
         # Clone: the runtime may reuse the graph's output buffer on the next call.
         return logits[0].clone()
+
+    def prefill_batch(self, prompts: Sequence[tuple[int, Sequence[int], int]]) -> list[torch.Tensor]:
+        """prefill() of several prompts, each (seq_id, token_ids, start) in a slot of its own: their chunk loops run
+        side by side, chunk k of up to prefill_batch_size prompts in one call (a chunk left alone runs the one-prompt
+        graph). Same results as prefill() of each; returns each prompt's logits [vocab] of its last token."""
+        checked = [(seq_id, self._checked_prompt(seq_id, tokens, start), start) for seq_id, tokens, start in prompts]
+        slots = [seq_id for seq_id, _, _ in checked]
+        if not checked or len(set(slots)) != len(slots):
+            raise InputError(f"prefill_batch needs prompts in distinct slots, got seq_ids {slots}")
+        size, width = self.neuron_config.prefill_length, self.neuron_config.prefill_batch_size
+        logits: list[torch.Tensor | None] = [None] * len(checked)
+        for offset in range(0, max(len(tokens) for _, tokens, _ in checked), size):
+            rows = [i for i, (_, tokens, _) in enumerate(checked) if offset < len(tokens)]
+            for group in (rows[g : g + width] for g in range(0, len(rows), width)):
+                output = self._chunks_call([self._chunk(*checked[i], offset) for i in group])
+                for row, i in enumerate(group):
+                    if offset + size >= len(checked[i][1]):
+                        logits[i] = output[row].clone()  # the runtime may reuse the output buffer
+        return logits
+
+    def _chunks_call(self, chunks: list[tuple[tuple, list[int]]]) -> torch.Tensor:
+        """One chunked_prefill call for chunks of distinct slots: the one-prompt graph for one, else the batched graph,
+        its missing rows repeating the first (the same K/V written to the same place, as token_generation pads)."""
+        last = max(positions[-1] for _, positions in chunks)
+        if len(chunks) == 1:
+            return self.graphs(self.graph_for(CHUNKED_PREFILL, [last]), *chunks[0][0])
+        spec = self._prefill_batches[self.neuron_config.bucket_for(last)]
+        rows = [inputs for inputs, _ in chunks]
+        rows += [rows[0]] * (spec.rows - len(rows))
+        return self.graphs(spec, *(torch.cat(column) for column in zip(*rows, strict=True)))
 
     def decode(
         self,

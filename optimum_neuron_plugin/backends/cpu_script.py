@@ -13,6 +13,7 @@ call twice is safe: it writes the same K/V to the same cache positions before re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import warnings
 
@@ -43,12 +44,12 @@ class Replay:
     def __call__(self, *args):
         if self.trace is None:
             return self.program(*args)
-        try:
-            # No profiling runs or re-optimisation of the record: the first replays cost what the others do.
-            with torch.jit.optimized_execution(False):
-                return self.trace(*args)
-        except Exception:  # noqa: BLE001 - TorchScript's RuntimeError hides the error: the program raises it
-            output = self.program(*args)
+        # No profiling runs or re-optimisation of the record: the first replays cost what the others do.
+        with contextlib.suppress(Exception), torch.jit.optimized_execution(False):
+            return self.trace(*args)
+        # TorchScript's RuntimeError hides the error: the program raises it (outside an except block, so the log
+        # shows the program's error alone).
+        output = self.program(*args)
         # The program ran where its replay failed: TorchScript is at fault, the program runs from Python from now on.
         logger.warning("a CPU program failed in TorchScript's interpreter but not from Python: it runs from Python now")
         self.trace = None
@@ -65,7 +66,9 @@ def traced_call(program: torch.nn.Module, args: tuple) -> tuple[object, Replay |
             warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # constants of the graph
             trace = torch.jit.trace(_Recorder(program, outputs), args, check_trace=False, strict=False)
     except Exception as error:  # noqa: BLE001 - the program's own failure is raised again just below
-        output = program(*args)
-        logger.warning("a CPU program runs from Python: torch.jit.trace failed (%s)", error)
-        return output, None
-    return outputs[0], Replay(program, trace)
+        failure = error
+    else:
+        return outputs[0], Replay(program, trace)
+    output = program(*args)
+    logger.warning("a CPU program runs from Python: torch.jit.trace failed (%s)", failure)
+    return output, None

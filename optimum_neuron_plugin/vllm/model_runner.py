@@ -2,8 +2,9 @@
 
 Per step: one token_generation call (runtime.decode) for every request that is decoding, then
 the prompt slices scheduled this step, one request at a time (runtime.prefill is the chunk loop:
-chunks of prefill_chunk_size, the last padded). When a step has both, the decode batch rides in one of
-the first prompt slice's chunks: one chunk_and_decode call (runtime.prefill_and_decode) instead of
+chunks of prefill_chunk_size, the last padded), or side by side when the artifact was exported with
+prefill_batch_size > 1 (runtime.prefill_batch: chunk k of several prompts in one call). When a step
+has both, the decode batch rides in one of the first prompt slice's chunks: one chunk_and_decode call (runtime.prefill_and_decode) instead of
 two, so a step that prefills costs the decoding requests almost nothing. If that call raises, the batch
 and the slice run apart, so a bad prompt fails alone, as it would without the fused graph. A request
 whose prompt is complete samples its first token on the host from the prefill logits; later tokens come from decode (sampled on device,
@@ -129,12 +130,7 @@ class NeuronModelRunner:
                 failed += self._graph_failed(CHUNK_AND_DECODE, plan.decodes + [prefills.pop(0)], error)
         elif plan.decodes:
             self._decode_alone(plan.decodes, sampled, logprobs, failed)
-        for work in prefills:
-            try:
-                self._prefill(work, interleaved=bool(plan.decodes), sampled=sampled, logprobs=logprobs)
-                self.health.succeeded()
-            except Exception as error:  # noqa: BLE001
-                failed += self._graph_failed(self.model.neuron_config.prefill_graph, [work], error)
+        failed += self._prefill_slices(prefills, bool(plan.decodes), sampled, logprobs)
         for req_id in failed:
             sampled.pop(req_id, None)
             logprobs.pop(req_id, None)
@@ -212,6 +208,34 @@ class NeuronModelRunner:
                 tokens[i] = token
         for i, state in enumerate(states):
             self._append(state, tokens[i], None if result.logits is None else result.logits[i], sampled, logprobs)
+
+    def _prefill_slices(self, prefills: list[ScheduledSlice], interleaved: bool, sampled, logprobs) -> list[str]:
+        """The step's prompt slices: together (runtime.prefill_batch) when the artifact has prefill batch graphs,
+        else, or when that call raises, one at a time, so that a failing prompt fails alone. Returns failed ids."""
+        if len(prefills) > 1 and self.model.neuron_config.prefill_batch_size > 1:
+            try:
+                self._prefill_together(prefills, interleaved, sampled, logprobs)
+                self.health.succeeded()
+                return []
+            except Exception as error:  # noqa: BLE001 - nothing was recorded: the slices run one at a time
+                logger.warning("batched prefill raised %s: %s; prefilling its prompt slices one at a time",
+                               type(error).__name__, error)  # fmt: skip
+        failed = []
+        for work in prefills:
+            try:
+                self._prefill(work, interleaved=interleaved, sampled=sampled, logprobs=logprobs)
+                self.health.succeeded()
+            except Exception as error:  # noqa: BLE001
+                failed += self._graph_failed(self.model.neuron_config.prefill_graph, [work], error)
+        return failed
+
+    def _prefill_together(self, prefills: list[ScheduledSlice], interleaved: bool, sampled, logprobs) -> None:
+        slices = [self._prompt_slice(work) for work in prefills]
+        prompts = [(state.slot, tokens, work.start) for (state, tokens, _), work in zip(slices, prefills, strict=True)]
+        logits = self.model.prefill_batch(prompts)
+        for work, (state, _, began), row in zip(prefills, slices, logits, strict=True):
+            state.stats.batched = True
+            self._prefilled(work, row, began, interleaved, sampled, logprobs)
 
     def _prefill(self, work: ScheduledSlice, interleaved: bool, sampled, logprobs) -> None:
         state, tokens, began = self._prompt_slice(work)

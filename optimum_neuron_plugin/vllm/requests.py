@@ -24,6 +24,7 @@ class RequestStats:
     prefill_seconds: float = 0.0
     prefill_steps: int = 0  # engine steps that prefilled part of this request
     interleaved: bool = False  # a prefill step of this request also decoded other requests
+    batched: bool = False  # its prompt was prefilled together with other prompts (runtime.prefill_batch)
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 When ONP_STATS_FILE names a file, the runner appends one JSON line per finished request:
 {"req_id", "prompt_tokens", "output_tokens", "prefill_calls", "prefill_seconds", "prefill_steps",
-"interleaved"}. `interleaved` is true when a step that prefilled this request also decoded others.
+"interleaved", "batched"}. `interleaved` is true when a step that prefilled this request also decoded others,
+`batched` when its prompt was prefilled together with other prompts (prefill_batch_size > 1).
 """
 
 from __future__ import annotations

@@ -1,0 +1,64 @@
+"""vLLM on an artifact exported with prefill_batch_size: prompts scheduled in the same step are prefilled together
+(runtime.prefill_batch), in both prefill modes, and generate exactly what transformers does."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.engine import close_llm, make_llm
+from support.references import hf_greedy
+from support.served import BATCH_SIZE, CHUNK, SHAPE, prompt_of
+from support.tiny_models import export, export_chain_model
+
+NEW_TOKENS = 6
+# More prompts than slots; below one chunk, several chunks, a rest.
+LENGTHS = [3 * CHUNK + 5, 7, 2 * CHUNK, CHUNK + 1, 40, 2]
+
+
+@pytest.fixture(scope="module")
+def batched_dir(vllm_root, tiny_hf_dir):
+    return export(
+        tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE
+    )
+
+
+@pytest.mark.parametrize("mode", ["serial", "interleaved"])
+def test_prompts_prefilled_together_equal_transformers(batched_dir, tokenizer, tiny_hf, vllm_root, mode):
+    from vllm import SamplingParams
+
+    prompts = [prompt_of(n, tokenizer, offset=i) for i, n in enumerate(LENGTHS)]
+    stats = vllm_root / f"prefill-batch-{mode}.jsonl"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ONP_STATS_FILE", str(stats))
+        llm = make_llm(batched_dir, additional_config={"prefill_mode": mode})
+        try:
+            params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+            outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        finally:
+            close_llm(llm)
+    assert [list(o.outputs[0].token_ids) for o in outputs] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts]
+    records = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert len(records) == len(prompts)
+    # The first BATCH_SIZE prompts arrive together and are prefilled together.
+    assert sum(r["batched"] for r in records) >= 2, records
+
+
+def test_a_failing_batched_prefill_fails_only_the_bad_prompt(vllm_root, tokenizer):
+    """A prompt holding an id beyond the embedding table makes the batched call raise (IndexError): its slices run
+    one at a time, the bad prompt fails alone, the others are served as transformers serves them."""
+    from vllm import SamplingParams
+
+    config = dict(SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE)
+    artifact, hf = export_chain_model(vllm_root / "prefill-batch-chain", tokenizer, 1000, 900, 1500, **config)
+    good = [[40 + i, 7, 100 + 50 * i] for i in range(BATCH_SIZE - 1)]
+    bad = [5, 6, 1000 + 4000, 8]
+    llm = make_llm(artifact)
+    try:
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in [*good, bad]], params, use_tqdm=False)
+    finally:
+        close_llm(llm)
+    for prompt, output in zip(good, outputs, strict=False):
+        assert list(output.outputs[0].token_ids) == hf_greedy(hf, prompt, NEW_TOKENS)
+    assert outputs[-1].outputs[0].finish_reason == "error", outputs[-1]
