@@ -26,7 +26,6 @@ from .config import NeuronConfig
 from .errors import ArtifactError, ExportError, InputError
 from .graphs import (
     CHUNK_AND_DECODE,
-    CHUNKED_PREFILL,
     INDEX_DTYPE,
     TOKEN_GENERATION,
     DecoderGraph,
@@ -239,13 +238,7 @@ class NeuronModelForCausalLM:
 
         Returns the fp32 logits [vocab] of the last token.
         """
-        tokens = self._checked_prompt(seq_id, token_ids, start)
-        size = self.neuron_config.prefill_length
-        for offset in range(0, len(tokens), size):
-            chunk, positions = self._chunk(seq_id, tokens, start, offset)
-            logits = self.graphs(self.graph_for(self.neuron_config.prefill_graph, [positions[-1]]), *chunk)
-        # Clone: the runtime may reuse the graph's output buffer on the next call.
-        return logits[0].clone()
+        return self.prefill_batch([(seq_id, token_ids, start)])[0]
 
     def prefill_batch(self, prompts: Sequence[tuple[int, Sequence[int], int]]) -> list[torch.Tensor]:
         """prefill() of several prompts, each (seq_id, token_ids, start) in a slot of its own: their chunk loops run
@@ -267,11 +260,11 @@ class NeuronModelForCausalLM:
         return logits
 
     def _chunks_call(self, chunks: list[tuple[tuple, list[int]]]) -> torch.Tensor:
-        """One chunked_prefill call for chunks of distinct slots: the one-prompt graph for one, else the batched graph,
-        its missing rows repeating the first (the same K/V written to the same place, as token_generation pads)."""
+        """One prefill call for chunks of distinct slots: the one-prompt graph for one, else the batched graph, its
+        missing rows repeating the first (the same K/V written to the same place, as token_generation pads)."""
         last = max(positions[-1] for _, positions in chunks)
         if len(chunks) == 1:
-            return self.graphs(self.graph_for(CHUNKED_PREFILL, [last]), *chunks[0][0])
+            return self.graphs(self.graph_for(self.neuron_config.prefill_graph, [last]), *chunks[0][0])
         spec = self._prefill_batches[self.neuron_config.bucket_for(last)]
         rows = [inputs for inputs, _ in chunks]
         rows += [rows[0]] * (spec.rows - len(rows))

@@ -4,8 +4,8 @@ Per step: one token_generation call (runtime.decode) for every request that is d
 the prompt slices scheduled this step, one request at a time (runtime.prefill is the chunk loop:
 chunks of prefill_chunk_size, the last padded), or side by side when the artifact was exported with
 prefill_batch_size > 1 (runtime.prefill_batch: chunk k of several prompts in one call). When a step
-has both, the decode batch rides in one of the first prompt slice's chunks: one chunk_and_decode call (runtime.prefill_and_decode) instead of
-two, so a step that prefills costs the decoding requests almost nothing. If that call raises, the batch
+has both, the decode batch rides in one of the first prompt slice's chunks: one chunk_and_decode call
+(runtime.prefill_and_decode) instead of two, so a step that prefills costs the decoding requests almost nothing. If that call raises, the batch
 and the slice run apart, so a bad prompt fails alone, as it would without the fused graph. A request
 whose prompt is complete samples its first token on the host from the prefill logits; later tokens come from decode (sampled on device,
 or on the host when the artifact returns logits). The same code serves both prefill modes: in
