@@ -2,7 +2,8 @@
 weights and the KV cache.
 
 - chunked_prefill  : 1 sequence x C tokens -> logits [1, V] of the last real token (no sampling); with
-                     prefill_batch_size P > 1 also P sequences x C tokens -> logits [P, V], one chunk of P prompts
+                     prefill_batch_size P > 1 also n sequences x C tokens -> logits [n, V] for every n in 2..P:
+                     one chunk of n prompts, no padding rows
 - context_encoding : 1 sequence x S tokens -> logits [1, V] (only when prefill_chunk_size is 0)
 - token_generation : B sequences x 1 token -> token ids [B] (on-device sampling) or logits [B, V]
 - chunk_and_decode : one chunked_prefill chunk and one token_generation batch in a single pass over the
@@ -53,7 +54,7 @@ class GraphSpec:
 
     @property
     def is_prefill_batch(self) -> bool:
-        """A chunked_prefill graph of several prompts (prefill_batch_size)."""
+        """A chunked_prefill graph of several prompts (2..prefill_batch_size)."""
         return self.name == CHUNKED_PREFILL and self.rows > 1
 
 
@@ -62,8 +63,8 @@ def graph_specs(neuron_config: NeuronConfig) -> list[GraphSpec]:
     specs = []
     for bucket in nc.context_buckets:
         specs.append(GraphSpec(nc.prefill_graph, 1, nc.prefill_length, samples=False, bucket=bucket))
-        if nc.prefill_batch_size > 1:
-            specs.append(GraphSpec(CHUNKED_PREFILL, nc.prefill_batch_size, nc.prefill_length, False, bucket))
+        for width in range(2, nc.prefill_batch_size + 1):
+            specs.append(GraphSpec(CHUNKED_PREFILL, width, nc.prefill_length, samples=False, bucket=bucket))
         specs.append(GraphSpec(TOKEN_GENERATION, nc.batch_size, 1, samples=nc.on_device_sampling, bucket=bucket))
         if nc.chunked and nc.batch_size > 1:
             specs.append(

@@ -82,7 +82,7 @@ class NeuronModelForCausalLM:
         self.specs = graph_specs(neuron_config)
         self.graphs_dir = Path(graphs_dir)
         self._by_bucket = {(spec.name, spec.bucket): spec for spec in self.specs if not spec.is_prefill_batch}
-        self._prefill_batches = {spec.bucket: spec for spec in self.specs if spec.is_prefill_batch}
+        self._prefill_batches = {(spec.rows, spec.bucket): spec for spec in self.specs if spec.is_prefill_batch}
         # The artifact has chunk_and_decode graphs (chunked, batch_size > 1): prefill_and_decode can fuse.
         self.fuses_prefill_and_decode = any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
         nc = neuron_config
@@ -260,15 +260,13 @@ class NeuronModelForCausalLM:
         return logits
 
     def _chunks_call(self, chunks: list[tuple[tuple, list[int]]]) -> torch.Tensor:
-        """One prefill call for chunks of distinct slots: the one-prompt graph for one, else the batched graph, its
-        missing rows repeating the first (the same K/V written to the same place, as token_generation pads)."""
+        """One prefill call for n chunks of distinct slots: the one-prompt graph for one, else the n-prompt graph
+        (one per width: a padding row would cost as much as a real one)."""
         last = max(positions[-1] for _, positions in chunks)
         if len(chunks) == 1:
             return self.graphs(self.graph_for(self.neuron_config.prefill_graph, [last]), *chunks[0][0])
-        spec = self._prefill_batches[self.neuron_config.bucket_for(last)]
-        rows = [inputs for inputs, _ in chunks]
-        rows += [rows[0]] * (spec.rows - len(rows))
-        return self.graphs(spec, *(torch.cat(column) for column in zip(*rows, strict=True)))
+        spec = self._prefill_batches[len(chunks), self.neuron_config.bucket_for(last)]
+        return self.graphs(spec, *(torch.cat(column) for column in zip(*(inputs for inputs, _ in chunks), strict=True)))
 
     def decode(
         self,

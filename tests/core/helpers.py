@@ -92,14 +92,16 @@ def slot_positions(cache: torch.Tensor, seq_id: int, sequence_length: int) -> to
 
 
 class CallLog:
-    """Wraps a loaded model's graphs and records (graph name, bucket, last position of row 0) per call."""
+    """Wraps a loaded model's graphs and records (graph name, bucket, last position of row 0) per call, and the
+    graph's rows in `rows`."""
 
     def __init__(self, model) -> None:
-        self.model, self.graphs, self.calls = model, model.graphs, []
+        self.model, self.graphs, self.calls, self.rows = model, model.graphs, [], []
 
     def __enter__(self):
         def record(spec, *inputs):
             self.calls.append((spec.name, spec.bucket, int(inputs[1][0].max())))
+            self.rows.append(spec.rows)
             return self.graphs(spec, *inputs)
 
         self.model.graphs = record

@@ -1,5 +1,5 @@
-"""prefill_batch: the chunk loops of several prompts side by side, chunk k of up to prefill_batch_size prompts in
-one call of the batched chunked_prefill graph; same logits as one prompt at a time, same tokens as HF."""
+"""prefill_batch: the chunk loops of several prompts side by side, chunk k of n <= prefill_batch_size prompts in
+one call of the n-prompt chunked_prefill graph; same logits as one prompt at a time, same tokens as HF."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ NEW_TOKENS = 5
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2-of-3-rows", "every-row"])
 def batched(zoo, request) -> helpers.Artifact:
-    """Tiny Llama, batch 3, chunk 8: prefill batches of 2 (rows copied from the cache) and 3 (the cache in place)."""
+    """Tiny Llama, batch 3, chunk 8: prefill batches of up to 2 (rows copied from the cache) and of up to 3 (3 rows:
+    the cache in place)."""
     return zoo.artifact("llama", **helpers.CHUNKED, prefill_batch_size=request.param)
 
 
@@ -41,8 +42,9 @@ def test_prompts_prefilled_together_give_hf_logits_and_tokens(batched):
     prompts = [helpers.prompt(n, seed=n) for n in (21, 5, 13)]  # 3, 1 and 2 chunks of 8
     with helpers.CallLog(model) as log:
         first = model.prefill_batch([(slot, prompt, 0) for slot, prompt in enumerate(prompts)])
-    # chunk 0 of all three (in calls of `width` prompts), chunk 1 of two, chunk 2 of one
-    assert len(log.calls) == (2 if width == 2 else 1) + 1 + 1
+    # chunk 0 of all three (in calls of up to `width` prompts), chunk 1 of two, chunk 2 of one: each call on the
+    # graph of exactly its prompts, no padding rows
+    assert log.rows == ([2, 1, 2, 1] if width == 2 else [3, 2, 1])
     for prompt, logits in zip(prompts, first, strict=True):
         torch.testing.assert_close(logits, hf_last_logits(batched.hf, prompt), rtol=1e-4, atol=1e-4)
     assert _greedy_after(model, prompts, first) == [hf_greedy(batched.hf, p, NEW_TOKENS) for p in prompts]
