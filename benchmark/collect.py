@@ -110,6 +110,9 @@ def describe(name: str, meta: dict, run: dict) -> dict:
     if chunk is None:  # no meta: derive from the name
         chunk = 0 if name.startswith("ce-") else run.get("chunk_size", "")
     prefill = f"chunk {chunk}" if chunk else f"CE {sequence_length or ''}".strip()
+    together = meta.get("prefill_batch_size", 1)
+    if chunk and together > 1:
+        prefill += f", up to {together} prompts per call"
     ods = meta.get("on_device_sampling", name in ("ce-ods", "chunked-hybrid", "chunked-interleaved"))
     mode = meta.get("prefill_mode") or ("interleaved" if name == INTERLEAVED else "serial")
     return {
@@ -223,7 +226,7 @@ def run_header(run: dict, run_dir: Path) -> str:
     knobs = (
         f"model `{run.get('model_name', run.get('model', '?'))}`, backend {run.get('backend', '?')}, "
         f"batch {run.get('batch_size', '?')}, sequence length {run.get('sequence_length', '?')}, "
-        f"chunk {run.get('chunk_size', '?')}, TP {run.get('tp', '?')}, {run.get('threads', '?')} CPU thread(s) per "
+        f"chunk {run.get('chunk_size', '?')}, prefill batch {run.get('prefill_batch_size', 1)}, TP {run.get('tp', '?')}, {run.get('threads', '?')} CPU thread(s) per "
         f"configuration; random prompts (seed {run.get('seed', '?')}): "
         f"{run.get('input_len', '?')} tokens in, {run.get('output_len', '?')} out, "
         f"{run.get('num_prompts', '?')} prompts per concurrency level"
@@ -364,8 +367,8 @@ def main() -> None:
         "",
         "TTFT, ITL and E2E are client-side (vllm bench serve; hf-generate times its own batches). "
         "Prefill: `CE S` = one context-encoding graph of the whole sequence length, `chunk C` = chunked "
-        "prefill graphs of C tokens. chunk calls/req = prefill graph calls per request, from the plugin "
-        "runner's ONP_STATS_FILE.",
+        "prefill graphs of C tokens (up to P prompts per call: --prefill-batch-size P). chunk calls/req = "
+        "prefill graph calls per request, from the plugin runner's ONP_STATS_FILE.",
     ]
     if interleave:
         parts += [

@@ -25,7 +25,8 @@ BATCH_SIZE=${BATCH_SIZE:-4}
 SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-512}
 CHUNK_SIZE=${CHUNK_SIZE:-128}
 # Chunked configurations: prompts prefilled together per call (--prefill-batch-size; 1 = one prompt per call).
-PREFILL_BATCH_SIZE=${PREFILL_BATCH_SIZE:-1}
+# Default: up to 4, at most the batch size (one graph per count 2..P and bucket: more is more to compile).
+PREFILL_BATCH_SIZE=${PREFILL_BATCH_SIZE:-$((BATCH_SIZE < 4 ? BATCH_SIZE : 4))}
 TP=${TP:-1}
 # Export backend: cpu (reference backend, any host), neuron or auto.
 BACKEND=${BACKEND:-cpu}

@@ -76,6 +76,7 @@ run = {
     "batch_size": int(env["BATCH_SIZE"]),
     "sequence_length": int(env["SEQUENCE_LENGTH"]),
     "chunk_size": int(env["CHUNK_SIZE"]),
+    "prefill_batch_size": int(env["PREFILL_BATCH_SIZE"]),
     "tp": int(env["TP"]),
     "threads": int(env["THREADS"]),
     "concurrency": env["CONCURRENCY"],

@@ -75,6 +75,7 @@ import json, sys
 json.dump({"name": "$name", "kind": "$kind", "served_dir": "$dir", "chunk_size": $chunk,
            "on_device_sampling": $([ "$ods" = 1 ] && echo True || echo False), "prefill_mode": "$mode",
            "batch_size": $BATCH_SIZE, "sequence_length": $SEQUENCE_LENGTH, "tp": $TP,
+           "prefill_batch_size": $([ "$chunk" = 0 ] && echo 1 || echo "$PREFILL_BATCH_SIZE"),
            "port": $PORT, "start_seconds": $seconds}, open(sys.argv[1], "w"), indent=1)
 EOF
 }

@@ -99,8 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="P",
         type=int,
         default=1,
-        help="chunked prefill only: also compile chunked_prefill for P prompts at once, so that prompts arriving "
-        "together are prefilled in one call per chunk (at most the batch size). Default: 1",
+        help="chunked prefill only: also compile chunked_prefill for 2..P prompts at once (one graph per count and "
+        "context bucket), so that prompts arriving together are prefilled in one call per chunk (at most the batch "
+        "size). Default: 1",
     )
     optional.add_argument(
         *_spellings("tensor-parallel-size"),

@@ -45,8 +45,8 @@ class NeuronConfig:
     # CPU backend only: "export" keeps each graph's torch.export program (replayed by TorchScript), "inductor"
     # compiles it to C++ with AOTInductor (minutes per graph for a real model).
     cpu_compiler: str = "export"
-    # Chunked exports: also compile chunked_prefill for this many prompts at once (chunk k of each prompt in one
-    # call, one pass over the weights for all). 1: one prompt per call only.
+    # Chunked exports: also compile chunked_prefill for 2..prefill_batch_size prompts at once (chunk k of each
+    # prompt in one call, one pass over the weights for all). 1: one prompt per call only.
     prefill_batch_size: int = 1
 
     def __post_init__(self) -> None:

@@ -110,6 +110,8 @@ def test_matrix_tiny(tiny_model, bench_cache, tmp_path):
     assert [(r["config"], r["concurrency"]) for r in rows] == [(n, "2") for n in CONFIGS]
     for row in rows:
         assert row["chunk_size"] == "32" and row["sampling"] == "on-device"
+        # PREFILL_BATCH_SIZE's default: up to 4 prompts per prefill call, at most the batch size.
+        assert row["prefill"] == "chunk 32, up to 4 prompts per call"
         assert float(row["request_throughput"]) > 0 and float(row["output_throughput"]) > 0
         for column in ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2el_p50_ms"):
             assert float(row[column]) > 0, column
@@ -131,7 +133,7 @@ def test_matrix_tiny(tiny_model, bench_cache, tmp_path):
     header = "| " + " | ".join(h for _, h, _ in collect.TABLE) + " |"
     assert header in table
     for name in CONFIGS:
-        assert f"| {name} | chunk 32 |" in table
+        assert f"| {name} | chunk 32, up to 4 prompts per call |" in table
     assert "| Metric | serial | interleaved | interleaved / serial |" in table
     assert header in done.stdout, "the summary table is printed at the end"
     for png in ("ttft.png", "itl.png", "throughput.png", "interleave.png"):
@@ -170,6 +172,7 @@ def test_collect_made_up_run(tmp_path):
     }
     for name, (chunk, ods, mode) in metas.items():
         meta = {"chunk_size": chunk, "on_device_sampling": ods, "prefill_mode": mode, "sequence_length": 1024}
+        meta["prefill_batch_size"] = 2 if name == "chunked-hybrid" else 1
         (run_dir / f"{name}.meta.json").write_text(json.dumps(meta))
     for scale, name in enumerate(["hf-generate", "chunked-interleaved", "ce-ods", "vllm-cpu", "chunked-hybrid"], 1):
         for c in (1, 4):
@@ -194,6 +197,8 @@ def test_collect_made_up_run(tmp_path):
     assert [(r["config"], r["concurrency"]) for r in rows] == [(n, str(c)) for n in order for c in (1, 4)]
     by_key = {(r["config"], r["concurrency"]): r for r in rows}
     assert by_key[("ce-ods", "1")]["prefill"] == "CE 1024"
+    assert by_key[("chunked-hybrid", "1")]["prefill"] == "chunk 128, up to 2 prompts per call"
+    assert by_key[("chunked-interleaved", "1")]["prefill"] == "chunk 128"
     assert by_key[("chunked-hybrid", "4")]["chunk_calls_per_request"] == "3.0"
     assert by_key[("chunked-hybrid", "1")]["chunk_calls_per_request"] == ""
     assert by_key[("vllm-cpu", "4")]["mode"] == "torch.compile"
