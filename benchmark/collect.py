@@ -226,7 +226,8 @@ def run_header(run: dict, run_dir: Path) -> str:
     knobs = (
         f"model `{run.get('model_name', run.get('model', '?'))}`, backend {run.get('backend', '?')}, "
         f"batch {run.get('batch_size', '?')}, sequence length {run.get('sequence_length', '?')}, "
-        f"chunk {run.get('chunk_size', '?')}, prefill batch {run.get('prefill_batch_size', 1)}, TP {run.get('tp', '?')}, {run.get('threads', '?')} CPU thread(s) per "
+        f"chunk {run.get('chunk_size', '?')}, prefill batch {run.get('prefill_batch_size', 1)}, "
+        f"decode graphs of {run.get('decode_batch_sizes', run.get('batch_size', '?'))} rows, TP {run.get('tp', '?')}, {run.get('threads', '?')} CPU thread(s) per "
         f"configuration; random prompts (seed {run.get('seed', '?')}): "
         f"{run.get('input_len', '?')} tokens in, {run.get('output_len', '?')} out, "
         f"{run.get('num_prompts', '?')} prompts per concurrency level"

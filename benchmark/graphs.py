@@ -6,6 +6,10 @@ timings alternated, ratios printed (below 1.0: the plugin is faster).
 For each CPU compiler it exports SmolLM2 (cached under benchmark/results/artifacts/), then measures
 - decode: one token_generation call for batch_size rows at --context positions, against one HF decode
   step of the same batch with a KV cache of the same length;
+- decode_1: the same for one request (the one-row token_generation graph, decode_batch_sizes), against HF's decode
+  step of one sequence;
+- decode_1_rows: one request on the one-row graph against the same request padded into the batch_size-row graph
+  (plugin against plugin), at --context and near the sequence length (the largest bucket);
 - chunk: one chunked_prefill call (the first chunk of a prompt), against HF's forward of the same tokens;
 - prompt: a prompt of --chunks chunks through the chunk loop, against HF's forward of the same tokens;
 - chunk_and_decode: the second chunk of a prompt and a decode step of the other batch_size - 1 rows (at
@@ -103,15 +107,28 @@ def measure(directory: Path, hf, args: argparse.Namespace) -> dict:
     hf_cache = DynamicCache()
     with torch.inference_mode():
         hf(torch.tensor([context] * batch), past_key_values=hf_cache, use_cache=True, logits_to_keep=1)
-    step = {"plugin": args.context, "hf": args.context}
+    hf_cache_1 = DynamicCache()
+    with torch.inference_mode():
+        hf(torch.tensor([context]), past_key_values=hf_cache_1, use_cache=True, logits_to_keep=1)
+    step = {"plugin": args.context, "plugin_1": args.context}
 
     def plugin_decode():
         model.decode(list(range(batch)), [7] * batch, [step["plugin"]] * batch)
         step["plugin"] += 1
 
-    def hf_decode():
-        with torch.inference_mode():
-            hf(torch.tensor([[7]] * batch), past_key_values=hf_cache, use_cache=True, logits_to_keep=1)
+    def plugin_decode_1(rows=None, at="plugin_1"):
+        def call():
+            model.decode([batch - 1], [7], [step[at]], rows=rows)
+            step[at] += 1
+
+        return call
+
+    def hf_decode(cache, rows):
+        def call():
+            with torch.inference_mode():
+                hf(torch.tensor([[7]] * rows), past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+        return call
 
     def hf_forward(n):
         def call():
@@ -133,10 +150,25 @@ def measure(directory: Path, hf, args: argparse.Namespace) -> dict:
 
     return {
         "chunk_and_decode": alternate(fused, separate, args.repeats, ("fused", "separate")),
-        "decode": alternate(plugin_decode, hf_decode, args.repeats),
+        "decode": alternate(plugin_decode, hf_decode(hf_cache, batch), args.repeats),
+        "decode_1": alternate(plugin_decode_1(), hf_decode(hf_cache_1, 1), args.repeats),
+        **decode_rows(model, plugin_decode_1, step, args),
         "chunk": alternate(lambda: model.prefill(0, tokens[:chunk]), hf_forward(chunk), args.repeats),
         f"prompt_{args.chunks}_chunks": alternate(lambda: model.prefill(0, tokens[:prompt]), hf_forward(prompt), 3),
     }
+
+
+def decode_rows(model, plugin_decode_1, step: dict, args: argparse.Namespace) -> dict:
+    """One request on the one-row graph against the batch graph, at --context and in the largest bucket."""
+    nc = model.neuron_config
+    if len(nc.decode_batch_sizes) == 1:
+        return {}
+    results = {}
+    for name, context in (("decode_1_rows", args.context), ("decode_1_rows_long", nc.sequence_length - 64)):
+        step["one"] = step["batch"] = context
+        one, batch = plugin_decode_1(1, "one"), plugin_decode_1(nc.batch_size, "batch")
+        results[name] = alternate(one, batch, args.repeats, ("one_row", "batch_rows"))
+    return results
 
 
 def main() -> None:
@@ -165,16 +197,9 @@ def main() -> None:
         figures = measure(out, hf, args)
         results["compilers"][compiler] = {"export_seconds": seconds, "graphs_bytes": size, **figures}
         for name, row in figures.items():
-            if "fused_ms" in row:
-                print(
-                    f"[graphs] {compiler:<8} {name:<16} fused {row['fused_ms']:8.1f} ms   chunk + decode "
-                    f"{row['separate_ms']:8.1f} ms   ratio {row['ratio']:.2f}x",
-                    flush=True,
-                )
-                continue
+            (first, a), (second, b) = ((k.removesuffix("_ms"), v) for k, v in row.items() if k.endswith("_ms"))
             print(
-                f"[graphs] {compiler:<8} {name:<16} plugin {row['plugin_ms']:8.1f} ms   HF eager {row['hf_ms']:8.1f} ms"
-                f"   ratio {row['ratio']:.2f}x",
+                f"[graphs] {compiler:<8} {name:<18} {first} {a:8.1f} ms   {second} {b:8.1f} ms   ratio {row['ratio']:.2f}x",
                 flush=True,
             )
         print(f"[graphs] {compiler:<8} export {seconds:.0f} s (0: cached), graphs {size / 2**20:.0f} MiB", flush=True)

@@ -77,6 +77,7 @@ run = {
     "sequence_length": int(env["SEQUENCE_LENGTH"]),
     "chunk_size": int(env["CHUNK_SIZE"]),
     "prefill_batch_size": int(env["PREFILL_BATCH_SIZE"]),
+    "decode_batch_sizes": env["DECODE_BATCH_SIZES"],
     "tp": int(env["TP"]),
     "threads": int(env["THREADS"]),
     "concurrency": env["CONCURRENCY"],

@@ -7,6 +7,7 @@ module) every time it starts, whatever the command, so torch and transformers ar
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +105,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "size). Default: 1",
     )
     optional.add_argument(
+        *_spellings("decode-batch-sizes"),
+        dest="decode_batch_sizes",
+        metavar="N1,N2,...",
+        type=_row_counts,
+        default=None,
+        help="row counts to compile token_generation for, increasing, ending with the batch size; a decode step of n "
+        "requests runs the graph of the smallest count holding them. Default: 1,B (a lone request attends and "
+        "samples one row, not B)",
+    )
+    optional.add_argument(
         *_spellings("tensor-parallel-size"),
         dest="tensor_parallel_size",
         metavar="T",
@@ -181,13 +192,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _buckets(value: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in value.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{value!r} is not a comma-separated list of lengths, e.g. 512,1024,2048"
-        ) from None
+def _int_list(example: str, what: str) -> Callable[[str], tuple[int, ...]]:
+    def parse(value: str) -> tuple[int, ...]:
+        try:
+            return tuple(int(part) for part in value.split(","))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a comma-separated list of {what}, e.g. {example}"
+            ) from None
+
+    return parse
+
+
+_buckets = _int_list("512,1024,2048", "lengths")
+_row_counts = _int_list("1,4", "row counts")
 
 
 def resolve_chunk_size(prefill_chunk_size: int | None, sequence_length: int) -> int:
@@ -231,6 +249,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         context_buckets=args.context_buckets,
         cpu_compiler=args.cpu_compiler,
         prefill_batch_size=args.prefill_batch_size,
+        decode_batch_sizes=args.decode_batch_sizes,
     )
     return ExportRequest(model=args.model, neuron_config=config, output=args.output, overwrite=args.overwrite)
 

@@ -17,8 +17,8 @@ TARGETS = ("trn2", "trn3")
 # Instances TorchNeuron (Neuron SDK 2.33+, torch 2.10+) does not cover: they stay on the XLA stack of SDK 2.31.
 LEGACY_TARGETS = ("inf1", "inf2", "trn1", "trn1n")
 CPU_COMPILERS = ("export", "inductor")
-# Fields added without a format change: a format-4 file without them has their defaults (it has no such graphs).
-ADDED_IN_FORMAT_4 = ("prefill_batch_size",)
+# Fields added without a format change, and their values for a format-4 file without them (it has no such graphs).
+ADDED_IN_FORMAT_4 = {"prefill_batch_size": lambda data: 1, "decode_batch_sizes": lambda data: [data.get("batch_size")]}
 # Default context buckets: doubling lengths ending at sequence_length, at most this many.
 MAX_DEFAULT_BUCKETS = 4
 
@@ -48,6 +48,9 @@ class NeuronConfig:
     # Chunked exports: also compile chunked_prefill for 2..prefill_batch_size prompts at once (chunk k of each
     # prompt in one call, one pass over the weights for all). 1: one prompt per call only.
     prefill_batch_size: int = 1
+    # Row counts token_generation is compiled for: a decode call of n requests runs the graph of the smallest
+    # count >= n (fewer rows attend and sample less). None: default_decode_batch_sizes(). Ends with batch_size.
+    decode_batch_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -81,14 +84,22 @@ class NeuronConfig:
         if self.prefill_batch_size > self.batch_size:
             _fail("prefill_batch_size", self.prefill_batch_size, f"at most batch_size ({self.batch_size})")
         object.__setattr__(self, "context_buckets", self._checked_buckets())
+        object.__setattr__(self, "decode_batch_sizes", self._checked_decode_batch_sizes())
+
+    def _checked_decode_batch_sizes(self) -> tuple[int, ...]:
+        if self.decode_batch_sizes is None:
+            return default_decode_batch_sizes(self.batch_size)
+        sizes = _int_tuple("decode_batch_sizes", self.decode_batch_sizes)
+        if not sizes or list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
+            _fail("decode_batch_sizes", list(sizes), "strictly increasing positive row counts")
+        if sizes[-1] != self.batch_size:
+            _fail("decode_batch_sizes", list(sizes), f"row counts ending with batch_size ({self.batch_size})")
+        return sizes
 
     def _checked_buckets(self) -> tuple[int, ...]:
         if self.context_buckets is None:
             return default_context_buckets(self.sequence_length, self.prefill_chunk_size)
-        buckets = self.context_buckets
-        if isinstance(buckets, int | str) or not all(isinstance(b, int) and not isinstance(b, bool) for b in buckets):
-            _fail("context_buckets", buckets, "a list of integers")
-        buckets = tuple(buckets)
+        buckets = _int_tuple("context_buckets", self.context_buckets)
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             _fail("context_buckets", list(buckets), "strictly increasing positive lengths")
         if buckets[-1] != self.sequence_length:
@@ -102,6 +113,10 @@ class NeuronConfig:
     def bucket_for(self, last_position: int) -> int:
         """The smallest bucket holding cache positions [0, last_position]: a call's largest position."""
         return next(b for b in self.context_buckets if b > last_position)
+
+    def decode_rows_for(self, num_sequences: int) -> int:
+        """The rows of the token_generation graph that runs a decode call of num_sequences (<= batch_size)."""
+        return next(rows for rows in self.decode_batch_sizes if rows >= num_sequences)
 
     @property
     def chunked(self) -> bool:
@@ -128,14 +143,16 @@ class NeuronConfig:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["context_buckets"] = list(self.context_buckets)
+        data["decode_batch_sizes"] = list(self.decode_batch_sizes)
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> NeuronConfig:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        if isinstance(values.get("context_buckets"), list):
-            values["context_buckets"] = tuple(values["context_buckets"])
+        for name in ("context_buckets", "decode_batch_sizes"):
+            if isinstance(values.get(name), list):
+                values[name] = tuple(values[name])
         return cls(**values)
 
     def save(self, directory: str | Path, **extra: object) -> None:
@@ -163,7 +180,10 @@ class NeuronConfig:
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
                 f"{FORMAT_VERSION}: graphs per context bucket, int32 index inputs, chunk_and_decode graphs); export the model again"
             )
-        missing = [f.name for f in fields(cls) if f.name not in data and f.name not in ADDED_IN_FORMAT_4]
+        for name, old_value in ADDED_IN_FORMAT_4.items():
+            if name not in data:
+                data[name] = old_value(data)
+        missing = [f.name for f in fields(cls) if f.name not in data]
         if missing:
             raise NeuronConfigError(f"{path}: missing field(s) {', '.join(missing)}; export the model again")
         try:
@@ -181,6 +201,18 @@ def default_context_buckets(sequence_length: int, prefill_chunk_size: int) -> tu
         buckets.append(length)
         length *= 2
     return (*buckets[-(MAX_DEFAULT_BUCKETS - 1) :], sequence_length) if buckets else (sequence_length,)
+
+
+def default_decode_batch_sizes(batch_size: int) -> tuple[int, ...]:
+    """One row and batch_size rows: a lone request (concurrency 1, the tail of a batch) attends and samples one row
+    instead of batch_size; any other count pads up to batch_size."""
+    return (1, batch_size) if batch_size > 1 else (1,)
+
+
+def _int_tuple(name: str, values: object) -> tuple[int, ...]:
+    if isinstance(values, int | str) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        _fail(name, values, "a list of integers")
+    return tuple(values)
 
 
 def _require_positive_int(name: str, value: object) -> None:

@@ -5,7 +5,8 @@ weights and the KV cache.
                      prefill_batch_size P > 1 also n sequences x C tokens -> logits [n, V] for every n in 2..P:
                      one chunk of n prompts, no padding rows
 - context_encoding : 1 sequence x S tokens -> logits [1, V] (only when prefill_chunk_size is 0)
-- token_generation : B sequences x 1 token -> token ids [B] (on-device sampling) or logits [B, V]
+- token_generation : n sequences x 1 token -> token ids [n] (on-device sampling) or logits [n, V], for every n in
+                     decode_batch_sizes (1 and B by default): a decode call runs the smallest n that holds it
 - chunk_and_decode : one chunked_prefill chunk and one token_generation batch in a single pass over the
                      weights -> (chunk logits [1, V], token ids [B]) or logits [1 + B, V]. It is how a prompt
                      is prefilled while other requests decode without stalling them or paying for a second
@@ -47,10 +48,14 @@ class GraphSpec:
     bucket: int  # cache positions the graph reads: [0, bucket)
     chunk: int = 0  # chunk_and_decode: tokens of the prompt chunk computed with the rows x tokens batch
 
+    narrow: bool = False  # token_generation for fewer rows than batch_size
+
     @property
     def key(self) -> str:
         """Unique per compiled graph: names its file in the artifact."""
-        return f"{self.name}_x{self.rows}_{self.bucket}" if self.is_prefill_batch else f"{self.name}_{self.bucket}"
+        if self.is_prefill_batch or self.narrow:
+            return f"{self.name}_x{self.rows}_{self.bucket}"
+        return f"{self.name}_{self.bucket}"
 
     @property
     def is_prefill_batch(self) -> bool:
@@ -65,7 +70,9 @@ def graph_specs(neuron_config: NeuronConfig) -> list[GraphSpec]:
         specs.append(GraphSpec(nc.prefill_graph, 1, nc.prefill_length, samples=False, bucket=bucket))
         for width in range(2, nc.prefill_batch_size + 1):
             specs.append(GraphSpec(CHUNKED_PREFILL, width, nc.prefill_length, samples=False, bucket=bucket))
-        specs.append(GraphSpec(TOKEN_GENERATION, nc.batch_size, 1, samples=nc.on_device_sampling, bucket=bucket))
+        for rows in nc.decode_batch_sizes:
+            narrow = rows < nc.batch_size
+            specs.append(GraphSpec(TOKEN_GENERATION, rows, 1, nc.on_device_sampling, bucket, narrow=narrow))
         if nc.chunked and nc.batch_size > 1:
             specs.append(
                 GraphSpec(CHUNK_AND_DECODE, nc.batch_size, 1, nc.on_device_sampling, bucket, chunk=nc.prefill_length)

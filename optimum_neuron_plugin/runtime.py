@@ -81,8 +81,7 @@ class NeuronModelForCausalLM:
         self.params, self.tokenizer, self.generation_config = params, tokenizer, generation_config
         self.specs = graph_specs(neuron_config)
         self.graphs_dir = Path(graphs_dir)
-        self._by_bucket = {(spec.name, spec.bucket): spec for spec in self.specs if not spec.is_prefill_batch}
-        self._prefill_batches = {(spec.rows, spec.bucket): spec for spec in self.specs if spec.is_prefill_batch}
+        self._by_shape = {(spec.name, spec.rows, spec.bucket): spec for spec in self.specs}
         # The artifact has chunk_and_decode graphs (chunked, batch_size > 1): prefill_and_decode can fuse.
         self.fuses_prefill_and_decode = any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
         nc = neuron_config
@@ -208,9 +207,10 @@ class NeuronModelForCausalLM:
         specs = [spec for spec in self.specs if name in (None, spec.name)]
         return self.backend.graph_files(self.graphs_dir, specs)
 
-    def graph_for(self, name: str, last_positions: Sequence[int]) -> GraphSpec:
-        """The graph `name` of the smallest context bucket holding every row's positions up to its last."""
-        return self._by_bucket[name, self.neuron_config.bucket_for(max(last_positions))]
+    def graph_for(self, name: str, last_positions: Sequence[int], rows: int = 1) -> GraphSpec:
+        """The graph `name` of `rows` rows and of the smallest context bucket holding every row's positions up to
+        its last."""
+        return self._by_shape[name, rows, self.neuron_config.bucket_for(max(last_positions))]
 
     def warm_up(self) -> None:
         """Runs every compiled graph once on slot 0 (rewritten by the next request that uses it).
@@ -262,10 +262,9 @@ class NeuronModelForCausalLM:
     def _chunks_call(self, chunks: list[tuple[tuple, list[int]]]) -> torch.Tensor:
         """One prefill call for n chunks of distinct slots: the one-prompt graph for one, else the n-prompt graph
         (one per width: a padding row would cost as much as a real one)."""
-        last = max(positions[-1] for _, positions in chunks)
+        spec = self.graph_for(self.neuron_config.prefill_graph, [p[-1] for _, p in chunks], rows=len(chunks))
         if len(chunks) == 1:
-            return self.graphs(self.graph_for(self.neuron_config.prefill_graph, [last]), *chunks[0][0])
-        spec = self._prefill_batches[len(chunks), self.neuron_config.bucket_for(last)]
+            return self.graphs(spec, *chunks[0][0])
         return self.graphs(spec, *(torch.cat(column) for column in zip(*(inputs for inputs, _ in chunks), strict=True)))
 
     def decode(
@@ -275,11 +274,21 @@ class NeuronModelForCausalLM:
         positions: Sequence[int],
         sampling: Sequence[SamplingParams] | None = None,
         generators: Sequence[torch.Generator | None] | None = None,
+        rows: int | None = None,
     ) -> DecodeResult:
-        """One token_generation call: token_ids[i] at positions[i] of slot seq_ids[i]."""
+        """One token_generation call: token_ids[i] at positions[i] of slot seq_ids[i]. It runs the graph of `rows`
+        rows, by default the fewest (of decode_batch_sizes) that hold the batch."""
         sampling, generators = self._checked_decode(seq_ids, token_ids, positions, sampling, generators)
-        batch, sampling_inputs = self._batch(seq_ids, token_ids, positions, sampling, generators)
-        output = self.graphs(self.graph_for(TOKEN_GENERATION, positions), *batch, *sampling_inputs)
+        fewest = self.neuron_config.decode_rows_for(len(seq_ids))
+        if rows is None:
+            rows = fewest
+        elif rows < fewest or rows not in self.neuron_config.decode_batch_sizes:
+            raise InputError(
+                f"decode of {len(seq_ids)} sequences cannot run on {rows} rows: this export has token_generation "
+                f"graphs of {', '.join(map(str, self.neuron_config.decode_batch_sizes))} rows"
+            )
+        batch, sampling_inputs = self._batch(seq_ids, token_ids, positions, sampling, generators, rows)
+        output = self.graphs(self.graph_for(TOKEN_GENERATION, positions, rows), *batch, *sampling_inputs)
         return self._decoded(output, len(seq_ids), sampling, generators)
 
     def prefill_and_decode(
@@ -327,9 +336,11 @@ class NeuronModelForCausalLM:
         n = len(decode_seq_ids)
         if fused_at:
             self.prefill(seq_id, tokens[:fused_at], start)
-        batch, sampling_inputs = self._batch(decode_seq_ids, decode_token_ids, decode_positions, sampling, generators)
+        rows = self.neuron_config.batch_size
+        batch, sampling_inputs = self._batch(decode_seq_ids, decode_token_ids, decode_positions, sampling, generators,
+                                             rows)  # fmt: skip
         chunk, positions = self._chunk(seq_id, tokens, start, fused_at)
-        output = self.graphs(self.graph_for(CHUNK_AND_DECODE, [positions[-1]]), *chunk, *batch, *sampling_inputs)
+        output = self.graphs(self.graph_for(CHUNK_AND_DECODE, [positions[-1]], rows), *chunk, *batch, *sampling_inputs)
         if self.neuron_config.on_device_sampling:
             chunk_logits, tokens_out = output
         else:
@@ -375,12 +386,12 @@ class NeuronModelForCausalLM:
         pos = torch.tensor([positions + positions[-1:] * pad], dtype=INDEX_DTYPE)
         return (ids, pos, torch.tensor([seq_id], dtype=INDEX_DTYPE)), positions
 
-    def _batch(self, seq_ids, token_ids, positions, sampling, generators) -> tuple[tuple, tuple]:
-        """The decode batch's inputs, padded to batch_size, and its sampling inputs (on-device sampling).
+    def _batch(self, seq_ids, token_ids, positions, sampling, generators, rows: int) -> tuple[tuple, tuple]:
+        """The decode batch's inputs, padded to the graph's rows, and its sampling inputs (on-device sampling).
         sampling and generators: the lists _checked_decode returned."""
         nc = self.neuron_config
-        # Pad to batch_size by repeating row 0: identical inputs write identical K/V to the same place.
-        pad = nc.batch_size - len(seq_ids)
+        # Pad by repeating row 0: identical inputs write identical K/V to the same place.
+        pad = rows - len(seq_ids)
         rows = lambda values: torch.tensor([list(values) + [values[0]] * pad], dtype=INDEX_DTYPE)  # noqa: E731
         batch = (rows(token_ids).T, rows(positions).T, rows(seq_ids)[0])
         if not nc.on_device_sampling:

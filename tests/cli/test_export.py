@@ -112,7 +112,7 @@ def llama_export(tiny_models, tmp_path_factory) -> tuple[Path, object]:
     output = tmp_path_factory.mktemp("llama") / "exported"
     result = run_export(
         "--model", tiny_models["llama"], *TINY_ARGS, "--prefill-chunk-size", "16", "--context-buckets", "32,64",
-        "--cpu-compiler", "inductor", output,
+        "--decode-batch-sizes", "2", "--cpu-compiler", "inductor", output,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return output, result
@@ -138,6 +138,7 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     assert config["backend"] == "cpu" and config["torch_dtype"] == "float32" and config["tp_degree"] == 1
     assert config["on_device_sampling"] is True and config["max_topk"] == 256 and config["target"] is None
     assert config["context_buckets"] == [32, 64] and config["cpu_compiler"] == "inductor"
+    assert config["decode_batch_sizes"] == [2]  # no one-row token_generation: as asked
     assert config["optimum_neuron_plugin_version"]
     assert config["compiler"]["name"] and config["compiler"]["version"]
 
@@ -398,6 +399,24 @@ def test_invalid_option_values_are_argparse_errors(tiny_llama, tmp_path):
         result = run_export("--model", tiny_llama, "--batch-size", "1", "--sequence-length", "64", *bad, output)
         assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
         assert not output.exists()
+
+
+@pytest.mark.parametrize(
+    ("sizes", "phrases"),
+    [("1,3", ("decode_batch_sizes=[1, 3]", "ending with batch_size (2)")), ("2,1", ("strictly increasing",))],
+)
+def test_decode_batch_sizes_the_batch_cannot_use(tiny_llama, tmp_path, sizes, phrases):
+    output = tmp_path / "out"
+    result = run_export("--model", tiny_llama, *TINY_ARGS, "--decode-batch-sizes", sizes, output)
+    assert_refused(result, output, *phrases)
+
+
+def test_decode_batch_sizes_that_are_not_numbers(tiny_llama, tmp_path):
+    output = tmp_path / "out"
+    result = run_export("--model", tiny_llama, *TINY_ARGS, "--decode-batch-sizes", "1,two", output)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "'1,two' is not a comma-separated list of row counts, e.g. 1,4" in result.stderr
+    assert not output.exists()
 
 
 def test_max_topk_below_one(tiny_llama, tmp_path):

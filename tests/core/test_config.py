@@ -144,3 +144,8 @@ def test_missing_or_corrupt_file_names_the_file(tmp_path):
     (tmp_path / NEURON_CONFIG_FILE).write_text("{not json")
     with pytest.raises(NeuronConfigError, match=NEURON_CONFIG_FILE):
         NeuronConfig.load(tmp_path)
+
+
+def test_a_format_4_file_from_before_decode_batch_sizes_has_the_batch_graph_only(tmp_path):
+    write_config(tmp_path, batch_size=4, decode_batch_sizes=None)
+    assert NeuronConfig.load(tmp_path).decode_batch_sizes == (4,)
