@@ -81,7 +81,12 @@ def test_a_decode_failure_fails_its_batch_and_the_server_keeps_serving(servers, 
     assert 0 < len(long_tokens) < 60 and long_tokens == hf_greedy(hf, long_prompt, len(long_tokens))
 
     log = server.log.read_text()
-    graph_files = ", ".join(f"{server.model}/graphs/token_generation_{bucket}.pt2" for bucket in (16, 32, 64, 128))
+    # Every token_generation file: the one-row graph and the batch graph of each bucket.
+    graph_files = ", ".join(
+        f"{server.model}/graphs/token_generation_{rows}{bucket}.pt2"
+        for bucket in (16, 32, 64, 128)
+        for rows in ("x1_", "")
+    )
     assert f"graph token_generation ({graph_files}) raised IndexError" in log
     assert "the server keeps serving" in log
 
