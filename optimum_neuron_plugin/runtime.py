@@ -392,8 +392,8 @@ class NeuronModelForCausalLM:
         nc = self.neuron_config
         # Pad by repeating row 0: identical inputs write identical K/V to the same place.
         pad = rows - len(seq_ids)
-        rows = lambda values: torch.tensor([list(values) + [values[0]] * pad], dtype=INDEX_DTYPE)  # noqa: E731
-        batch = (rows(token_ids).T, rows(positions).T, rows(seq_ids)[0])
+        padded = lambda values: torch.tensor([list(values) + [values[0]] * pad], dtype=INDEX_DTYPE)  # noqa: E731
+        batch = (padded(token_ids).T, padded(positions).T, padded(seq_ids)[0])
         if not nc.on_device_sampling:
             return batch, ()
         params = params_tensor(sampling + [sampling[0]] * pad, nc.max_topk)
