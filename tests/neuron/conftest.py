@@ -15,7 +15,7 @@ from optimum_neuron_plugin.config import NeuronConfig
 from optimum_neuron_plugin.graphs import DecoderGraph, graph_specs
 from optimum_neuron_plugin.models.args import ModelArgs
 from optimum_neuron_plugin.models.kv_cache import empty_cache
-from optimum_neuron_plugin.runtime import _to_params
+from optimum_neuron_plugin.runtime.artifact_io import to_params as _to_params
 from tests.core.helpers import SEEDS, VOCAB
 from tests.neuron.fake_compiler import FakeNeuronCompiler
 

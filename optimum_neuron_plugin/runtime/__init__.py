@@ -1,0 +1,16 @@
+"""The runtime: an exported model's graphs, weights and KV cache, and the host loops that call them.
+
+- model.py       NeuronModelForCausalLM: loads the graphs, holds the cache, exposes the loops
+- chunk_loop.py  prefill: the per-sequence chunk loop
+- decode.py      one decode step (token_generation), on-device or host sampling
+- fused.py       a prompt chunk and the decode batch in one chunk_and_decode call
+- generate.py    Hugging Face style generate()
+- artifact_io.py export, save_pretrained, from_pretrained
+- ranks.py       tensor-parallel groups and rank 0's host values
+"""
+
+from .decode import DecodeResult
+from .model import NeuronModelForCausalLM
+from .ranks import tp_group
+
+__all__ = ["DecodeResult", "NeuronModelForCausalLM", "tp_group"]

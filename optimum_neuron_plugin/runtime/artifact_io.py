@@ -1,0 +1,176 @@
+"""Export, save and load: a checkpoint becomes compiled graphs plus weights in an artifact directory, and back."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.distributed as dist
+
+from .. import __version__, artifact, backends
+from ..backends import BackendFactory
+from ..backends.neuron_ranks import compile_on_ranks
+from ..config import NeuronConfig
+from ..errors import ArtifactError, ExportError, InputError
+from ..graphs import DecoderGraph, graph_specs
+from ..models import sharding
+from ..models.args import ModelArgs
+from ..models.collectives import Collectives, export_world
+from ..models.kv_cache import empty_cache
+from ..models.llama import weight_names
+from .ranks import tp_group
+
+if TYPE_CHECKING:
+    from .model import NeuronModelForCausalLM
+
+
+def export(
+    cls: type[NeuronModelForCausalLM],
+    model: str | Path,
+    neuron_config: NeuronConfig,
+    progress: Callable[[str], None] | None = None,
+    make_backend: BackendFactory = backends.get_backend,
+) -> NeuronModelForCausalLM:
+    """Compiles every graph of `model` (a HF directory, a .gguf file or a hub id) into a temporary directory; the
+    returned model runs them until save_pretrained copies them into an artifact."""
+    progress = progress or (lambda message: None)
+    from ..sources import load_source, read_config
+
+    _, args = read_config(model)
+    check_model(neuron_config, args)
+    plan = sharding.plan_for(args, neuron_config.tp_degree)
+    backend = make_backend(neuron_config)
+    backend.check_can_compile()
+    progress(f"loading weights of {model}")
+    source = load_source(model)
+    params = to_params(source.state_dict, args, artifact.torch_dtype(neuron_config))
+    # The weights are stored dequantized (a GGUF source's quantization_config no longer applies).
+    hf_config = {k: v for k, v in source.hf_config.items() if k != "quantization_config"}
+    hf_config["architectures"] = [args.architecture]
+    workdir = Path(tempfile.mkdtemp(prefix="onp-graphs-"))
+    try:
+        compile_graphs(backend, args, plan, neuron_config, params, workdir, progress)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    model_ = cls(
+        args, neuron_config, hf_config, params, workdir, source.tokenizer, source.generation_config,
+        make_backend=make_backend,
+    )  # fmt: skip
+    # The compiled graphs live in workdir until save_pretrained copies them; removed with the model.
+    weakref.finalize(model_, shutil.rmtree, workdir, True)
+    return model_
+
+
+def save(model: NeuronModelForCausalLM, directory: str | Path) -> None:
+    if model.sharded:
+        raise InputError("save_pretrained of one tensor-parallel rank is not supported: save the exported model")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    artifact.save_config(model.hf_config, directory)
+    if model.tokenizer is not None:
+        model.tokenizer.save_pretrained(str(directory))
+    if model.generation_config is not None:
+        model.generation_config.save_pretrained(str(directory))
+    artifact.save_weights(model.params, directory)
+    for path in model.graph_files():
+        target = directory / path.relative_to(model.graphs_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if path.resolve() != target.resolve():
+            shutil.copyfile(path, target)
+    versions = {"optimum_neuron_plugin_version": __version__}
+    model.neuron_config.save(directory, **versions, compiler=model.backend.versions())
+
+
+def load(
+    cls: type[NeuronModelForCausalLM],
+    directory: str | Path,
+    group: dist.ProcessGroup | None = None,
+    make_backend: BackendFactory = backends.get_backend,
+) -> NeuronModelForCausalLM:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ArtifactError(f"{directory}: not a directory; give the output directory of `optimum-cli export neuron`")
+    neuron_config = artifact.load_neuron_config(directory)
+    hf_config, args = artifact.load_config(directory)
+    if neuron_config.tp_degree > 1 and group is None and tp_group(neuron_config.tp_degree) is None:
+        raise ArtifactError(
+            f"{directory}: tp_degree={neuron_config.tp_degree}: load it in each of {neuron_config.tp_degree} "
+            f"processes after torch.distributed.init_process_group(world_size={neuron_config.tp_degree})"
+        )
+    for path in make_backend(neuron_config).graph_files(directory, graph_specs(neuron_config)):
+        if not path.is_file():
+            raise ArtifactError(f"{path}: missing compiled graph; export the model again")
+    params = artifact.load_weights(directory, weight_names(args))
+    tokenizer, generation_config = load_tokenizer(directory)
+    try:
+        return cls(args, neuron_config, hf_config, params, directory, tokenizer, generation_config, group, make_backend)
+    except (RuntimeError, OSError, ValueError) as error:
+        if isinstance(error, ArtifactError):
+            raise
+        raise ArtifactError(f"{directory / 'graphs'}: cannot load a compiled graph ({error}); export again") from None
+
+
+def compile_graphs(backend, args, plan, neuron_config, params, workdir, progress) -> None:
+    """Compiles every graph. Under TP on the CPU backend the graphs are traced once on rank 0's shard shapes (every
+    rank's are the same) against a fake process group: one rank-independent program per graph and bucket. TorchNeuron
+    compiles them for a live group instead: one process per NeuronCore, each on its shard (backends/neuron_ranks.py)."""
+    nc = neuron_config
+    if nc.tp_degree > 1 and backend.compiles_on_live_ranks:
+        compile_on_ranks(backend, args, params, artifact.torch_dtype(nc), workdir, progress)
+        return
+    shard = sharding.shard_params(params, args, plan, 0)
+    caches = empty_cache(
+        args.num_hidden_layers, nc.batch_size, nc.sequence_length, plan.kv_heads, args.head_dim,
+        artifact.torch_dtype(nc),
+    )  # fmt: skip
+    local = sharding.local_args(args, plan)
+    if nc.tp_degree == 1:
+        graphs = [DecoderGraph(local, spec, nc.max_topk) for spec in graph_specs(nc)]
+        backend.compile(graphs, shard, caches, workdir, progress)
+        return
+    if dist.is_initialized():
+        raise ExportError(
+            f"tp_degree={nc.tp_degree}: export in a process where torch.distributed is not initialised (the graphs "
+            "are traced on a fake process group and run later in any group of that size)"
+        )
+    with export_world(nc.tp_degree) as group:
+        cc = Collectives(nc.tp_degree, group)
+        graphs = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in graph_specs(nc)]
+        backend.compile(graphs, shard, caches, workdir, progress)
+
+
+def check_model(neuron_config: NeuronConfig, args: ModelArgs) -> None:
+    neuron_config.check_model(args.max_position_embeddings)
+    if args.sliding_window and args.sliding_window < neuron_config.sequence_length:
+        raise ExportError(
+            f"sequence_length={neuron_config.sequence_length} exceeds the model's sliding window ({args.sliding_window}); "
+            "use a sequence length at most the sliding window"
+        )
+
+
+def to_params(state_dict: dict[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    names = weight_names(args)
+    missing = [n for n in names if n not in state_dict]
+    if missing:
+        raise ExportError(f"the checkpoint lacks weight(s) {', '.join(missing[:3])}")
+    return {n: state_dict[n].to(dtype).contiguous() for n in names}
+
+
+def load_tokenizer(directory: Path) -> tuple[object | None, object | None]:
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = generation_config = None
+    if (directory / "tokenizer_config.json").is_file():
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(directory))
+        except (OSError, ValueError) as error:
+            raise ArtifactError(f"{directory}: tokenizer files are unreadable ({error}); export again") from None
+    if (directory / "generation_config.json").is_file():
+        generation_config = GenerationConfig.from_pretrained(str(directory))
+    return tokenizer, generation_config

@@ -1,0 +1,103 @@
+"""One decode step: a token_generation call for up to batch_size sequences, sampled on the device or on the host.
+
+Missing rows are padded by repeating row 0: identical inputs write identical K/V to the same place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import InputError
+from ..graphs import INDEX_DTYPE, TOKEN_GENERATION
+from ..sampling import GREEDY, SamplingParams, draw_uniform, params_tensor, sample_on_host
+from .ranks import from_rank0
+
+if TYPE_CHECKING:
+    from .model import NeuronModelForCausalLM
+
+
+@dataclass
+class DecodeResult:
+    tokens: list[int]
+    logits: torch.Tensor | None  # [n, vocab] fp32, cloned; only when sampled on the host
+
+
+@dataclass
+class DecodeBatch:
+    """A checked decode batch: one entry per sequence (sampling and generators defaulted to greedy, none)."""
+
+    seq_ids: list[int]
+    token_ids: list[int]
+    positions: list[int]
+    sampling: list[SamplingParams]
+    generators: list[torch.Generator | None]
+
+
+def decode(model: NeuronModelForCausalLM, batch: DecodeBatch, rows: int | None = None) -> DecodeResult:
+    """One token_generation call on the graph of `rows` rows, by default the fewest (of decode_batch_sizes) that
+    hold the batch."""
+    nc = model.neuron_config
+    fewest = nc.decode_rows_for(len(batch.seq_ids))
+    if rows is None:
+        rows = fewest
+    elif rows < fewest or rows not in nc.decode_batch_sizes:
+        raise InputError(
+            f"decode of {len(batch.seq_ids)} sequences cannot run on {rows} rows: this export has token_generation "
+            f"graphs of {', '.join(map(str, nc.decode_batch_sizes))} rows"
+        )
+    inputs, sampling_inputs = batch_inputs(model, batch, rows)
+    output = model.graphs(model.graph_for(TOKEN_GENERATION, batch.positions, rows), *inputs, *sampling_inputs)
+    return decoded(model, output, batch)
+
+
+def batch_inputs(model: NeuronModelForCausalLM, batch: DecodeBatch, rows: int) -> tuple[tuple, tuple]:
+    """The decode batch's inputs padded to the graph's rows, and its sampling inputs (on-device sampling)."""
+    nc = model.neuron_config
+    pad = rows - len(batch.seq_ids)
+    padded = lambda values: torch.tensor([list(values) + [values[0]] * pad], dtype=INDEX_DTYPE)  # noqa: E731
+    inputs = (padded(batch.token_ids).T, padded(batch.positions).T, padded(batch.seq_ids)[0])
+    if not nc.on_device_sampling:
+        return inputs, ()
+    params = params_tensor(batch.sampling + [batch.sampling[0]] * pad, nc.max_topk)
+    uniform = from_rank0(model.group, torch.cat((draw_uniform(batch.generators), torch.zeros(pad, 1))))
+    return inputs, (params, uniform)
+
+
+def decoded(model: NeuronModelForCausalLM, output: torch.Tensor, batch: DecodeBatch) -> DecodeResult:
+    """The graph's token ids (on-device sampling), or its logits sampled on the host."""
+    n = len(batch.seq_ids)
+    if model.neuron_config.on_device_sampling:
+        return DecodeResult(output[:n].tolist(), None)
+    logits = output[:n].clone()
+    tokens = from_rank0(model.group, sample_on_host(logits, batch.sampling, batch.generators))
+    return DecodeResult(tokens.tolist(), logits)
+
+
+def checked_batch(
+    model: NeuronModelForCausalLM,
+    seq_ids: Sequence[int],
+    token_ids: Sequence[int],
+    positions: Sequence[int],
+    sampling: Sequence[SamplingParams] | None,
+    generators: Sequence[torch.Generator | None] | None,
+) -> DecodeBatch:
+    nc = model.neuron_config
+    n = len(seq_ids)
+    batch = DecodeBatch(
+        list(seq_ids), list(token_ids), list(positions), list(sampling or [GREEDY] * n), list(generators or [None] * n)
+    )
+    if not 1 <= n <= nc.batch_size:
+        raise InputError(f"decode got {n} sequences; the model was compiled for batch_size {nc.batch_size}")
+    if not len(batch.token_ids) == len(batch.positions) == len(batch.sampling) == len(batch.generators) == n:
+        raise InputError("decode needs one token, position, sampling params and generator per sequence")
+    if len(set(batch.seq_ids)) != n:
+        raise InputError(f"decode got duplicate seq_ids {batch.seq_ids}")
+    for seq_id in batch.seq_ids:
+        model.check_seq_id(seq_id)
+    if any(not 0 <= p < nc.sequence_length for p in batch.positions):
+        raise InputError(f"decode positions {batch.positions} exceed sequence_length {nc.sequence_length}")
+    return batch

@@ -1,0 +1,208 @@
+"""NeuronModelForCausalLM: the compiled graphs, the weights and the KV cache of one export (one rank's shard under
+tensor parallelism), and the host loops as methods: prefill (chunk_loop.py), decode (decode.py), prefill_and_decode
+(fused.py), generate (generate.py); export / save / load in artifact_io.py."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .. import artifact, backends
+from ..backends import BackendFactory
+from ..config import NeuronConfig
+from ..errors import ArtifactError, InputError
+from ..graphs import CHUNK_AND_DECODE, DecoderGraph, GraphSpec, example_inputs, graph_specs
+from ..models import sharding
+from ..models.args import ModelArgs
+from ..models.collectives import Collectives
+from ..models.kv_cache import empty_cache
+from ..sampling import SamplingParams
+from . import artifact_io, chunk_loop, fused
+from . import decode as decode_step
+from . import generate as hf_generate
+from .decode import DecodeResult
+from .ranks import NoRanks, tp_group
+
+
+class NeuronModelForCausalLM:
+    """Under tensor parallelism (tp_degree > 1) one object per rank, each in its own process: `group` (default: the
+    torch.distributed world, of tp_degree processes) is the ranks' process group, this rank's shard of the weights
+    and of the KV cache (its KV heads) is loaded, and every rank must call prefill/decode in lockstep with the same
+    arguments; all ranks return the same results. Without a group (the export process) the model is saved, not run.
+
+    `make_backend` builds the compile backend from the NeuronConfig (default: the artifact's, backends.get_backend);
+    tests pass one that builds the neuron backend with a stand-in compiler on the cpu device.
+    """
+
+    def __init__(
+        self,
+        args: ModelArgs,
+        neuron_config: NeuronConfig,
+        hf_config: dict,
+        params: dict[str, torch.Tensor],
+        graphs_dir: Path,
+        tokenizer: object | None = None,
+        generation_config: object | None = None,
+        group: dist.ProcessGroup | None = None,
+        make_backend: BackendFactory = backends.get_backend,
+    ) -> None:
+        self.config, self.neuron_config, self.hf_config = args, neuron_config, hf_config
+        self.params, self.tokenizer, self.generation_config = params, tokenizer, generation_config
+        self.specs = graph_specs(neuron_config)
+        self.graphs_dir = Path(graphs_dir)
+        self._by_shape = {(spec.name, spec.rows, spec.bucket): spec for spec in self.specs}
+        # The artifact has chunk_and_decode graphs (chunked, batch_size > 1): prefill_and_decode can fuse.
+        self.fuses_prefill_and_decode = any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
+        nc = neuron_config
+        self.backend = make_backend(nc)
+        self.plan = sharding.plan_for(args, nc.tp_degree)
+        self.group = group if group is not None else tp_group(nc.tp_degree)
+        self.rank = 0 if self.group is None else dist.get_rank(self.group)
+        self.caches: list[torch.Tensor] = []
+        if nc.tp_degree > 1 and self.group is None:
+            self.graphs = NoRanks(nc.tp_degree)
+            return
+        self.params = sharding.shard_params(params, args, self.plan, self.rank)
+        self.caches = empty_cache(
+            args.num_hidden_layers, nc.batch_size, nc.sequence_length, self.plan.kv_heads, args.head_dim,
+            artifact.torch_dtype(nc),
+        )  # fmt: skip
+        cc = Collectives(nc.tp_degree, self.group.group_name if self.group is not None else None)
+        local = sharding.local_args(args, self.plan)
+        modules = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in self.specs]
+        self.graphs = self.backend.load(modules, self.params, self.caches, self.graphs_dir)
+
+    @property
+    def sharded(self) -> bool:
+        """This object holds one rank's shard (tp_degree > 1, loaded in a process group)."""
+        return self.plan.degree > 1 and self.group is not None
+
+    # ---- export / save / load (artifact_io.py) ----------------------------------------------------
+
+    @classmethod
+    def export(
+        cls,
+        model: str | Path,
+        neuron_config: NeuronConfig,
+        progress: Callable[[str], None] | None = None,
+        make_backend: BackendFactory = backends.get_backend,
+    ) -> NeuronModelForCausalLM:
+        return artifact_io.export(cls, model, neuron_config, progress, make_backend)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        artifact_io.save(self, directory)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        group: dist.ProcessGroup | None = None,
+        make_backend: BackendFactory = backends.get_backend,
+    ) -> NeuronModelForCausalLM:
+        """Loads an export. With tp_degree > 1, call it in each of tp_degree processes of `group` (default: the
+        initialised torch.distributed world): each loads its rank's shard."""
+        return artifact_io.load(cls, directory, group, make_backend)
+
+    # ---- graphs ----------------------------------------------------------------------------------
+
+    def graph_files(self, name: str | None = None) -> list[Path]:
+        """The compiled files of every graph, or of every bucket of graph kind `name`."""
+        specs = [spec for spec in self.specs if name in (None, spec.name)]
+        return self.backend.graph_files(self.graphs_dir, specs)
+
+    def graph_for(self, name: str, last_positions: Sequence[int], rows: int = 1) -> GraphSpec:
+        """The graph `name` of `rows` rows and of the smallest context bucket holding every row's positions up to
+        its last."""
+        return self._by_shape[name, rows, self.neuron_config.bucket_for(max(last_positions))]
+
+    def warm_up(self) -> None:
+        """Runs every compiled graph once on slot 0 (rewritten by the next request that uses it).
+
+        A graph that cannot run (e.g. a file from another export) raises ArtifactError naming its file.
+        """
+        for spec in self.specs:
+            try:
+                self.graphs(spec, *example_inputs(spec))
+            except Exception as error:  # noqa: BLE001 - shape, dtype or runtime errors all mean "re-export"
+                first_line = str(error).splitlines()[0] if str(error) else ""
+                raise ArtifactError(
+                    f"{', '.join(map(str, self.backend.graph_files(self.graphs_dir, [spec])))}: the compiled graph "
+                    f"{spec.name} fails on its first call (context bucket {spec.bucket}; {type(error).__name__}: "
+                    f"{first_line}); the artifact is corrupt or mixes files of different exports: export the model again"
+                ) from error
+
+    def check_seq_id(self, seq_id: int) -> None:
+        if not 0 <= seq_id < self.neuron_config.batch_size:
+            raise InputError(f"seq_id {seq_id} is out of range: slots are 0..{self.neuron_config.batch_size - 1}")
+
+    # ---- host loops ------------------------------------------------------------------------------
+
+    def prefill_calls(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.neuron_config.prefill_length)
+
+    def prefill(self, seq_id: int, token_ids: Sequence[int], start: int = 0) -> torch.Tensor:
+        """The chunk loop: writes K/V of token_ids at positions [start, start + n) of slot seq_id.
+
+        Returns the fp32 logits [vocab] of the last token.
+        """
+        return self.prefill_batch([(seq_id, token_ids, start)])[0]
+
+    def prefill_batch(self, prompts: Sequence[tuple[int, Sequence[int], int]]) -> list[torch.Tensor]:
+        """prefill() of several prompts, each (seq_id, token_ids, start) in a slot of its own, their chunk loops side
+        by side. Same results as prefill() of each; returns each prompt's logits [vocab] of its last token."""
+        return chunk_loop.prefill_batch(self, prompts)
+
+    def decode(
+        self,
+        seq_ids: Sequence[int],
+        token_ids: Sequence[int],
+        positions: Sequence[int],
+        sampling: Sequence[SamplingParams] | None = None,
+        generators: Sequence[torch.Generator | None] | None = None,
+        rows: int | None = None,
+    ) -> DecodeResult:
+        """One token_generation call: token_ids[i] at positions[i] of slot seq_ids[i]. It runs the graph of `rows`
+        rows, by default the fewest (of decode_batch_sizes) that hold the batch."""
+        batch = decode_step.checked_batch(self, seq_ids, token_ids, positions, sampling, generators)
+        return decode_step.decode(self, batch, rows)
+
+    def prefill_and_decode(
+        self,
+        seq_id: int,
+        token_ids: Sequence[int],
+        start: int,
+        decode_seq_ids: Sequence[int],
+        decode_token_ids: Sequence[int],
+        decode_positions: Sequence[int],
+        sampling: Sequence[SamplingParams] | None = None,
+        generators: Sequence[torch.Generator | None] | None = None,
+    ) -> tuple[torch.Tensor, DecodeResult]:
+        """prefill(seq_id, token_ids, start) and decode(decode_*) in one chunk_and_decode call where a chunk's bucket
+        holds the decode batch (fused.py). Returns the prefill's logits [vocab] of the last token and the decode's
+        result."""
+        tokens = chunk_loop.checked_prompt(self, seq_id, token_ids, start)
+        batch = decode_step.checked_batch(
+            self, decode_seq_ids, decode_token_ids, decode_positions, sampling, generators
+        )
+        return fused.prefill_and_decode(self, seq_id, tokens, start, batch)
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        max_new_tokens: int = 20,
+        do_sample: bool = False,
+        top_k: int = 50,
+        top_p: float = 1.0,
+        temperature: float = 1.0,
+        seed: int | None = None,
+        eos_token_id: int | list[int] | None = None,
+    ) -> torch.Tensor:
+        """Hugging Face style generation (generate.py): prompt plus new tokens per row, right-padded with the first
+        eos id once a row stops."""
+        return hf_generate.generate(
+            self, input_ids, attention_mask, max_new_tokens, do_sample, top_k, top_p, temperature, seed, eos_token_id
+        )
