@@ -1,9 +1,8 @@
 """optimum-neuron-plugin: serve LLMs with vLLM on AWS Neuron, with chunked prefill done right."""
 
-__version__ = "0.1.0"
-
-from .config import NeuronConfig  # noqa: E402
-from .errors import ArtifactError, ExportError, InputError, NeuronConfigError  # noqa: E402
+from .config import NeuronConfig
+from .errors import ArtifactError, ExportError, InputError, NeuronConfigError
+from .version import __version__
 
 
 def __getattr__(name: str):

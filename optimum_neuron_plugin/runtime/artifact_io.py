@@ -7,16 +7,16 @@ import tempfile
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
 
-from .. import __version__, artifact, backends
+from .. import artifact, backends
 from ..backends import BackendFactory
 from ..backends.neuron_ranks import compile_on_ranks
 from ..config import NeuronConfig
-from ..errors import ArtifactError, ExportError, InputError
+from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, graph_specs
 from ..models import sharding
 from ..models.args import ModelArgs
@@ -25,17 +25,16 @@ from ..models.kv_cache import empty_cache
 from ..models.llama import weight_names
 from .ranks import tp_group
 
-if TYPE_CHECKING:
-    from .model import NeuronModelForCausalLM
+Model = TypeVar("Model")  # NeuronModelForCausalLM, built by the caller's class
 
 
 def export(
-    cls: type[NeuronModelForCausalLM],
+    cls: type[Model],
     model: str | Path,
     neuron_config: NeuronConfig,
     progress: Callable[[str], None] | None = None,
     make_backend: BackendFactory = backends.get_backend,
-) -> NeuronModelForCausalLM:
+) -> Model:
     """Compiles every graph of `model` (a HF directory, a .gguf file or a hub id) into a temporary directory; the
     returned model runs them until save_pretrained copies them into an artifact."""
     progress = progress or (lambda message: None)
@@ -67,32 +66,12 @@ def export(
     return model_
 
 
-def save(model: NeuronModelForCausalLM, directory: str | Path) -> None:
-    if model.sharded:
-        raise InputError("save_pretrained of one tensor-parallel rank is not supported: save the exported model")
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    artifact.save_config(model.hf_config, directory)
-    if model.tokenizer is not None:
-        model.tokenizer.save_pretrained(str(directory))
-    if model.generation_config is not None:
-        model.generation_config.save_pretrained(str(directory))
-    artifact.save_weights(model.params, directory)
-    for path in model.graph_files():
-        target = directory / path.relative_to(model.graphs_dir)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if path.resolve() != target.resolve():
-            shutil.copyfile(path, target)
-    versions = {"optimum_neuron_plugin_version": __version__}
-    model.neuron_config.save(directory, **versions, compiler=model.backend.versions())
-
-
 def load(
-    cls: type[NeuronModelForCausalLM],
+    cls: type[Model],
     directory: str | Path,
     group: dist.ProcessGroup | None = None,
     make_backend: BackendFactory = backends.get_backend,
-) -> NeuronModelForCausalLM:
+) -> Model:
     directory = Path(directory)
     if not directory.is_dir():
         raise ArtifactError(f"{directory}: not a directory; give the output directory of `optimum-cli export neuron`")

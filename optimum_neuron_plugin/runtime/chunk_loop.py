@@ -7,52 +7,49 @@ A partial last chunk is padded by repeating its last token and position (the act
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import InputError
 from ..graphs import INDEX_DTYPE
-
-if TYPE_CHECKING:
-    from .model import NeuronModelForCausalLM
+from .graph_set import GraphSet
 
 Prompt = tuple[int, Sequence[int], int]  # (seq_id, token_ids, start)
 ChunkInputs = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], list[int]]  # (ids, positions, seq_id), positions
 
 
-def prefill_batch(model: NeuronModelForCausalLM, prompts: Sequence[Prompt]) -> list[torch.Tensor]:
+def prefill_batch(gs: GraphSet, prompts: Sequence[Prompt]) -> list[torch.Tensor]:
     """Runs the chunk loops of prompts in distinct slots side by side: chunk k of up to prefill_batch_size prompts in
     one call (a chunk left alone runs the one-prompt graph). Returns each prompt's fp32 logits [vocab] of its last
     token."""
-    checked = [(seq_id, checked_prompt(model, seq_id, tokens, start), start) for seq_id, tokens, start in prompts]
+    checked = [(seq_id, checked_prompt(gs, seq_id, tokens, start), start) for seq_id, tokens, start in prompts]
     slots = [seq_id for seq_id, _, _ in checked]
     if not checked or len(set(slots)) != len(slots):
         raise InputError(f"prefill_batch needs prompts in distinct slots, got seq_ids {slots}")
-    size, width = model.neuron_config.prefill_length, model.neuron_config.prefill_batch_size
+    size, width = gs.neuron_config.prefill_length, gs.neuron_config.prefill_batch_size
     logits: list[torch.Tensor | None] = [None] * len(checked)
     for offset in range(0, max(len(tokens) for _, tokens, _ in checked), size):
         rows = [i for i, (_, tokens, _) in enumerate(checked) if offset < len(tokens)]
         for group in (rows[g : g + width] for g in range(0, len(rows), width)):
-            output = chunks_call(model, [chunk_inputs(model, *checked[i], offset) for i in group])
+            output = chunks_call(gs, [chunk_inputs(gs, *checked[i], offset) for i in group])
             for row, i in enumerate(group):
                 if offset + size >= len(checked[i][1]):
                     logits[i] = output[row].clone()  # the runtime may reuse the output buffer
     return logits
 
 
-def chunks_call(model: NeuronModelForCausalLM, chunks: list[ChunkInputs]) -> torch.Tensor:
+def chunks_call(gs: GraphSet, chunks: list[ChunkInputs]) -> torch.Tensor:
     """One prefill call for n chunks of distinct slots: the one-prompt graph for one, else the n-prompt graph
     (one per width: a padding row would cost as much as a real one)."""
-    spec = model.graph_for(model.neuron_config.prefill_graph, [p[-1] for _, p in chunks], rows=len(chunks))
+    spec = gs.graph_for(gs.neuron_config.prefill_graph, [p[-1] for _, p in chunks], rows=len(chunks))
     if len(chunks) == 1:
-        return model.graphs(spec, *chunks[0][0])
-    return model.graphs(spec, *(torch.cat(column) for column in zip(*(inputs for inputs, _ in chunks), strict=True)))
+        return gs.graphs(spec, *chunks[0][0])
+    return gs.graphs(spec, *(torch.cat(column) for column in zip(*(inputs for inputs, _ in chunks), strict=True)))
 
 
-def chunk_inputs(model: NeuronModelForCausalLM, seq_id: int, tokens: list[int], start: int, offset: int) -> ChunkInputs:
+def chunk_inputs(gs: GraphSet, seq_id: int, tokens: list[int], start: int, offset: int) -> ChunkInputs:
     """The inputs of the chunk of tokens at `offset` (positions from start + offset), and its positions."""
-    size = model.neuron_config.prefill_length
+    size = gs.neuron_config.prefill_length
     chunk = tokens[offset : offset + size]
     positions = list(range(start + offset, start + offset + len(chunk)))
     pad = size - len(chunk)
@@ -61,10 +58,10 @@ def chunk_inputs(model: NeuronModelForCausalLM, seq_id: int, tokens: list[int], 
     return (ids, pos, torch.tensor([seq_id], dtype=INDEX_DTYPE)), positions
 
 
-def checked_prompt(model: NeuronModelForCausalLM, seq_id: int, token_ids: Sequence[int], start: int) -> list[int]:
-    nc = model.neuron_config
+def checked_prompt(gs: GraphSet, seq_id: int, token_ids: Sequence[int], start: int) -> list[int]:
+    nc = gs.neuron_config
     tokens = [int(t) for t in token_ids]
-    model.check_seq_id(seq_id)
+    gs.check_seq_id(seq_id)
     if not tokens:
         raise InputError("prefill needs at least one token")
     if start < 0 or start + len(tokens) > nc.sequence_length:

@@ -7,17 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import InputError
 from ..graphs import INDEX_DTYPE, TOKEN_GENERATION
 from ..sampling import GREEDY, SamplingParams, draw_uniform, params_tensor, sample_on_host
+from .graph_set import GraphSet
 from .ranks import from_rank0
-
-if TYPE_CHECKING:
-    from .model import NeuronModelForCausalLM
 
 
 @dataclass
@@ -37,10 +34,10 @@ class DecodeBatch:
     generators: list[torch.Generator | None]
 
 
-def decode(model: NeuronModelForCausalLM, batch: DecodeBatch, rows: int | None = None) -> DecodeResult:
+def decode(gs: GraphSet, batch: DecodeBatch, rows: int | None = None) -> DecodeResult:
     """One token_generation call on the graph of `rows` rows, by default the fewest (of decode_batch_sizes) that
     hold the batch."""
-    nc = model.neuron_config
+    nc = gs.neuron_config
     fewest = nc.decode_rows_for(len(batch.seq_ids))
     if rows is None:
         rows = fewest
@@ -49,43 +46,43 @@ def decode(model: NeuronModelForCausalLM, batch: DecodeBatch, rows: int | None =
             f"decode of {len(batch.seq_ids)} sequences cannot run on {rows} rows: this export has token_generation "
             f"graphs of {', '.join(map(str, nc.decode_batch_sizes))} rows"
         )
-    inputs, sampling_inputs = batch_inputs(model, batch, rows)
-    output = model.graphs(model.graph_for(TOKEN_GENERATION, batch.positions, rows), *inputs, *sampling_inputs)
-    return decoded(model, output, batch)
+    inputs, sampling_inputs = batch_inputs(gs, batch, rows)
+    output = gs.graphs(gs.graph_for(TOKEN_GENERATION, batch.positions, rows), *inputs, *sampling_inputs)
+    return decoded(gs, output, batch)
 
 
-def batch_inputs(model: NeuronModelForCausalLM, batch: DecodeBatch, rows: int) -> tuple[tuple, tuple]:
+def batch_inputs(gs: GraphSet, batch: DecodeBatch, rows: int) -> tuple[tuple, tuple]:
     """The decode batch's inputs padded to the graph's rows, and its sampling inputs (on-device sampling)."""
-    nc = model.neuron_config
+    nc = gs.neuron_config
     pad = rows - len(batch.seq_ids)
     padded = lambda values: torch.tensor([list(values) + [values[0]] * pad], dtype=INDEX_DTYPE)  # noqa: E731
     inputs = (padded(batch.token_ids).T, padded(batch.positions).T, padded(batch.seq_ids)[0])
     if not nc.on_device_sampling:
         return inputs, ()
     params = params_tensor(batch.sampling + [batch.sampling[0]] * pad, nc.max_topk)
-    uniform = from_rank0(model.group, torch.cat((draw_uniform(batch.generators), torch.zeros(pad, 1))))
+    uniform = from_rank0(gs.group, torch.cat((draw_uniform(batch.generators), torch.zeros(pad, 1))))
     return inputs, (params, uniform)
 
 
-def decoded(model: NeuronModelForCausalLM, output: torch.Tensor, batch: DecodeBatch) -> DecodeResult:
+def decoded(gs: GraphSet, output: torch.Tensor, batch: DecodeBatch) -> DecodeResult:
     """The graph's token ids (on-device sampling), or its logits sampled on the host."""
     n = len(batch.seq_ids)
-    if model.neuron_config.on_device_sampling:
+    if gs.neuron_config.on_device_sampling:
         return DecodeResult(output[:n].tolist(), None)
     logits = output[:n].clone()
-    tokens = from_rank0(model.group, sample_on_host(logits, batch.sampling, batch.generators))
+    tokens = from_rank0(gs.group, sample_on_host(logits, batch.sampling, batch.generators))
     return DecodeResult(tokens.tolist(), logits)
 
 
 def checked_batch(
-    model: NeuronModelForCausalLM,
+    gs: GraphSet,
     seq_ids: Sequence[int],
     token_ids: Sequence[int],
     positions: Sequence[int],
     sampling: Sequence[SamplingParams] | None,
     generators: Sequence[torch.Generator | None] | None,
 ) -> DecodeBatch:
-    nc = model.neuron_config
+    nc = gs.neuron_config
     n = len(seq_ids)
     batch = DecodeBatch(
         list(seq_ids), list(token_ids), list(positions), list(sampling or [GREEDY] * n), list(generators or [None] * n)
@@ -97,7 +94,7 @@ def checked_batch(
     if len(set(batch.seq_ids)) != n:
         raise InputError(f"decode got duplicate seq_ids {batch.seq_ids}")
     for seq_id in batch.seq_ids:
-        model.check_seq_id(seq_id)
+        gs.check_seq_id(seq_id)
     if any(not 0 <= p < nc.sequence_length for p in batch.positions):
         raise InputError(f"decode positions {batch.positions} exceed sequence_length {nc.sequence_length}")
     return batch

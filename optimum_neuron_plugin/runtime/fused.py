@@ -6,35 +6,31 @@ cache than it would alone; the chunk loop goes on for the rest of the prompt.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..errors import InputError
 from ..graphs import CHUNK_AND_DECODE
 from .chunk_loop import chunk_inputs, prefill_batch
 from .decode import DecodeBatch, DecodeResult, batch_inputs, decode, decoded
-
-if TYPE_CHECKING:
-    from .model import NeuronModelForCausalLM
+from .graph_set import GraphSet
 
 
 def prefill_and_decode(
-    model: NeuronModelForCausalLM, seq_id: int, tokens: list[int], start: int, batch: DecodeBatch
+    gs: GraphSet, seq_id: int, tokens: list[int], start: int, batch: DecodeBatch
 ) -> tuple[torch.Tensor, DecodeResult]:
     """Same results as the prefill and the decode apart; the two calls when no chunk's bucket holds the batch (or
     the artifact has no chunk_and_decode graph)."""
     if seq_id in batch.seq_ids:
         raise InputError(f"slot {seq_id} cannot prefill and decode in the same call")
-    fused_at = riding_chunk(model, len(tokens), start, max(batch.positions))
+    fused_at = riding_chunk(gs, len(tokens), start, max(batch.positions))
     if fused_at is None:
-        result = decode(model, batch)
-        return prefill(model, seq_id, tokens, start), result
+        result = decode(gs, batch)
+        return prefill(gs, seq_id, tokens, start), result
     # A call that raises leaves the generators as they were: the caller may run the two calls apart instead,
     # and a seeded request then draws what it would have drawn.
     saved = [None if g is None else g.get_state() for g in batch.generators]
     try:
-        return fused(model, seq_id, tokens, start, fused_at, batch)
+        return fused(gs, seq_id, tokens, start, fused_at, batch)
     except Exception:
         for generator, state in zip(batch.generators, saved, strict=True):
             if generator is not None:
@@ -43,30 +39,30 @@ def prefill_and_decode(
 
 
 def fused(
-    model: NeuronModelForCausalLM, seq_id: int, tokens: list[int], start: int, fused_at: int, batch: DecodeBatch
+    gs: GraphSet, seq_id: int, tokens: list[int], start: int, fused_at: int, batch: DecodeBatch
 ) -> tuple[torch.Tensor, DecodeResult]:
-    nc = model.neuron_config
+    nc = gs.neuron_config
     if fused_at:
-        prefill(model, seq_id, tokens[:fused_at], start)
-    inputs, sampling_inputs = batch_inputs(model, batch, nc.batch_size)
-    chunk, positions = chunk_inputs(model, seq_id, tokens, start, fused_at)
-    spec = model.graph_for(CHUNK_AND_DECODE, [positions[-1]], nc.batch_size)
-    output = model.graphs(spec, *chunk, *inputs, *sampling_inputs)
+        prefill(gs, seq_id, tokens[:fused_at], start)
+    inputs, sampling_inputs = batch_inputs(gs, batch, nc.batch_size)
+    chunk, positions = chunk_inputs(gs, seq_id, tokens, start, fused_at)
+    spec = gs.graph_for(CHUNK_AND_DECODE, [positions[-1]], nc.batch_size)
+    output = gs.graphs(spec, *chunk, *inputs, *sampling_inputs)
     if nc.on_device_sampling:
         chunk_logits, tokens_out = output
     else:
         chunk_logits, tokens_out = output[:1], output[1:]
-    result = decoded(model, tokens_out, batch)
+    result = decoded(gs, tokens_out, batch)
     after = fused_at + nc.prefill_length
     if after < len(tokens):
-        return prefill(model, seq_id, tokens[after:], start + after), result
+        return prefill(gs, seq_id, tokens[after:], start + after), result
     return chunk_logits[0].clone(), result
 
 
-def riding_chunk(model: NeuronModelForCausalLM, num_tokens: int, start: int, last_decode_position: int) -> int | None:
+def riding_chunk(gs: GraphSet, num_tokens: int, start: int, last_decode_position: int) -> int | None:
     """Offset of the first chunk whose bucket holds last_decode_position, or None."""
-    nc = model.neuron_config
-    if not model.fuses_prefill_and_decode:
+    nc = gs.neuron_config
+    if not gs.fuses_prefill_and_decode:
         return None
     needed = nc.bucket_for(last_decode_position)
     for offset in range(0, num_tokens, nc.prefill_length):
@@ -75,5 +71,5 @@ def riding_chunk(model: NeuronModelForCausalLM, num_tokens: int, start: int, las
     return None
 
 
-def prefill(model: NeuronModelForCausalLM, seq_id: int, tokens: list[int], start: int) -> torch.Tensor:
-    return prefill_batch(model, [(seq_id, tokens, start)])[0]
+def prefill(gs: GraphSet, seq_id: int, tokens: list[int], start: int) -> torch.Tensor:
+    return prefill_batch(gs, [(seq_id, tokens, start)])[0]

@@ -3,20 +3,19 @@ the prompt's logits, the rest by the decode graph."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..errors import InputError
 from ..sampling import GREEDY, SamplingParams, host_topk, make_generator, sample_on_host
+from .chunk_loop import prefill_batch
+from .decode import checked_batch, decode
+from .graph_set import GraphSet
 from .ranks import from_rank0
-
-if TYPE_CHECKING:
-    from .model import NeuronModelForCausalLM
 
 
 def generate(
-    model: NeuronModelForCausalLM,
+    gs: GraphSet,
+    default_eos: list[int],
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     max_new_tokens: int = 20,
@@ -29,12 +28,12 @@ def generate(
 ) -> torch.Tensor:
     """Prompt plus new tokens per row, right-padded with the first eos id once a row stops."""
     prompts = _prompts(input_ids, attention_mask)
-    nc = model.neuron_config
+    nc = gs.neuron_config
     if len(prompts) > nc.batch_size:
         raise InputError(
             f"generate got {len(prompts)} sequences; the model was compiled for batch_size {nc.batch_size}"
         )
-    eos = _eos_ids(eos_token_id, model.config.eos_token_ids)
+    eos = _eos_ids(eos_token_id, default_eos)
     params = SamplingParams(top_k, top_p, temperature) if do_sample else GREEDY
     generators = [
         make_generator(None if seed is None else seed + i) if do_sample else None for i in range(len(prompts))
@@ -47,16 +46,17 @@ def generate(
             )
     outputs: list[list[int]] = []
     for slot, prompt in enumerate(prompts):
-        logits = model.prefill(slot, prompt)
+        logits = prefill_batch(gs, [(slot, prompt, 0)])[0]
         cap = host_topk(nc.on_device_sampling, nc.max_topk)
-        first = from_rank0(model.group, sample_on_host(logits[None], [params], [generators[slot]], cap))
+        first = from_rank0(gs.group, sample_on_host(logits[None], [params], [generators[slot]], cap))
         outputs.append([int(first[0])])
     live = [i for i in range(len(prompts)) if outputs[i][-1] not in eos and max_new_tokens > 1]
     while live:
         positions = [len(prompts[i]) + len(outputs[i]) - 1 for i in live]
-        result = model.decode(
-            live, [outputs[i][-1] for i in live], positions, [params] * len(live), [generators[i] for i in live]
+        batch = checked_batch(
+            gs, live, [outputs[i][-1] for i in live], positions, [params] * len(live), [generators[i] for i in live]
         )
+        result = decode(gs, batch)
         for i, token in zip(live, result.tokens, strict=True):
             outputs[i].append(token)
         live = [

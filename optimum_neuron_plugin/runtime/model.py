@@ -1,9 +1,10 @@
 """NeuronModelForCausalLM: the compiled graphs, the weights and the KV cache of one export (one rank's shard under
 tensor parallelism), and the host loops as methods: prefill (chunk_loop.py), decode (decode.py), prefill_and_decode
-(fused.py), generate (generate.py); export / save / load in artifact_io.py."""
+(fused.py), generate (generate.py); export and load in artifact_io.py."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -14,16 +15,18 @@ from .. import artifact, backends
 from ..backends import BackendFactory
 from ..config import NeuronConfig
 from ..errors import ArtifactError, InputError
-from ..graphs import CHUNK_AND_DECODE, DecoderGraph, GraphSpec, example_inputs, graph_specs
+from ..graphs import DecoderGraph, GraphSpec, example_inputs, graph_specs
 from ..models import sharding
 from ..models.args import ModelArgs
 from ..models.collectives import Collectives
 from ..models.kv_cache import empty_cache
 from ..sampling import SamplingParams
+from ..version import __version__
 from . import artifact_io, chunk_loop, fused
 from . import decode as decode_step
 from . import generate as hf_generate
 from .decode import DecodeResult
+from .graph_set import GraphCall, GraphSet
 from .ranks import NoRanks, tp_group
 
 
@@ -53,17 +56,14 @@ class NeuronModelForCausalLM:
         self.params, self.tokenizer, self.generation_config = params, tokenizer, generation_config
         self.specs = graph_specs(neuron_config)
         self.graphs_dir = Path(graphs_dir)
-        self._by_shape = {(spec.name, spec.rows, spec.bucket): spec for spec in self.specs}
-        # The artifact has chunk_and_decode graphs (chunked, batch_size > 1): prefill_and_decode can fuse.
-        self.fuses_prefill_and_decode = any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
         nc = neuron_config
         self.backend = make_backend(nc)
         self.plan = sharding.plan_for(args, nc.tp_degree)
         self.group = group if group is not None else tp_group(nc.tp_degree)
         self.rank = 0 if self.group is None else dist.get_rank(self.group)
         self.caches: list[torch.Tensor] = []
+        self.graph_set = GraphSet(nc, self.specs, NoRanks(nc.tp_degree), self.group)
         if nc.tp_degree > 1 and self.group is None:
-            self.graphs = NoRanks(nc.tp_degree)
             return
         self.params = sharding.shard_params(params, args, self.plan, self.rank)
         self.caches = empty_cache(
@@ -74,6 +74,20 @@ class NeuronModelForCausalLM:
         local = sharding.local_args(args, self.plan)
         modules = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in self.specs]
         self.graphs = self.backend.load(modules, self.params, self.caches, self.graphs_dir)
+
+    @property
+    def graphs(self) -> GraphCall:
+        """graphs(spec, *inputs) runs the compiled graph of spec."""
+        return self.graph_set.graphs
+
+    @graphs.setter
+    def graphs(self, graphs: GraphCall) -> None:
+        self.graph_set.graphs = graphs
+
+    @property
+    def fuses_prefill_and_decode(self) -> bool:
+        """The artifact has chunk_and_decode graphs: prefill_and_decode can fuse."""
+        return self.graph_set.fuses_prefill_and_decode
 
     @property
     def sharded(self) -> bool:
@@ -93,7 +107,22 @@ class NeuronModelForCausalLM:
         return artifact_io.export(cls, model, neuron_config, progress, make_backend)
 
     def save_pretrained(self, directory: str | Path) -> None:
-        artifact_io.save(self, directory)
+        if self.sharded:
+            raise InputError("save_pretrained of one tensor-parallel rank is not supported: save the exported model")
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        artifact.save_config(self.hf_config, directory)
+        for part in (self.tokenizer, self.generation_config):
+            if part is not None:
+                part.save_pretrained(str(directory))
+        artifact.save_weights(self.params, directory)
+        for path in self.graph_files():
+            target = directory / path.relative_to(self.graphs_dir)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if path.resolve() != target.resolve():
+                shutil.copyfile(path, target)
+        versions = {"optimum_neuron_plugin_version": __version__}
+        self.neuron_config.save(directory, **versions, compiler=self.backend.versions())
 
     @classmethod
     def from_pretrained(
@@ -116,7 +145,7 @@ class NeuronModelForCausalLM:
     def graph_for(self, name: str, last_positions: Sequence[int], rows: int = 1) -> GraphSpec:
         """The graph `name` of `rows` rows and of the smallest context bucket holding every row's positions up to
         its last."""
-        return self._by_shape[name, rows, self.neuron_config.bucket_for(max(last_positions))]
+        return self.graph_set.graph_for(name, last_positions, rows)
 
     def warm_up(self) -> None:
         """Runs every compiled graph once on slot 0 (rewritten by the next request that uses it).
@@ -134,10 +163,6 @@ class NeuronModelForCausalLM:
                     f"{first_line}); the artifact is corrupt or mixes files of different exports: export the model again"
                 ) from error
 
-    def check_seq_id(self, seq_id: int) -> None:
-        if not 0 <= seq_id < self.neuron_config.batch_size:
-            raise InputError(f"seq_id {seq_id} is out of range: slots are 0..{self.neuron_config.batch_size - 1}")
-
     # ---- host loops ------------------------------------------------------------------------------
 
     def prefill_calls(self, num_tokens: int) -> int:
@@ -153,7 +178,7 @@ class NeuronModelForCausalLM:
     def prefill_batch(self, prompts: Sequence[tuple[int, Sequence[int], int]]) -> list[torch.Tensor]:
         """prefill() of several prompts, each (seq_id, token_ids, start) in a slot of its own, their chunk loops side
         by side. Same results as prefill() of each; returns each prompt's logits [vocab] of its last token."""
-        return chunk_loop.prefill_batch(self, prompts)
+        return chunk_loop.prefill_batch(self.graph_set, prompts)
 
     def decode(
         self,
@@ -166,8 +191,8 @@ class NeuronModelForCausalLM:
     ) -> DecodeResult:
         """One token_generation call: token_ids[i] at positions[i] of slot seq_ids[i]. It runs the graph of `rows`
         rows, by default the fewest (of decode_batch_sizes) that hold the batch."""
-        batch = decode_step.checked_batch(self, seq_ids, token_ids, positions, sampling, generators)
-        return decode_step.decode(self, batch, rows)
+        batch = decode_step.checked_batch(self.graph_set, seq_ids, token_ids, positions, sampling, generators)
+        return decode_step.decode(self.graph_set, batch, rows)
 
     def prefill_and_decode(
         self,
@@ -183,11 +208,11 @@ class NeuronModelForCausalLM:
         """prefill(seq_id, token_ids, start) and decode(decode_*) in one chunk_and_decode call where a chunk's bucket
         holds the decode batch (fused.py). Returns the prefill's logits [vocab] of the last token and the decode's
         result."""
-        tokens = chunk_loop.checked_prompt(self, seq_id, token_ids, start)
+        tokens = chunk_loop.checked_prompt(self.graph_set, seq_id, token_ids, start)
         batch = decode_step.checked_batch(
-            self, decode_seq_ids, decode_token_ids, decode_positions, sampling, generators
+            self.graph_set, decode_seq_ids, decode_token_ids, decode_positions, sampling, generators
         )
-        return fused.prefill_and_decode(self, seq_id, tokens, start, batch)
+        return fused.prefill_and_decode(self.graph_set, seq_id, tokens, start, batch)
 
     def generate(
         self,
@@ -204,5 +229,15 @@ class NeuronModelForCausalLM:
         """Hugging Face style generation (generate.py): prompt plus new tokens per row, right-padded with the first
         eos id once a row stops."""
         return hf_generate.generate(
-            self, input_ids, attention_mask, max_new_tokens, do_sample, top_k, top_p, temperature, seed, eos_token_id
+            self.graph_set,
+            self.config.eos_token_ids,
+            input_ids,
+            attention_mask,
+            max_new_tokens,
+            do_sample,
+            top_k,
+            top_p,
+            temperature,
+            seed,
+            eos_token_id,
         )

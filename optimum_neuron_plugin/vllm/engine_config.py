@@ -12,7 +12,7 @@ left unset are changed (user_args.py says how explicit values are told from vLLM
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -23,9 +23,16 @@ from vllm.config.compilation import CUDAGraphMode
 from ..backends.neuron import neuron_core_count
 from ..config import NEURON_CONFIG_FILE, NeuronConfig, NeuronConfigError
 from ..placement import Rank, neuron_core
+from .limits import ServingLimits
 from .log import get_logger
-from .options import DATA_PARALLEL_SIZE_KEY, PREFILL_MODE_ENV, PrefillMode, prefill_chunk_budget, prefill_mode
-from .platform import serves_on_neuron
+from .options import (
+    DATA_PARALLEL_SIZE_KEY,
+    PREFILL_MODE_ENV,
+    PrefillMode,
+    prefill_chunk_budget,
+    prefill_mode,
+    serves_on_neuron,
+)
 from .user_args import UserArgs, vllm_default_max_num_batched_tokens, vllm_default_max_num_seqs
 
 logger = get_logger(__name__)
@@ -40,18 +47,6 @@ HOST_ONLY_GENERATION_DEFAULTS = {
     "frequency_penalty": 0.0,
     "min_p": 0.0,
 }
-
-
-@dataclass(frozen=True)
-class ServingLimits:
-    """What the artifact allows; read by validate_request in the front-end process."""
-
-    max_model_len: int
-    sequence_length: int
-    batch_size: int
-    on_device_sampling: bool
-    max_topk: int
-    prefill_mode: PrefillMode
 
 
 class ConfigMismatchError(ValueError):

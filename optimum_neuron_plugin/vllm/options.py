@@ -124,3 +124,8 @@ def prefill_chunk_budget(additional_config: object = None) -> int:
             f"{PREFILL_CHUNK_BUDGET_KEY!r}) to a whole number of chunk calls per step, 1 or more"
         )
     return budget
+
+
+def serves_on_neuron() -> bool:
+    requested = backend_requested()
+    return requested == "neuron" or (requested != "cpu" and neuron_devices_present())

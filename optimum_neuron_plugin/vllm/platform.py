@@ -13,16 +13,16 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from ..backends.neuron import core_memory, neuron_core_count
-from .options import backend_requested, neuron_devices_present
+from .options import backend_requested, serves_on_neuron
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-    from .engine_config import ServingLimits
+    from .limits import ServingLimits
     from .user_args import UserArgs
 
-# vllm.config imports this module while it resolves the platform: modules that import
-# vllm.config (engine_config, request_checks) are imported inside the methods that need them.
+# vllm.config imports this module while it resolves the platform: modules that import vllm.config
+# (engine_config, request_checks) are imported inside the methods that need them; neither imports this one.
 
 
 class NeuronPlatform(Platform):
@@ -142,8 +142,3 @@ class NeuronPlatform(Platform):
     @classmethod
     def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
         raise NotImplementedError("the Neuron plugin runs compiled graphs; vLLM attention backends are not used")
-
-
-def serves_on_neuron() -> bool:
-    requested = backend_requested()
-    return requested == "neuron" or (requested != "cpu" and neuron_devices_present())

@@ -12,7 +12,7 @@ import msgspec
 from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import SamplingParams
 
-from .engine_config import ServingLimits
+from .limits import ServingLimits
 
 # Honoured with any artifact: vLLM's front end, output processor or scheduler implements them,
 # or the runner does (temperature / top_k / top_p / seed on host and device alike).
@@ -98,6 +98,10 @@ def check_prompt_length(limits: ServingLimits, prompt_len: int) -> None:
 
 
 def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
+    if params.prompt_logprobs == 0 and params.logprobs is None:
+        # vLLM's chat completions set prompt_logprobs = top_logprobs (0 unless given) whenever `echo` is on, even
+        # when the client asked for no logprobs at all: that request asks for none.
+        params.prompt_logprobs = None
     if params.structured_outputs is not None:
         raise VLLMValidationError(
             "structured output (json / regex / choice / grammar) is not supported by the Neuron plugin",

@@ -33,8 +33,7 @@ from .health import fatal
 from .kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
 from .log import get_logger
 from .model_runner import NeuronModelRunner
-from .options import CPU_THREADS_ENV, cpu_threads, data_parallel_size
-from .platform import serves_on_neuron
+from .options import CPU_THREADS_ENV, cpu_threads, data_parallel_size, serves_on_neuron
 
 logger = get_logger(__name__)
 

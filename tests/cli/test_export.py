@@ -216,20 +216,16 @@ def test_info_command_describes_an_export(llama_export, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_export_smollm2_gguf_matches_hf(tmp_path):
-    gguf = smollm2_gguf()
-    output = tmp_path / "smollm2"
-    result = run_export(
-        "--model", gguf, "--batch-size", "2", "--sequence-length", "256", "--prefill-chunk-size", "32",
-        "--backend", "cpu", output, timeout=1800,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+def test_export_smollm2_gguf_matches_hf(smollm2):
+    """The session's SmolLM2 export: the CLI run from the GGUF (tests/conftest.py)."""
+    output = smollm2.directory
+    assert smollm2.export.returncode == 0, smollm2.export.stderr
     assert neuron_config(output)["prefill_chunk_size"] == 32
     tokenizer_config = json.loads((output / "tokenizer_config.json").read_text())
     assert tokenizer_config.get("chat_template") or (output / "chat_template.jinja").is_file()
-    ids = prompt_ids(gguf.parent, gguf_file=gguf.name)
-    hf = load_hf(gguf.parent, gguf_file=gguf.name)
-    assert_same_greedy(output, hf, ids, eos={hf.config.eos_token_id} - {None}, new_tokens=16)
+    ids = smollm2.tokenizer(PROMPT)["input_ids"]
+    eos = {smollm2.hf.config.eos_token_id} - {None}
+    assert_same_greedy(output, smollm2.hf, ids, eos=eos, new_tokens=16)
 
 
 # ----------------------------------------------------------------------------------------------------------------

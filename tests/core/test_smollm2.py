@@ -1,21 +1,20 @@
 """SmolLM2-135M-Instruct (real weights, tokenizer and chat template) against Hugging Face greedy generation.
 
-One export for the module (batch 2, sequence_length 256, chunk 32). transformers dequantizes the bundled GGUF
-to fp32 once; that model is the reference and, saved as a plain checkpoint, the export source (loading the GGUF
-a second time inside export would double the ~30 s dequantization).
+The session's SmolLM2 export (batch 2, sequence_length 256, chunk 32; tests/conftest.py), loaded with
+from_pretrained; the reference is transformers' model read from the same GGUF.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from support.smollm2 import smollm2_hf_and_checkpoint
+from support.smollm2 import SHAPE
 
-from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+from optimum_neuron_plugin import NeuronModelForCausalLM
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
-CHUNK = 32
+CHUNK = SHAPE["prefill_chunk_size"]
 NEW_TOKENS = 16
 QUESTION = "What is the capital of France?"
 LONG_QUESTION = (
@@ -27,12 +26,8 @@ LONG_QUESTION = (
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    hf, tokenizer, source = smollm2_hf_and_checkpoint(tmp_path_factory.mktemp("smollm2-source"))
-    model = NeuronModelForCausalLM.export(
-        source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=CHUNK)
-    )
-    return hf, tokenizer, model
+def loaded(smollm2):
+    return smollm2.hf, smollm2.tokenizer, NeuronModelForCausalLM.from_pretrained(smollm2.directory)
 
 
 def chat_ids(tokenizer, question: str) -> list[int]:
@@ -50,8 +45,8 @@ def hf_generate_until_eos(hf, ids: list[int]) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-def test_chat_and_multi_chunk_prompts_batched_match_hf(smollm2):
-    hf, tokenizer, model = smollm2
+def test_chat_and_multi_chunk_prompts_batched_match_hf(loaded):
+    hf, tokenizer, model = loaded
     prompts = [chat_ids(tokenizer, QUESTION), chat_ids(tokenizer, LONG_QUESTION)]
     assert len(prompts[1]) > 2 * CHUNK and len(prompts[1]) % CHUNK  # several chunks and a remainder
     width = max(map(len, prompts))
@@ -71,8 +66,8 @@ def test_chat_and_multi_chunk_prompts_batched_match_hf(smollm2):
     assert tokenizer.decode(answer, skip_special_tokens=True).strip() == "The capital of France is Paris."
 
 
-def test_multi_chunk_logits_close_to_hf(smollm2):
-    hf, tokenizer, model = smollm2
+def test_multi_chunk_logits_close_to_hf(loaded):
+    hf, tokenizer, model = loaded
     ids = chat_ids(tokenizer, LONG_QUESTION)
     logits = model.prefill(1, ids)
     with torch.no_grad():

@@ -154,3 +154,19 @@ def test_malformed_json_is_rejected(server, probe, raw):
     status, body = call(server.port, "/v1/completions", raw)
     rejected(status, body, 400, "JSON decode error")
     probe()
+
+
+def test_chat_echo_without_logprobs_is_served(server, probe):
+    # vLLM turns `echo` into prompt_logprobs=top_logprobs (0 by default): a request asking for no logprobs.
+    plain = {"model": server.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    plain.update(temperature=0.0)
+    status, expected = call(server.port, "/v1/chat/completions", plain)
+    assert status == 200, expected
+    status, body = call(server.port, "/v1/chat/completions", {**plain, "echo": True})
+    assert status == 200, body
+    assert body["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
+    assert not body.get("prompt_logprobs")
+    # Asking for prompt logprobs for real is still refused with what to change.
+    status, body = call(server.port, "/v1/chat/completions", {**plain, "echo": True, "prompt_logprobs": 1})
+    rejected(status, body, 400, "prompt_logprobs is not supported by the Neuron plugin")
+    probe()

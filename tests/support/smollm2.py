@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 from pathlib import Path
+
+from .cli import CliResult, run_export
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -43,3 +46,37 @@ def smollm2_hf_and_checkpoint(directory: Path):
     plain.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return hf, tokenizer, directory
+
+
+# The shape of the session's one SmolLM2 export (tests/conftest.py `smollm2`): every SmolLM2 test that needs no
+# other shape shares it.
+SHAPE = dict(batch_size=2, sequence_length=256, prefill_chunk_size=32)
+
+
+@dataclass
+class SmolLM2:
+    """SmolLM2 exported once by the real `optimum-cli export neuron` from the bundled GGUF, and its reference."""
+
+    directory: Path  # the artifact
+    export: CliResult  # what the CLI printed and returned
+    hf: object  # transformers' model read from the same GGUF (fp32, eval)
+    tokenizer: object
+
+    def chat_ids(self, question: str) -> list[int]:
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def export_smollm2(directory: Path) -> SmolLM2:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    gguf = smollm2_gguf()
+    result = run_export(
+        "--model", gguf, "--batch-size", SHAPE["batch_size"], "--sequence-length", SHAPE["sequence_length"],
+        "--prefill-chunk-size", SHAPE["prefill_chunk_size"], "--backend", "cpu", directory, timeout=1800,
+    )  # fmt: skip
+    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    return SmolLM2(directory, result, hf, smollm2_tokenizer())

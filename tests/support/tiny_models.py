@@ -8,6 +8,7 @@ keeps greedy choices far from ties. Directories are written atomically, so an in
 from __future__ import annotations
 
 import gc
+import hashlib
 import os
 import shutil
 import tempfile
@@ -115,16 +116,39 @@ def save_tiny(directory: Path, architecture: str = "llama", seed: int = 0, token
     return build_atomically(directory, build)
 
 
+# Exports made in this test session, by (source files' digest, NeuronConfig fields): an identical export asked for
+# again under another directory is a copy (the same tiny checkpoint is exported with the same shape by several
+# test directories).
+_EXPORTED: dict[tuple[str, tuple], Path] = {}
+
+
 def export(source: Path, directory: Path, **neuron_config) -> Path:
     """The export of `source` with NeuronConfig(**neuron_config), written with save_pretrained, once."""
+    key = (_digest(Path(source)), tuple(sorted(neuron_config.items())))
+    done = _EXPORTED.get(key)
 
     def build(staging: Path) -> None:
+        if done is not None and done.is_dir():
+            shutil.copytree(done, staging, dirs_exist_ok=True)
+            return
         model = NeuronModelForCausalLM.export(str(source), NeuronConfig(**neuron_config))
         model.save_pretrained(staging)
         del model
         gc.collect()
 
-    return build_atomically(directory, build)
+    _EXPORTED[key] = build_atomically(directory, build)
+    return _EXPORTED[key]
+
+
+def _digest(source: Path) -> str:
+    """The digest of a checkpoint directory's files (tiny: a few MB), or of a single file's path."""
+    if not source.is_dir():
+        return str(source.resolve())
+    digest = hashlib.sha256()
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(source)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def export_chain_model(

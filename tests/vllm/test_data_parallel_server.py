@@ -15,9 +15,6 @@ import pytest
 from support.client import completion_tokens, concurrently, greedy, metrics_text
 from support.references import hf_greedy
 from support.server import serve
-from support.smollm2 import smollm2_hf_and_checkpoint
-
-from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # SmolLM2 and a live `vllm serve`
 
@@ -36,22 +33,13 @@ QUESTIONS = [
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    hf, tokenizer, source = smollm2_hf_and_checkpoint(tmp_path_factory.mktemp("smollm2-source"))
-    out = tmp_path_factory.mktemp("smollm2-dp")
-    NeuronModelForCausalLM.export(
-        source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=64)
-    ).save_pretrained(out)
-    chats = [
-        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
-        for q in QUESTIONS
-    ]
-    return hf, [tokenizer(chat, add_special_tokens=False)["input_ids"] for chat in chats], out
+def prompts(smollm2) -> list[list[int]]:
+    return [smollm2.chat_ids(question) for question in QUESTIONS]
 
 
 @pytest.fixture(scope="module")
 def server(smollm2, tmp_path_factory):
-    _, _, exported = smollm2
+    exported = smollm2.directory
     log = tmp_path_factory.mktemp("dp-server") / "server.log"
     yield from serve(exported, log, "--data-parallel-size", "2", env={"OMP_NUM_THREADS": "2"}, timeout=900)
 
@@ -65,8 +53,8 @@ def requests_finished_by_engine(port: int) -> dict[str, float]:
     return counts
 
 
-def test_concurrent_requests_equal_their_solo_outputs_and_transformers(smollm2, server):
-    hf, prompts, _ = smollm2
+def test_concurrent_requests_equal_their_solo_outputs_and_transformers(smollm2, prompts, server):
+    hf = smollm2.hf
     body = lambda prompt: greedy(server.model, prompt, NEW_TOKENS)  # noqa: E731
     solo = [completion_tokens(server.port, body(p)) for p in prompts]
     together = concurrently(lambda p: completion_tokens(server.port, body(p)), prompts, workers=len(prompts))
@@ -74,8 +62,7 @@ def test_concurrent_requests_equal_their_solo_outputs_and_transformers(smollm2, 
     assert solo == [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
 
 
-def test_both_engines_served_requests_with_their_share_of_threads(smollm2, server):
-    _, prompts, _ = smollm2
+def test_both_engines_served_requests_with_their_share_of_threads(prompts, server):
     concurrently(lambda p: completion_tokens(server.port, greedy(server.model, p, 2)), prompts, workers=len(prompts))
     finished = requests_finished_by_engine(server.port)
     assert set(finished) == {"0", "1"} and min(finished.values()) >= 1, finished

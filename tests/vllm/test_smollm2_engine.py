@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct end to end through vllm.LLM: greedy chat answers equal transformers token for token.
 
-The one real-model check of the plugin (slow: GGUF dequantization, export, engine start).
+The session's SmolLM2 export (tests/conftest.py) in vllm.LLM.
 """
 
 from __future__ import annotations
@@ -8,9 +8,6 @@ from __future__ import annotations
 import pytest
 from support.engine import close_llm, make_llm
 from support.references import hf_greedy
-from support.smollm2 import smollm2_hf_and_checkpoint
-
-from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -23,20 +20,10 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def smollm2(tmp_path_factory):
-    hf, tokenizer, source = smollm2_hf_and_checkpoint(tmp_path_factory.mktemp("smollm2-source"))
-    out = tmp_path_factory.mktemp("smollm2-exported")
-    NeuronModelForCausalLM.export(
-        source, NeuronConfig(batch_size=2, sequence_length=256, prefill_chunk_size=32)
-    ).save_pretrained(out)
-    return hf, tokenizer, out
-
-
 def test_chat_greedy_equals_transformers(smollm2):
     from vllm import SamplingParams
 
-    hf, tokenizer, exported = smollm2
+    hf, tokenizer, exported = smollm2.hf, smollm2.tokenizer, smollm2.directory
     prompts = [
         tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
         for q in QUESTIONS

@@ -1,0 +1,41 @@
+"""GraphSet: an export's loaded graphs with what a host loop needs to call them (shapes, buckets, slots, ranks)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ..config import NeuronConfig
+from ..errors import InputError
+from ..graphs import CHUNK_AND_DECODE, GraphSpec
+
+GraphCall = Callable[..., torch.Tensor]  # graphs(spec, *inputs): runs the compiled graph of spec
+
+
+@dataclass
+class GraphSet:
+    neuron_config: NeuronConfig
+    specs: list[GraphSpec]
+    graphs: GraphCall
+    group: dist.ProcessGroup | None = None
+    _by_shape: dict[tuple[str, int, int], GraphSpec] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._by_shape = {(spec.name, spec.rows, spec.bucket): spec for spec in self.specs}
+
+    @property
+    def fuses_prefill_and_decode(self) -> bool:
+        """The artifact has chunk_and_decode graphs (chunked, batch_size > 1)."""
+        return any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
+
+    def graph_for(self, name: str, last_positions: Sequence[int], rows: int = 1) -> GraphSpec:
+        """The graph `name` of `rows` rows and of the smallest context bucket holding every row's positions up to
+        its last."""
+        return self._by_shape[name, rows, self.neuron_config.bucket_for(max(last_positions))]
+
+    def check_seq_id(self, seq_id: int) -> None:
+        if not 0 <= seq_id < self.neuron_config.batch_size:
+            raise InputError(f"seq_id {seq_id} is out of range: slots are 0..{self.neuron_config.batch_size - 1}")

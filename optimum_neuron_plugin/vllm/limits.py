@@ -1,0 +1,20 @@
+"""ServingLimits: what an artifact allows, fixed when the engine config is fitted to it (engine_config.py) and read by
+every request check (request_checks.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .options import PrefillMode
+
+
+@dataclass(frozen=True)
+class ServingLimits:
+    """What the artifact allows; read by validate_request in the front-end process."""
+
+    max_model_len: int
+    sequence_length: int
+    batch_size: int
+    on_device_sampling: bool
+    max_topk: int
+    prefill_mode: PrefillMode
