@@ -15,7 +15,7 @@ For each CPU compiler it exports SmolLM2 (cached under benchmark/results/artifac
 - chunk_and_decode: the second chunk of a prompt and a decode step of the other batch_size - 1 rows (at
   --context) in one chunk_and_decode call, against the two calls it replaces (plugin against plugin, not HF).
 HF computes only the last position's logits (logits_to_keep=1), as the graphs do. Writes
-benchmark/results/graphs.json.
+benchmark/results/graphs.json (a run worth keeping is committed as benchmark/results/<date>-graph-calls-vs-hf-eager/).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ Exports the model twice (chunked and context_encoding, cached under benchmark/re
 then measures each (artifact, prompt length) in a fresh process: best-of-N prefill time (the graph
 calls up to the first token's logits: TTFT without the server) and the peak resident memory added by
 the prefill; HF's eager forward of the same tokens (logits of the last position only) is measured the
-same way. Writes benchmark/results/prefill.json and .md.
+same way. Writes benchmark/results/prefill.json and .md (a run worth keeping is committed as
+benchmark/results/<date>-long-prefill-vs-hf-eager/).
 """
 
 from __future__ import annotations
