@@ -21,6 +21,7 @@ from ..models.collectives import GROUP_OPS
 from . import Progress, join_gloo_group
 from .cpu_linear import packable, use_packed_linears
 from .cpu_script import Replay, traced_call
+from .program_cache import ProgramCache
 
 GRAPH_DIR = "graphs"
 
@@ -66,6 +67,7 @@ class CpuBackend:
     def __init__(self, neuron_config: NeuronConfig) -> None:
         self.neuron_config = neuron_config
         self.format = FORMATS[neuron_config.cpu_compiler]
+        self.cache = ProgramCache.from_env()
 
     def check_can_compile(self) -> None:
         """torch is all it needs. Tensor-parallel programs are torch.export programs: their collectives name a
@@ -95,11 +97,15 @@ class CpuBackend:
                 f"compiling graph {spec.name} [{spec.rows} x {spec.tokens}], context bucket {spec.bucket}, "
                 f"with {self.format.description}"
             )
-            with torch.no_grad():
-                program = torch.export.export(graph, (params, caches, *example_inputs(spec)), strict=False)
             path = self.graph_path(directory, spec)
             path.parent.mkdir(parents=True, exist_ok=True)
+            key = self.cache.key(graph, params, caches, self.format.suffix)
+            if self.cache.fetch(key, path):
+                continue
+            with torch.no_grad():
+                program = torch.export.export(graph, (params, caches, *example_inputs(spec)), strict=False)
             self.format.save(program, path)
+            self.cache.store(key, path)
 
     def load(self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path) -> CpuGraphs:
         programs = {g.spec: self._load_program(self.graph_path(directory, g.spec)) for g in graphs}
