@@ -94,6 +94,8 @@ class NeuronBackend:
             _require_cores(ExportError, "an export with --backend neuron compiles on the device host: ")
             if not dist.is_initialized():  # the exporting process; a rank process sees its one pinned core
                 _require_tp_cores(self.neuron_config.tp_degree)
+                if self.neuron_config.tp_degree == 1:  # compiles here, not on rank processes
+                    _pin_export_core()
             _check_target(self.neuron_config)
         self._require_compiler(ExportError)
 
@@ -287,18 +289,21 @@ def neuron_core_count() -> int:
     return torch_neuronx.device_count()
 
 
-def core_memory(index: int) -> int:
-    """Device memory of NeuronCore `index` in bytes, as torch-neuronx reports it."""
-    import torch_neuronx
-
-    return torch_neuronx.get_device_properties(index).total_memory
-
-
 def pin_cores(rank: Rank) -> None:
     """Gives this process the NeuronCore of `rank` only (placement.neuron_core: its place among the cores
     NEURON_RT_VISIBLE_CORES lists, else among all): the Neuron runtime otherwise claims every core it sees.
     Must run before the runtime starts (first device use)."""
     os.environ["NEURON_RT_VISIBLE_CORES"] = str(neuron_core(rank, os.environ.get("NEURON_RT_VISIBLE_CORES")))
+
+
+def _pin_export_core() -> None:
+    """A tensor-parallel-1 export compiles in its own process: it takes the first visible NeuronCore only, as every
+    rank does, instead of the runtime's default of every core of the instance (a server on other cores keeps them).
+    Only before this process starts the runtime: the runtime reads NEURON_RT_VISIBLE_CORES when it starts."""
+    import torch_neuronx
+
+    if not torch_neuronx.is_neuron_runtime_initialized():
+        pin_cores(Rank())
 
 
 def _require_cores(error: type[Exception], context: str) -> None:
