@@ -46,6 +46,8 @@ GRAPH_DIR = "graphs"
 CACHE_DIR = "neuron-cache"  # under GRAPH_DIR
 # TorchNeuron's persistent NEFF cache directory (csrc/core/cache/PersistentCacheBackend.cpp).
 CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+# TorchNeuron's optimisation level for torch.compile graphs when NEURON_COMPILER_OPT_LEVEL is unset.
+DEFAULT_OPT_LEVEL = "-O2"
 # distribution -> module
 COMPILE_PACKAGES = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc"}
 RUNTIME_PACKAGES = {"torch-neuronx": "torch_neuronx"}
@@ -156,6 +158,7 @@ class NeuronBackend:
             if peers.rank == 0:
                 added = _files_under(cache) - listed
                 listed |= added
+                _require_neff(spec, added, cache)
                 manifest = {"graph": spec.key, "cache_files": sorted(str(p.relative_to(cache.parent)) for p in added)}
                 (cache.parent / f"{spec.key}.neuron.json").write_text(json.dumps(manifest, indent=2) + "\n")
             peers.barrier()
@@ -178,6 +181,7 @@ class NeuronBackend:
             "neuronx_cc": _version("neuronx-cc"),
             "target": None,
             "logical_nc_config": os.environ.get("NEURON_LOGICAL_NC_CONFIG"),
+            **compile_options(),
         }
         if self.device == "neuron" and _installed("torch_neuronx"):
             from torch_neuronx.utils import get_logical_neuron_cores, get_platform_target
@@ -235,6 +239,17 @@ class NeuronGraphs:
                 )
         # chunk_and_decode with on-device sampling returns (chunk logits, token ids).
         return tuple(x.cpu() for x in output) if isinstance(output, tuple) else output.cpu()
+
+
+def _require_neff(spec: GraphSpec, added: set[Path], cache: Path) -> None:
+    """A graph compiled but its NEFF is not in the artifact: vllm serve would compile it again, on the device host."""
+    if not any(path.suffix == ".neff" for path in added):
+        raise ExportError(
+            f"compiling graph {spec.key} left no .neff in {cache}: TorchNeuron's NEFF cache is elsewhere (it reads "
+            f"{CACHE_ENV} once per process, so it was created before this export set it; or "
+            "TORCH_NEURONX_NEFF_DISABLE_CACHE=1 is set). Export in a fresh process (optimum-cli export neuron) "
+            "without TORCH_NEURONX_NEFF_DISABLE_CACHE"
+        )
 
 
 @contextmanager
@@ -332,8 +347,20 @@ def _check_target(neuron_config: NeuronConfig) -> None:
         )
 
 
+def compile_options() -> dict:
+    """The compiler options TorchNeuron puts in each NEFF's cache key besides the graph, target and LNC
+    (csrc/core/KernelExecution.cpp, CompileOnlyKernelExecution: "--model-type transformer --auto-cast=none" then
+    NEURON_CC_FLAGS; NEURON_COMPILER_OPT_LEVEL, default -O2 for torch.compile graphs). A serving process with other
+    values looks the graphs up under other keys and compiles them again."""
+    return {
+        "neuron_cc_flags": os.environ.get("NEURON_CC_FLAGS", "").strip(),
+        "opt_level": os.environ.get("NEURON_COMPILER_OPT_LEVEL") or DEFAULT_OPT_LEVEL,
+    }
+
+
 def _check_compiled_here(directory: Path, host: dict) -> None:
-    """Refuses NEFFs built for another target or by another compiler: they would be recompiled at serve time."""
+    """Refuses NEFFs built for another target, by another compiler or with other compiler options: they would be
+    compiled again at serve time (the compiler versions are not in TorchNeuron's cache key; the options are)."""
     path = directory / NEURON_CONFIG_FILE
     if not path.is_file():
         return  # the export's own working directory, just compiled on this host
@@ -349,6 +376,13 @@ def _check_compiled_here(directory: Path, host: dict) -> None:
             raise ArtifactError(
                 f"{directory}: compiled with {what} {built.get(key)}, this host has {host.get(key)}; export the model "
                 "again on this host (optimum-cli export neuron --backend neuron)"
+            )
+    for key, variable in (("neuron_cc_flags", "NEURON_CC_FLAGS"), ("opt_level", "NEURON_COMPILER_OPT_LEVEL")):
+        if built.get(key) != host.get(key):
+            raise ArtifactError(
+                f"{directory}: compiled with {variable}={built.get(key)!r}, this process has {host.get(key)!r}: set "
+                f"{variable}={built.get(key)!r} for vllm serve (TorchNeuron looks the graphs up by these options), or "
+                "export the model again with this process's options"
             )
 
 

@@ -33,6 +33,10 @@ class FakeNeuronCompiler:
     directory TorchNeuron reads from CACHE_ENV, a cache hit when the file is there; runs the graph eagerly."""
 
     fail_on_rank: int | None = None
+    # TorchNeuron's NEFF cache is process-wide: it reads CACHE_ENV once, when it is created (NeuronResourceManager's
+    # CompilationCache -> PersistentCacheBackend(), csrc/core/compilation/CompilationCache.cpp). A directory here models
+    # a cache created before the backend set the variable; None reads the variable at each compile.
+    cache_dir: Path | None = None
     compiled: list[str] = field(default_factory=list)
     hits: list[str] = field(default_factory=list)
 
@@ -42,7 +46,7 @@ class FakeNeuronCompiler:
             raise RuntimeError(FAILURE)
         signature = [(tuple(x.shape), str(x.dtype)) for x in example_inputs if isinstance(x, torch.Tensor)]
         key = hashlib.sha256((gm.code + repr(signature)).encode()).hexdigest()
-        path = Path(os.environ[CACHE_ENV]) / key[:2] / f"{key}.neff"
+        path = Path(self.cache_dir or os.environ[CACHE_ENV]) / key[:2] / f"{key}.neff"
         what = "hit" if path.is_file() else "compiled"
         if what == "compiled":
             path.parent.mkdir(parents=True, exist_ok=True)
