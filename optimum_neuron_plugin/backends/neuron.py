@@ -38,7 +38,7 @@ from ..config import NEURON_CONFIG_FILE, NeuronConfig
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from ..placement import Rank, neuron_core
-from . import Progress, join_gloo_group, neuron_devices_present
+from . import Progress, join_device_group, join_gloo_group, neuron_devices_present
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,8 @@ class NeuronBackend:
     """`compiler` names the Dynamo backend (TorchNeuron registers "neuron") and `device` the torch device
     the weights and cache live on. `compiler_module`, when given, is imported before `compiler` is looked up, in
     this process and in every rank process of a tensor-parallel export: a module registering another Dynamo
-    backend under that name (the tests' stand-in compiler, which runs on device "cpu")."""
+    backend under that name (the tests' stand-in compiler, which runs on device "cpu"), and possibly the
+    torch.distributed backend named by `process_group` (the tests' stand-in for TorchNeuron's "neuron" group)."""
 
     name = "neuron"
     compiles_on_live_ranks = True  # TorchNeuron lowers collectives against the live group
@@ -86,9 +87,12 @@ class NeuronBackend:
         compiler: str = "neuron",
         device: str = "neuron",
         compiler_module: str | None = None,
+        process_group: str | None = None,
     ) -> None:
         self.neuron_config, self.compiler, self.device = neuron_config, compiler, device
         self.compiler_module = compiler_module
+        # The torch.distributed backend of the ranks' group: TorchNeuron's on the device, gloo on the cpu device.
+        self.process_group = process_group or ("neuron" if device == "neuron" else "gloo")
 
     def check_can_compile(self) -> None:
         if self.device == "neuron":
@@ -102,19 +106,21 @@ class NeuronBackend:
         self._require_compiler(ExportError)
 
     def init_process_group(self, rank: int, world_size: int, init_method: str, timeout: timedelta) -> None:
-        """Joins the tensor-parallel ranks, before the first use of the device: device tensors (the graphs'
-        collectives) go over TorchNeuron's native "neuron" backend, host tensors over gloo."""
-        if self.device != "neuron":
-            join_gloo_group(rank, world_size, init_method, timeout)
-            return
-        import torch_neuronx  # noqa: F401 - registers the "neuron" process group backend
+        """Joins the tensor-parallel ranks, before the first use of the device. The world is TorchNeuron's "neuron"
+        group, for the graphs' collectives on device tensors; host tensors go over a gloo group beside it
+        (backends.host_group). The cpu device (tests) joins `process_group`: gloo, or a stand-in for "neuron"."""
+        if self.device == "neuron":
+            import torch_neuronx  # noqa: F401 - registers the "neuron" process group backend
 
-        # The ranks of a group are the NeuronCores of one host (pin_cores chose this process's core): TorchNeuron
-        # takes its local rank from these instead of matching host addresses through the store.
-        os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = str(rank), str(world_size)
-        dist.init_process_group(
-            "cpu:gloo,neuron:neuron", init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
-        )
+            # The ranks of a group are the NeuronCores of one host (pin_cores chose this process's core): TorchNeuron
+            # takes its local rank from these instead of matching host addresses through the store.
+            os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = str(rank), str(world_size)
+        elif self.compiler_module:
+            importlib.import_module(self.compiler_module)  # may register a stand-in process group backend
+        if self.process_group == "gloo":
+            join_gloo_group(rank, world_size, init_method, timeout)
+        else:
+            join_device_group(self.process_group, rank, world_size, init_method, timeout)
 
     def graph_files(self, directory: Path, specs: list[GraphSpec]) -> list[Path]:
         """Each graph's manifest, then the cache files it lists (once the manifest exists)."""
