@@ -67,7 +67,7 @@ def greedy_in_the_backends_group(rank: int, artifact: Path, out: Path) -> None:
     """A serving rank as vLLM's worker starts it: the backend joins the ranks' group, then the artifact loads."""
     torch.set_num_threads(1)
     backend = FAKE_BACKEND(NeuronConfig(**SHAPE, tp_degree=TP))
-    backend.init_process_group(rank, TP, f"file://{out}/rendezvous", timedelta(minutes=5))
+    backend.init_process_group(rank, TP, f"file://{out}/rendezvous", timedelta(minutes=15))  # a loaded host
     try:
         assert isinstance(dist.group.WORLD, FakeNeuronProcessGroup)
         model = NeuronModelForCausalLM.from_pretrained(artifact, make_backend=FAKE_BACKEND)
