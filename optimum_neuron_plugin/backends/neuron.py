@@ -11,8 +11,10 @@
   artifact traces the graphs again (seconds) and finds every NEFF in that cache: `vllm serve` runs no
   neuronx-cc.
 - Compiling needs the device: TorchNeuron reads the compilation target from the Neuron runtime
-  (nrt_get_instance_info), and SDK 2.32's FAQ says compiling without Trainium hardware is not supported;
-  an export on a host without NeuronCores is refused at once.
+  (nrt_get_instance_info) with no override, and compiles graphs called on "neuron" tensors, which only exist on a
+  device host. NEURON_PLATFORM_TARGET_OVERRIDE (NKI) and VLLM_NEURON_CPU_COMPILE (vLLM Neuron, through its own
+  libtorch-neuronx-lite) do not reach torch-neuronx's backend. An export on a host without NeuronCores is refused
+  at once (NO_CPU_COMPILE says why).
 - Tensor parallelism (tp_degree N > 1): the graphs' functional collectives are compiled for a live process group,
   so the export runs N rank processes, one per NeuronCore (backends/neuron_ranks.py), each compiling every graph
   on its shard in lockstep; serving runs N vLLM workers the same way. TorchNeuron's cache keys do not depend on
@@ -51,8 +53,16 @@ DEFAULT_OPT_LEVEL = "-O2"
 # distribution -> module
 COMPILE_PACKAGES = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc"}
 RUNTIME_PACKAGES = {"torch-neuronx": "torch_neuronx"}
-INSTALL = 'pip install ".[neuron]" on a Trn2/Trn3 host with Python 3.12+ (Neuron SDK 2.33+, see README "Neuron hosts")'
+INSTALL = (
+    'scripts/setup-neuron.sh (pip install ".[neuron]" from the Neuron pip repository) on a trn2/trn3 host with '
+    "Python 3.12+ (Neuron SDK 2.33, docs/neuron.md)"
+)
 WHERE = "run it on a trn2 or trn3 instance (Neuron SDK 2.33+), or use --backend cpu"
+NO_CPU_COMPILE = (
+    "an export with --backend neuron compiles on the device host, --instance-type or not (TorchNeuron takes the "
+    "compilation target from the Neuron runtime and has no CPU compile mode; NEURON_PLATFORM_TARGET_OVERRIDE and "
+    "VLLM_NEURON_CPU_COMPILE belong to NKI and vLLM Neuron): "
+)
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,7 @@ class NeuronBackend:
     def check_can_compile(self) -> None:
         if self.device == "neuron":
             _require(COMPILE_PACKAGES, ExportError)
-            _require_cores(ExportError, "an export with --backend neuron compiles on the device host: ")
+            _require_cores(ExportError, NO_CPU_COMPILE)
             if not dist.is_initialized():  # the exporting process; a rank process sees its one pinned core
                 _require_tp_cores(self.neuron_config.tp_degree)
                 if self.neuron_config.tp_degree == 1:  # compiles here, not on rank processes
@@ -365,8 +375,9 @@ def compile_options() -> dict:
 
 
 def _check_compiled_here(directory: Path, host: dict) -> None:
-    """Refuses NEFFs built for another target, by another compiler or with other compiler options: they would be
-    compiled again at serve time (the compiler versions are not in TorchNeuron's cache key; the options are)."""
+    """Refuses NEFFs built for another target or with other compiler options (TorchNeuron would look them up under
+    other cache keys and compile every graph again at serve time) or by another compiler (the versions are not in
+    the key: they would be loaded as they are)."""
     path = directory / NEURON_CONFIG_FILE
     if not path.is_file():
         return  # the export's own working directory, just compiled on this host

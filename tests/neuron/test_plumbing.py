@@ -180,3 +180,12 @@ def test_a_graph_whose_neff_is_not_in_the_artifact_fails_the_export_naming_it(ti
         torch._dynamo.reset()
     assert str(raised.value).startswith(f"compiling graph {specs[0].key} left no .neff in {tmp_path / 'w'}")
     assert len(compiler.compiled) == 1  # the export stopped at the first graph
+
+
+def test_an_export_on_a_host_without_neuron_cores_says_why_it_cannot_compile_there(stand_in_sdk, monkeypatch):
+    monkeypatch.setattr(neuron, "neuron_devices_present", lambda: False)  # the SDK installed on a CPU instance
+    with pytest.raises(ExportError) as raised:
+        neuron.NeuronBackend(NeuronConfig(**CONFIG, target="trn2")).check_can_compile()
+    message = str(raised.value)
+    assert message.startswith("an export with --backend neuron compiles on the device host, --instance-type or not")
+    assert "no CPU compile mode" in message and "no NeuronCore is visible on this host" in message
