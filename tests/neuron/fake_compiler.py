@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup
+from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, ProcessGroup
 
 from optimum_neuron_plugin.backends.neuron import CACHE_ENV
 
@@ -69,7 +69,9 @@ class FakeNeuronProcessGroup(ProcessGroup):
       (torch 2.13 distributed_c10d._new_process_group_helper: "If the type is a subclass of ProcessGroup then return
       this process group immediately");
     - the graphs' functional collectives (all_reduce, all_gather_into_tensor) work on it: TorchNeuron registers them
-      for the "neuron" device; here the graphs run on the cpu device, so they go to a gloo backend of the same ranks;
+      for the "neuron" device; here the graphs run on the cpu device, so they go to a gloo backend of the same ranks,
+      called from Python as ProcessGroupNeuron's are (torch's C++ fallback for a Python group would enqueue on gloo
+      holding the GIL, which deadlocks with gloo's worker thread releasing a finished work's tensors);
     - a host-side collective called on it (dist.broadcast of a sampled token) is refused: ProcessGroupNeuron has no
       host path (its broadcast runs as a device all-reduce, _device_types is [neuron])."""
 
@@ -87,6 +89,19 @@ class FakeNeuronProcessGroup(ProcessGroup):
     @property
     def group_name(self) -> str:
         return self._group_name
+
+    def allreduce(self, tensors, opts=None):
+        return self._device_collectives.allreduce(tensors, opts or AllreduceOptions())
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        # What the functional all_gather_into_tensor calls; gloo's Python binding has the one-pair form only.
+        works = [
+            self._device_collectives._allgather_base(o, i, opts or AllgatherOptions())
+            for o, i in zip(outputs, inputs, strict=True)
+        ]
+        for work in works[:-1]:
+            work.wait()
+        return works[-1]
 
     def broadcast(self, tensors, opts=None):
         raise RuntimeError(f"{HOST_TENSOR_REFUSED} (broadcast of a {tensors[0].device} tensor)")
