@@ -36,14 +36,32 @@ class Rank:
 
 
 def parse_cores(text: str) -> list[int]:
-    """NEURON_RT_VISIBLE_CORES syntax: comma-separated core ids and inclusive ranges, e.g. "0-3,8"."""
+    """NEURON_RT_VISIBLE_CORES: one core id or one inclusive range ("0-3"; "0,1,2,3" reads the same). The Neuron
+    runtime takes a single contiguous, increasing run of cores (runtime configuration guide), so a list with a gap
+    or out of order ("0-3,8") is refused with the value to write instead."""
     cores: list[int] = []
     for part in text.replace(" ", "").split(","):
         first, _, last = part.partition("-")
         if not first.isdigit() or (last and not last.isdigit()):
-            raise ValueError(f"NEURON_RT_VISIBLE_CORES={text!r} is not a core list: use ids and ranges, e.g. 0-3,8")
-        cores.extend(range(int(first), int(last or first) + 1))
+            raise ValueError(
+                f"NEURON_RT_VISIBLE_CORES={text!r} is not a core list: write one core or one range, e.g. 0-3"
+            )
+        low, high = int(first), int(last or first)
+        cores.extend(range(low, high + 1) if low <= high else (low, high))  # a falling range is refused below
+    if cores != list(range(cores[0], cores[0] + len(cores))):
+        raise ValueError(
+            f"NEURON_RT_VISIBLE_CORES={text!r} is not one contiguous, increasing range of cores, which is all the Neuron "
+            f"runtime accepts: write {_first_run(cores)} (and give other cores to another server)"
+        )
     return cores
+
+
+def _first_run(cores: list[int]) -> str:
+    """The contiguous increasing run that starts the list, as NEURON_RT_VISIBLE_CORES syntax."""
+    end = 1
+    while end < len(cores) and cores[end] == cores[end - 1] + 1:
+        end += 1
+    return str(cores[0]) if end == 1 else f"{cores[0]}-{cores[end - 1]}"
 
 
 def neuron_core(rank: Rank, visible: str | None = None) -> int:

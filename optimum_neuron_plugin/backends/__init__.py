@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+import torch.distributed as dist
 
 from ..config import NeuronConfig
 from ..graphs import DecoderGraph, GraphSpec
@@ -23,11 +24,31 @@ from ..graphs import DecoderGraph, GraphSpec
 Progress = Callable[[str], None]
 
 
+# Group name -> the gloo group for host tensors among that group's ranks, when the group itself is a device's
+# (TorchNeuron's "neuron" group carries device tensors only).
+_HOST_GROUPS: dict[str, dist.ProcessGroup] = {}
+
+
 def join_gloo_group(rank: int, world_size: int, init_method: str, timeout: timedelta) -> None:
     """The ranks' torch.distributed group when every collective runs on host tensors."""
-    import torch.distributed as dist
-
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
+    _HOST_GROUPS.pop(dist.group.WORLD.group_name, None)
+
+
+def join_device_group(backend: str, rank: int, world_size: int, init_method: str, timeout: timedelta) -> None:
+    """The ranks' group on a device's collective backend, and a gloo group beside it for host tensors.
+
+    One group cannot hold both ("cpu:gloo,neuron:neuron"): torch 2.13 makes a backend that is a ProcessGroup
+    subclass, as TorchNeuron's ProcessGroupNeuron is, the whole group (distributed_c10d._new_process_group_helper),
+    so host tensors would reach the device backend."""
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout)
+    _HOST_GROUPS[dist.group.WORLD.group_name] = dist.new_group(backend="gloo")
+
+
+def host_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
+    """Where host tensors of `group`'s ranks go (broadcasts of sampled tokens, barriers): the gloo group made beside
+    a device group (join_device_group), else the group itself."""
+    return _HOST_GROUPS.get(group.group_name, group)
 
 
 def neuron_devices_present() -> bool:

@@ -11,8 +11,10 @@
   artifact traces the graphs again (seconds) and finds every NEFF in that cache: `vllm serve` runs no
   neuronx-cc.
 - Compiling needs the device: TorchNeuron reads the compilation target from the Neuron runtime
-  (nrt_get_instance_info), and SDK 2.32's FAQ says compiling without Trainium hardware is not supported;
-  an export on a host without NeuronCores is refused at once.
+  (nrt_get_instance_info) with no override, and compiles graphs called on "neuron" tensors, which only exist on a
+  device host. NEURON_PLATFORM_TARGET_OVERRIDE (NKI) and VLLM_NEURON_CPU_COMPILE (vLLM Neuron, through its own
+  libtorch-neuronx-lite) do not reach torch-neuronx's backend. An export on a host without NeuronCores is refused
+  at once (NO_CPU_COMPILE says why).
 - Tensor parallelism (tp_degree N > 1): the graphs' functional collectives are compiled for a live process group,
   so the export runs N rank processes, one per NeuronCore (backends/neuron_ranks.py), each compiling every graph
   on its shard in lockstep; serving runs N vLLM workers the same way. TorchNeuron's cache keys do not depend on
@@ -38,7 +40,7 @@ from ..config import NEURON_CONFIG_FILE, NeuronConfig
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from ..placement import Rank, neuron_core
-from . import Progress, join_gloo_group, neuron_devices_present
+from . import Progress, join_device_group, join_gloo_group, neuron_devices_present
 
 logger = logging.getLogger(__name__)
 
@@ -46,11 +48,21 @@ GRAPH_DIR = "graphs"
 CACHE_DIR = "neuron-cache"  # under GRAPH_DIR
 # TorchNeuron's persistent NEFF cache directory (csrc/core/cache/PersistentCacheBackend.cpp).
 CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
+# TorchNeuron's optimisation level for torch.compile graphs when NEURON_COMPILER_OPT_LEVEL is unset.
+DEFAULT_OPT_LEVEL = "-O2"
 # distribution -> module
 COMPILE_PACKAGES = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc"}
 RUNTIME_PACKAGES = {"torch-neuronx": "torch_neuronx"}
-INSTALL = 'pip install ".[neuron]" on a Trn2/Trn3 host with Python 3.12+ (Neuron SDK 2.33+, see README "Neuron hosts")'
+INSTALL = (
+    'scripts/setup-neuron.sh (pip install ".[neuron]" from the Neuron pip repository) on a trn2/trn3 host with '
+    "Python 3.12+ (Neuron SDK 2.33, docs/neuron.md)"
+)
 WHERE = "run it on a trn2 or trn3 instance (Neuron SDK 2.33+), or use --backend cpu"
+NO_CPU_COMPILE = (
+    "an export with --backend neuron compiles on the device host, --instance-type or not (TorchNeuron takes the "
+    "compilation target from the Neuron runtime and has no CPU compile mode; NEURON_PLATFORM_TARGET_OVERRIDE and "
+    "VLLM_NEURON_CPU_COMPILE belong to NKI and vLLM Neuron): "
+)
 
 
 @dataclass(frozen=True)
@@ -73,7 +85,8 @@ class NeuronBackend:
     """`compiler` names the Dynamo backend (TorchNeuron registers "neuron") and `device` the torch device
     the weights and cache live on. `compiler_module`, when given, is imported before `compiler` is looked up, in
     this process and in every rank process of a tensor-parallel export: a module registering another Dynamo
-    backend under that name (the tests' stand-in compiler, which runs on device "cpu")."""
+    backend under that name (the tests' stand-in compiler, which runs on device "cpu"), and possibly the
+    torch.distributed backend named by `process_group` (the tests' stand-in for TorchNeuron's "neuron" group)."""
 
     name = "neuron"
     compiles_on_live_ranks = True  # TorchNeuron lowers collectives against the live group
@@ -84,33 +97,40 @@ class NeuronBackend:
         compiler: str = "neuron",
         device: str = "neuron",
         compiler_module: str | None = None,
+        process_group: str | None = None,
     ) -> None:
         self.neuron_config, self.compiler, self.device = neuron_config, compiler, device
         self.compiler_module = compiler_module
+        # The torch.distributed backend of the ranks' group: TorchNeuron's on the device, gloo on the cpu device.
+        self.process_group = process_group or ("neuron" if device == "neuron" else "gloo")
 
     def check_can_compile(self) -> None:
         if self.device == "neuron":
             _require(COMPILE_PACKAGES, ExportError)
-            _require_cores(ExportError, "an export with --backend neuron compiles on the device host: ")
+            _require_cores(ExportError, NO_CPU_COMPILE)
             if not dist.is_initialized():  # the exporting process; a rank process sees its one pinned core
                 _require_tp_cores(self.neuron_config.tp_degree)
+                if self.neuron_config.tp_degree == 1:  # compiles here, not on rank processes
+                    _pin_export_core()
             _check_target(self.neuron_config)
         self._require_compiler(ExportError)
 
     def init_process_group(self, rank: int, world_size: int, init_method: str, timeout: timedelta) -> None:
-        """Joins the tensor-parallel ranks, before the first use of the device: device tensors (the graphs'
-        collectives) go over TorchNeuron's native "neuron" backend, host tensors over gloo."""
-        if self.device != "neuron":
-            join_gloo_group(rank, world_size, init_method, timeout)
-            return
-        import torch_neuronx  # noqa: F401 - registers the "neuron" process group backend
+        """Joins the tensor-parallel ranks, before the first use of the device. The world is TorchNeuron's "neuron"
+        group, for the graphs' collectives on device tensors; host tensors go over a gloo group beside it
+        (backends.host_group). The cpu device (tests) joins `process_group`: gloo, or a stand-in for "neuron"."""
+        if self.device == "neuron":
+            import torch_neuronx  # noqa: F401 - registers the "neuron" process group backend
 
-        # The ranks of a group are the NeuronCores of one host (pin_cores chose this process's core): TorchNeuron
-        # takes its local rank from these instead of matching host addresses through the store.
-        os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = str(rank), str(world_size)
-        dist.init_process_group(
-            "cpu:gloo,neuron:neuron", init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
-        )
+            # The ranks of a group are the NeuronCores of one host (pin_cores chose this process's core): TorchNeuron
+            # takes its local rank from these instead of matching host addresses through the store.
+            os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = str(rank), str(world_size)
+        elif self.compiler_module:
+            importlib.import_module(self.compiler_module)  # may register a stand-in process group backend
+        if self.process_group == "gloo":
+            join_gloo_group(rank, world_size, init_method, timeout)
+        else:
+            join_device_group(self.process_group, rank, world_size, init_method, timeout)
 
     def graph_files(self, directory: Path, specs: list[GraphSpec]) -> list[Path]:
         """Each graph's manifest, then the cache files it lists (once the manifest exists)."""
@@ -154,6 +174,7 @@ class NeuronBackend:
             if peers.rank == 0:
                 added = _files_under(cache) - listed
                 listed |= added
+                _require_neff(spec, added, cache)
                 manifest = {"graph": spec.key, "cache_files": sorted(str(p.relative_to(cache.parent)) for p in added)}
                 (cache.parent / f"{spec.key}.neuron.json").write_text(json.dumps(manifest, indent=2) + "\n")
             peers.barrier()
@@ -176,6 +197,7 @@ class NeuronBackend:
             "neuronx_cc": _version("neuronx-cc"),
             "target": None,
             "logical_nc_config": os.environ.get("NEURON_LOGICAL_NC_CONFIG"),
+            **compile_options(),
         }
         if self.device == "neuron" and _installed("torch_neuronx"):
             from torch_neuronx.utils import get_logical_neuron_cores, get_platform_target
@@ -235,6 +257,17 @@ class NeuronGraphs:
         return tuple(x.cpu() for x in output) if isinstance(output, tuple) else output.cpu()
 
 
+def _require_neff(spec: GraphSpec, added: set[Path], cache: Path) -> None:
+    """A graph compiled but its NEFF is not in the artifact: vllm serve would compile it again, on the device host."""
+    if not any(path.suffix == ".neff" for path in added):
+        raise ExportError(
+            f"compiling graph {spec.key} left no .neff in {cache}: TorchNeuron's NEFF cache is elsewhere (it reads "
+            f"{CACHE_ENV} once per process, so it was created before this export set it; or "
+            "TORCH_NEURONX_NEFF_DISABLE_CACHE=1 is set). Export in a fresh process (optimum-cli export neuron) "
+            "without TORCH_NEURONX_NEFF_DISABLE_CACHE"
+        )
+
+
 @contextmanager
 def _dynamo_limit(entries: int):
     with torch._dynamo.config.patch(recompile_limit=max(entries, torch._dynamo.config.recompile_limit)):
@@ -287,18 +320,21 @@ def neuron_core_count() -> int:
     return torch_neuronx.device_count()
 
 
-def core_memory(index: int) -> int:
-    """Device memory of NeuronCore `index` in bytes, as torch-neuronx reports it."""
-    import torch_neuronx
-
-    return torch_neuronx.get_device_properties(index).total_memory
-
-
 def pin_cores(rank: Rank) -> None:
     """Gives this process the NeuronCore of `rank` only (placement.neuron_core: its place among the cores
     NEURON_RT_VISIBLE_CORES lists, else among all): the Neuron runtime otherwise claims every core it sees.
     Must run before the runtime starts (first device use)."""
     os.environ["NEURON_RT_VISIBLE_CORES"] = str(neuron_core(rank, os.environ.get("NEURON_RT_VISIBLE_CORES")))
+
+
+def _pin_export_core() -> None:
+    """A tensor-parallel-1 export compiles in its own process: it takes the first visible NeuronCore only, as every
+    rank does, instead of the runtime's default of every core of the instance (a server on other cores keeps them).
+    Only before this process starts the runtime: the runtime reads NEURON_RT_VISIBLE_CORES when it starts."""
+    import torch_neuronx
+
+    if not torch_neuronx.is_neuron_runtime_initialized():
+        pin_cores(Rank())
 
 
 def _require_cores(error: type[Exception], context: str) -> None:
@@ -327,8 +363,21 @@ def _check_target(neuron_config: NeuronConfig) -> None:
         )
 
 
+def compile_options() -> dict:
+    """The compiler options TorchNeuron puts in each NEFF's cache key besides the graph, target and LNC
+    (csrc/core/KernelExecution.cpp, CompileOnlyKernelExecution: "--model-type transformer --auto-cast=none" then
+    NEURON_CC_FLAGS; NEURON_COMPILER_OPT_LEVEL, default -O2 for torch.compile graphs). A serving process with other
+    values looks the graphs up under other keys and compiles them again."""
+    return {
+        "neuron_cc_flags": os.environ.get("NEURON_CC_FLAGS", "").strip(),
+        "opt_level": os.environ.get("NEURON_COMPILER_OPT_LEVEL") or DEFAULT_OPT_LEVEL,
+    }
+
+
 def _check_compiled_here(directory: Path, host: dict) -> None:
-    """Refuses NEFFs built for another target or by another compiler: they would be recompiled at serve time."""
+    """Refuses NEFFs built for another target or with other compiler options (TorchNeuron would look them up under
+    other cache keys and compile every graph again at serve time) or by another compiler (the versions are not in
+    the key: they would be loaded as they are)."""
     path = directory / NEURON_CONFIG_FILE
     if not path.is_file():
         return  # the export's own working directory, just compiled on this host
@@ -344,6 +393,13 @@ def _check_compiled_here(directory: Path, host: dict) -> None:
             raise ArtifactError(
                 f"{directory}: compiled with {what} {built.get(key)}, this host has {host.get(key)}; export the model "
                 "again on this host (optimum-cli export neuron --backend neuron)"
+            )
+    for key, variable in (("neuron_cc_flags", "NEURON_CC_FLAGS"), ("opt_level", "NEURON_COMPILER_OPT_LEVEL")):
+        if built.get(key) != host.get(key):
+            raise ArtifactError(
+                f"{directory}: compiled with {variable}={built.get(key)!r}, this process has {host.get(key)!r}: set "
+                f"{variable}={built.get(key)!r} for vllm serve (TorchNeuron looks the graphs up by these options), or "
+                "export the model again with this process's options"
             )
 
 

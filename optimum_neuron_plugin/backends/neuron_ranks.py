@@ -31,7 +31,7 @@ from ..models.args import ModelArgs
 from ..models.collectives import Collectives
 from ..models.kv_cache import empty_cache
 from ..placement import Rank
-from . import Progress
+from . import Progress, host_group
 from .neuron import NeuronBackend, Peers, pin_cores
 
 # A rank blocked this long in a collective or barrier fails (the parent then stops the others). It waits there
@@ -116,7 +116,7 @@ def _compile_rank(rank: int, job: RankJob, degree: int, messages) -> None:
     if backend.device == "neuron":
         pin_cores(Rank(tp_rank=rank, tp_size=degree))
     backend.init_process_group(rank, degree, job.init_method, RANK_TIMEOUT)
-    peers = Peers(rank, dist.new_group(backend="gloo"))
+    peers = Peers(rank, host_group(dist.group.WORLD))
     plan = sharding.plan_for(args, degree)
     shard = sharding.shard_params(torch.load(job.weights, mmap=True, weights_only=True), args, plan, rank)
     caches = empty_cache(

@@ -31,7 +31,7 @@ class CallRows:
     @classmethod
     def of(cls, cache: torch.Tensor, seq_ids: torch.Tensor, position_ids: torch.Tensor) -> CallRows:
         rows, kv_heads, length, _ = cache.shape
-        seq_ids = seq_ids.long()  # index_copy_ wants int64 indices
+        seq_ids = seq_ids.long()  # index_copy_ takes int64 indices only (torch checks it)
         heads = torch.arange(kv_heads, device=cache.device)
         flat_index = (seq_ids[:, None, None] * kv_heads + heads) * length + position_ids[:, :, None]
         return cls(seq_ids, flat_index.reshape(-1), seq_ids.shape[0] == rows)

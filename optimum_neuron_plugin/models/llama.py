@@ -91,7 +91,7 @@ def groups_logits(
     logits = linear(last, head).float()
     if cc.degree == 1:
         return logits
-    vocab_ids = params[VOCAB_OFFSET] + torch.arange(head.shape[0], device=logits.device)
+    vocab_ids = params[VOCAB_OFFSET] + torch.arange(head.shape[0], dtype=torch.int32, device=logits.device)
     return logits.masked_fill(vocab_ids >= args.vocab_size, MASK_FILL)
 
 
@@ -132,7 +132,7 @@ def _embed(params: Params, input_ids: torch.Tensor, cc: Collectives) -> torch.Te
     table = params["model.embed_tokens.weight"]
     if cc.degree == 1:
         return table[input_ids]
-    local = input_ids.long() - params[VOCAB_OFFSET]
+    local = input_ids - params[VOCAB_OFFSET]  # int32: an embedding lookup takes int32 indices
     mine = (local >= 0) & (local < table.shape[0])
     x = table[local.clamp(0, table.shape[0] - 1)] * mine[..., None].to(table.dtype)
     return cc.all_reduce(x)

@@ -21,7 +21,7 @@ MASK_FILL = -1e9
 
 def cache_mask(position_ids: torch.Tensor, bucket: int) -> torch.Tensor:
     """[n, T, L]: True where the query at position_ids[i, t] may attend cache position j (j <= position)."""
-    cache_positions = torch.arange(bucket, device=position_ids.device)
+    cache_positions = torch.arange(bucket, dtype=position_ids.dtype, device=position_ids.device)  # int32, as positions
     return cache_positions[None, None, :] <= position_ids[:, :, None]
 
 

@@ -49,7 +49,7 @@ def triangular_running_sum(k: int, device: torch.device) -> Callable[[torch.Tens
     """[n, k] -> running sums along k, as a matmul with a triangular matrix, not torch.cumsum (neuronx-cc has a
     history of cumsum failures): upper[i, j] = 1 where i <= j, so (p @ upper)[j] = p[0] + ... + p[j].
     The matrix is k x k, built once per call: fine for max_topk candidates, not for a whole vocabulary."""
-    ranks = torch.arange(k, device=device)[None, :]
+    ranks = torch.arange(k, dtype=torch.int32, device=device)[None, :]
     upper = (ranks >= ranks.T).float()
     return lambda probs: probs @ upper
 
@@ -58,7 +58,7 @@ def _sample_sorted(top_values, top_ids, params, uniform, running_sum) -> torch.T
     """Samples among candidates sorted by decreasing logit: values and ids [n, k]."""
     k = top_values.shape[-1]
     top_k, top_p, temperature = params[:, 0:1], params[:, 1:2], params[:, 2:3]
-    ranks = torch.arange(k, device=top_values.device)[None, :]
+    ranks = torch.arange(k, dtype=torch.int32, device=top_values.device)[None, :]
     scaled = (top_values / temperature).masked_fill(ranks >= top_k, MASK_FILL)
     probs = torch.softmax(scaled, dim=-1)
     # Keep a rank while the mass strictly before it is below top_p: rank 0 is always kept.

@@ -108,7 +108,7 @@ def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, plan: ShardPl
         else:  # norms and the o bias: replicated
             shard = tensor
         shards[name] = shard.contiguous().clone()
-    shards[VOCAB_OFFSET] = torch.tensor([rank * plan.local_vocab], dtype=torch.int64)
+    shards[VOCAB_OFFSET] = torch.tensor([rank * plan.local_vocab], dtype=torch.int32)  # added to int32 token ids
     return shards
 
 

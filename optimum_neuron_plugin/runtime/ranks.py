@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from ..backends import host_group
 from ..errors import ArtifactError, InputError
 from ..graphs import GraphSpec
 
@@ -23,9 +24,11 @@ def tp_group(degree: int) -> dist.ProcessGroup | None:
 
 
 def from_rank0(group: dist.ProcessGroup | None, tensor: torch.Tensor) -> torch.Tensor:
-    """Rank 0's value on every rank: host-drawn randomness (and what it sampled) must agree across ranks."""
+    """Rank 0's value on every rank: host-drawn randomness (and what it sampled) must agree across ranks. A host
+    tensor: it goes over the group's host group (gloo), not over a device's group such as TorchNeuron's."""
     if group is not None:
-        dist.broadcast(tensor, src=dist.get_global_rank(group, 0), group=group)
+        host = host_group(group)
+        dist.broadcast(tensor, src=dist.get_global_rank(host, 0), group=host)
     return tensor
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from ..backends.neuron import core_memory, neuron_core_count
+from ..backends.neuron import neuron_core_count
 from .options import backend_requested, serves_on_neuron
 
 if TYPE_CHECKING:
@@ -62,8 +62,10 @@ class NeuronPlatform(Platform):
 
     @classmethod
     def get_device_total_memory(cls, device_id: int = 0) -> int:
-        if serves_on_neuron() and neuron_core_count() > 0:
-            return core_memory(device_id)
+        """The host's memory, on Neuron too. vLLM asks in the API-server process (EngineArgs.get_batch_defaults),
+        which must never start the Neuron runtime: torch-neuronx's memory query starts it, and a started runtime
+        reserves every NeuronCore it sees, so the engine's workers would find their cores in use. vLLM uses the
+        figure for batch-size defaults only, which the artifact's shapes replace (engine_config.fit_to_artifact)."""
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
     @classmethod

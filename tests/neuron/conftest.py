@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from support.tiny_models import tiny_model
 from torch._dynamo.backends import registry
 
 from optimum_neuron_plugin import artifact
+from optimum_neuron_plugin.backends import neuron
 from optimum_neuron_plugin.backends.neuron import CACHE_ENV
 from optimum_neuron_plugin.config import NeuronConfig
 from optimum_neuron_plugin.graphs import DecoderGraph, graph_specs
@@ -18,8 +22,10 @@ from optimum_neuron_plugin.models.kv_cache import empty_cache
 from optimum_neuron_plugin.runtime.artifact_io import to_params as _to_params
 from tests.core.helpers import SEEDS, VOCAB
 from tests.neuron.fake_compiler import FakeNeuronCompiler
+from tests.neuron.stand_in.torch_neuronx import RUNTIME_LOG_ENV
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+STAND_IN = Path(__file__).parent / "stand_in"  # torch_neuronx and neuronxcc stand-ins
 
 
 @dataclass
@@ -65,3 +71,20 @@ def fake_neuron_compiler(monkeypatch):
     registry._COMPILER_FNS.pop("neuron", None)
     registry._BACKENDS.pop("neuron", None)
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def stand_in_sdk(monkeypatch, tmp_path) -> Path:
+    """A trn2 host as the plugin sees it, for one test: the stand-in torch_neuronx and neuronxcc importable, 8
+    NeuronCores present, NEURON_RT_VISIBLE_CORES unset. Yields the stand-in runtime's log (who started it)."""
+    if importlib.util.find_spec("torch_neuronx") is not None:
+        pytest.skip("torch-neuronx is installed: the stand-in would shadow it")
+    monkeypatch.syspath_prepend(str(STAND_IN))
+    monkeypatch.setattr(neuron, "neuron_devices_present", lambda: True)
+    log = tmp_path / "nrt.log"
+    monkeypatch.setenv(RUNTIME_LOG_ENV, str(log))
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "")  # restored after the test, whatever pin_cores writes
+    monkeypatch.delenv("NEURON_RT_VISIBLE_CORES")
+    yield log
+    for name in [m for m in sys.modules if m.split(".")[0] in ("torch_neuronx", "neuronxcc")]:
+        del sys.modules[name]

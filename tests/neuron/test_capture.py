@@ -4,6 +4,8 @@ records what it is given. fullgraph=True turns any graph break into an error."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch._dynamo.backends import registry
@@ -60,3 +62,12 @@ def test_every_graph_is_one_dynamo_graph(tiny_models, recorded, name, shape):
         code = recorded[-1].code
         assert "cumsum" not in code, f"{name} {spec.key} computes a cumsum"
         assert "index_copy_" in code, f"{name} {spec.key} does not write the KV cache in place"
+        assert int64_values(code) <= {"seq_ids", "heads"}, f"{name} {spec.key} builds int64 values"
+
+
+def int64_values(code: str) -> set[str]:
+    """The values a captured graph widens to int64 or builds as int64 (arange without a dtype), by name stem: int64 is
+    emulated on NeuronCores and TorchNeuron has no pass narrowing it. Only the KV scatter's index (seq ids, heads)
+    is allowed: index_copy_ takes int64 indices only. topk's indices are int64 by definition and not counted."""
+    made = re.findall(r"(\w+) = \w+\.long\(\)", code) + re.findall(r"(\w+) = torch\.arange\((?:(?!dtype)[^)])*\)", code)
+    return {re.sub(r"_\d+$", "", name) for name in made}

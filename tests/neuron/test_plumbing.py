@@ -10,11 +10,13 @@ import tempfile
 
 import pytest
 import torch
+from torch._dynamo.backends import registry
 
 from optimum_neuron_plugin import ArtifactError, ExportError, NeuronConfig, NeuronModelForCausalLM
 from optimum_neuron_plugin.backends import neuron
 from optimum_neuron_plugin.backends.cpu import CpuBackend
 from optimum_neuron_plugin.graphs import example_inputs, graph_specs
+from tests.neuron.fake_compiler import FakeNeuronCompiler
 
 CONFIG = dict(backend="neuron", batch_size=2, sequence_length=32, prefill_chunk_size=8, torch_dtype="bfloat16")
 NO_SDK = pytest.mark.skipif(neuron.neuron_core_count() > 0, reason="this host has NeuronCores and torch-neuronx")
@@ -106,6 +108,7 @@ def test_an_unregistered_compiler_is_named(tmp_path):
 
 def test_artifacts_built_for_another_target_or_compiler_are_refused(tmp_path):
     built = {"target": "trn3", "logical_nc_config": "2", "torch_neuronx": "2.13.3.0", "neuronx_cc": "2.23.1"}
+    built |= {"neuron_cc_flags": "", "opt_level": "-O2"}
     NeuronConfig(**CONFIG).save(tmp_path, compiler=built)
     host = {**built, "target": "trn2"}
     with pytest.raises(ArtifactError, match=r"compiled with target trn3, this host has trn2; export the model again"):
@@ -132,3 +135,57 @@ def test_a_graph_missing_from_the_artifact_cache_is_reported_at_load(
     )
     loaded(spec, *example_inputs(spec))
     assert f"graph {spec.key} was not in" in caplog.text and "export again" in caplog.text
+
+
+def test_serving_with_other_compiler_options_than_the_export_is_refused_with_what_to_set(
+    stand_in_sdk, tmp_path, monkeypatch
+):
+    """TorchNeuron's NEFF cache key holds NEURON_CC_FLAGS and the opt level: neuron_config.json records both."""
+    config = NeuronConfig(**CONFIG)
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--enable-mixed-precision-accumulation")
+    monkeypatch.delenv("NEURON_COMPILER_OPT_LEVEL", raising=False)
+    exported = neuron.NeuronBackend(config).versions()  # what the export records under "compiler"
+    assert (exported["neuron_cc_flags"], exported["opt_level"]) == ("--enable-mixed-precision-accumulation", "-O2")
+    config.save(tmp_path, compiler=exported)
+    monkeypatch.delenv("NEURON_CC_FLAGS")
+    with pytest.raises(ArtifactError) as raised:
+        neuron.NeuronBackend(config).load([], {}, [], tmp_path)
+    assert "compiled with NEURON_CC_FLAGS='--enable-mixed-precision-accumulation', this process has ''" in str(
+        raised.value
+    )
+    assert "set NEURON_CC_FLAGS='--enable-mixed-precision-accumulation' for vllm serve" in str(raised.value)
+    monkeypatch.setenv("NEURON_CC_FLAGS", "--enable-mixed-precision-accumulation")
+    monkeypatch.setenv("NEURON_COMPILER_OPT_LEVEL", "-O1")
+    with pytest.raises(ArtifactError, match="compiled with NEURON_COMPILER_OPT_LEVEL='-O2', this process has '-O1'"):
+        neuron.NeuronBackend(config).load([], {}, [], tmp_path)
+
+
+def test_a_graph_whose_neff_is_not_in_the_artifact_fails_the_export_naming_it(tiny_models, tmp_path, monkeypatch):
+    """TorchNeuron reads its NEFF cache directory once per process: a cache created before the export pointed it at
+    the artifact writes the NEFFs elsewhere, and the artifact would hold none."""
+    if "neuron" in torch._dynamo.list_backends(exclude_tags=()):
+        pytest.skip("torch-neuronx is installed: the real `neuron` Dynamo backend is registered")
+    monkeypatch.setenv(neuron.CACHE_ENV, "unset")
+    compiler = FakeNeuronCompiler(cache_dir=tmp_path / "cache-created-earlier")
+    torch._dynamo.register_backend(compiler, name="neuron")
+    try:
+        config = NeuronConfig(**CONFIG)
+        model, specs = tiny_models["llama"], graph_specs(config)
+        backend = neuron.NeuronBackend(config, device="cpu")
+        with pytest.raises(ExportError) as raised:
+            backend.compile(model.graphs(config), model.params(config), model.caches(config), tmp_path / "w", print)
+    finally:
+        registry._COMPILER_FNS.pop("neuron", None)
+        registry._BACKENDS.pop("neuron", None)
+        torch._dynamo.reset()
+    assert str(raised.value).startswith(f"compiling graph {specs[0].key} left no .neff in {tmp_path / 'w'}")
+    assert len(compiler.compiled) == 1  # the export stopped at the first graph
+
+
+def test_an_export_on_a_host_without_neuron_cores_says_why_it_cannot_compile_there(stand_in_sdk, monkeypatch):
+    monkeypatch.setattr(neuron, "neuron_devices_present", lambda: False)  # the SDK installed on a CPU instance
+    with pytest.raises(ExportError) as raised:
+        neuron.NeuronBackend(NeuronConfig(**CONFIG, target="trn2")).check_can_compile()
+    message = str(raised.value)
+    assert message.startswith("an export with --backend neuron compiles on the device host, --instance-type or not")
+    assert "no CPU compile mode" in message and "no NeuronCore is visible on this host" in message

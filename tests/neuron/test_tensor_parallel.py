@@ -4,17 +4,24 @@ The export of a tiny Llama (4 query heads, 2 KV heads) at tp 2 starts 2 rank pro
 for the live process group (gloo here; TorchNeuron's "neuron" group on a device) into the artifact's one cache, and
 the manifests list every file. The artifact then loads in 2 processes, finds every graph in that cache and
 generates tp 1's and HF's greedy tokens. A rank failing to compile ends the export with one line naming the rank.
+
+The export's ranks, and the loading ranks that join their group through the backend, form the group as on a device:
+a stand-in for TorchNeuron's "neuron" process group (FakeNeuronProcessGroup: it replaces the whole group and refuses
+host tensors), with host tensors (barriers, the sampling draws every rank must share) on a gloo group beside it.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from support.references import hf_greedy, runtime_greedy
 from support.tensor_parallel import run_ranks
 from support.tiny_models import save_tiny, tiny_model
@@ -23,13 +30,25 @@ from optimum_neuron_plugin import ExportError, NeuronConfig, NeuronModelForCausa
 from optimum_neuron_plugin.backends.neuron import CACHE_DIR, CACHE_ENV, NeuronBackend
 from optimum_neuron_plugin.graphs import graph_specs
 from tests.core.helpers import SEEDS, VOCAB, prompt
-from tests.neuron.fake_compiler import FAILS_ON_RANK_1, FAILURE, FAKE, LOG_ENV, MODULE, read_log
+from tests.neuron.fake_compiler import (
+    FAILS_ON_RANK_1,
+    FAILURE,
+    FAKE,
+    FAKE_PROCESS_GROUP,
+    HOST_TENSOR_REFUSED,
+    LOG_ENV,
+    MODULE,
+    FakeNeuronProcessGroup,
+    read_log,
+)
 
 TP = 2
 SHAPE = dict(backend="neuron", batch_size=2, sequence_length=32, prefill_chunk_size=8, context_buckets=(16, 32))
 PROMPT = prompt(13, seed=3)  # 2 chunks; decoding crosses from bucket 16 to bucket 32
 NEW_TOKENS = 10
-FAKE_BACKEND = partial(NeuronBackend, compiler=FAKE, device="cpu", compiler_module=MODULE)
+FAKE_BACKEND = partial(
+    NeuronBackend, compiler=FAKE, device="cpu", compiler_module=MODULE, process_group=FAKE_PROCESS_GROUP
+)
 
 
 def export(source: Path, output: Path, tp_degree: int, make_backend=FAKE_BACKEND) -> Path:
@@ -42,6 +61,19 @@ def greedy_worker(rank: int, artifact: Path, out: Path) -> None:
     model = NeuronModelForCausalLM.from_pretrained(artifact, make_backend=FAKE_BACKEND)
     model.warm_up()  # every graph once: each must be found in the artifact's cache
     torch.save(runtime_greedy(model, PROMPT, NEW_TOKENS), out / f"rank{rank}.pt")
+
+
+def greedy_in_the_backends_group(rank: int, artifact: Path, out: Path) -> None:
+    """A serving rank as vLLM's worker starts it: the backend joins the ranks' group, then the artifact loads."""
+    torch.set_num_threads(1)
+    backend = FAKE_BACKEND(NeuronConfig(**SHAPE, tp_degree=TP))
+    backend.init_process_group(rank, TP, f"file://{out}/rendezvous", timedelta(minutes=15))  # a loaded host
+    try:
+        assert isinstance(dist.group.WORLD, FakeNeuronProcessGroup)
+        model = NeuronModelForCausalLM.from_pretrained(artifact, make_backend=FAKE_BACKEND)
+        torch.save(runtime_greedy(model, PROMPT, NEW_TOKENS), out / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +141,22 @@ def test_a_rank_failing_to_compile_fails_the_export_with_one_line_naming_it(sour
     )
     assert FAILURE in message
     assert not multiprocessing.active_children()  # rank 0, blocked in the graph's collective, was stopped
+
+
+def test_ranks_in_a_neuron_process_group_share_host_tensors_over_gloo(run, tmp_path):
+    """The runtime broadcasts rank 0's sampling draws to every rank: over the gloo group beside the Neuron group."""
+    mp.spawn(greedy_in_the_backends_group, args=(run["artifact"], tmp_path), nprocs=TP, join=True)
+    assert [torch.load(tmp_path / f"rank{r}.pt") for r in range(TP)] == [run["tp1"]] * TP
+
+
+def test_the_stand_in_neuron_group_replaces_the_whole_group_as_torch_makes_it(tmp_path):
+    """Why the world is not "cpu:gloo,neuron:neuron": the gloo half is dropped (the stand-in takes the "meta" slot)."""
+    dist.init_process_group(
+        f"cpu:gloo,meta:{FAKE_PROCESS_GROUP}", init_method=f"file://{tmp_path}/r", rank=0, world_size=1
+    )
+    try:
+        assert isinstance(dist.group.WORLD, FakeNeuronProcessGroup)
+        with pytest.raises(RuntimeError, match=HOST_TENSOR_REFUSED):
+            dist.broadcast(torch.zeros(1), src=0)
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,1 @@
+"""A stand-in for the neuronx-cc package: present, so the plugin's package checks pass."""

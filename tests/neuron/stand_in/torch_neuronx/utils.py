@@ -1,0 +1,11 @@
+"""torch_neuronx.utils of the stand-in: the target and LNC queries (instance info, no runtime start)."""
+
+import os
+
+
+def get_platform_target() -> str:
+    return "trn2"
+
+
+def get_logical_neuron_cores() -> str:
+    return os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2")
