@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",
+)
 
 
 _BY_MODEL_TYPE = {
@@ -12,7 +18,10 @@ _BY_MODEL_TYPE = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
+SLIDING, FULL = "sliding_attention", "full_attention"
+_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 class UnsupportedModelError(ValueError):
@@ -40,6 +49,29 @@ class ModelArgs:
     qk_norm: bool = False
     sliding_window: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    # Per-layer attention kind (SLIDING or FULL); empty: every layer slides when sliding_window is set.
+    layer_types: tuple[str, ...] = ()
+    sliding_rope_theta: float | None = None  # the sliding layers' own rope base (Gemma 3's rope_local_base_freq)
+    hidden_act: str = "silu"
+    norm_offset: float = 0.0  # RMSNorm scales by (offset + w), in fp32 (Gemma: 1)
+    embed_scale: float = 1.0  # the embedding lookup is multiplied by it (Gemma: sqrt(hidden_size))
+    attention_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
+    sandwich_norms: bool = False  # norms after attention and the MLP too (Gemma: pre/post feedforward norms)
+    final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether layer `layer` attends only the last sliding_window positions."""
+        if not self.sliding_window:
+            return False
+        return self.layer_types[layer] == SLIDING if self.layer_types else True
+
+    @property
+    def has_sliding_layers(self) -> bool:
+        return any(self.is_sliding(i) for i in range(self.num_hidden_layers))
+
+    @property
+    def every_layer_slides(self) -> bool:
+        return all(self.is_sliding(i) for i in range(self.num_hidden_layers))
 
     @classmethod
     def from_hf_config(cls, config: dict) -> ModelArgs:
@@ -50,6 +82,7 @@ class ModelArgs:
             )
         heads = config["num_attention_heads"]
         is_qwen2 = architecture == "Qwen2ForCausalLM"
+        family = _gemma3(config) if architecture == "Gemma3ForCausalLM" else {}
         return cls(
             architecture=architecture,
             vocab_size=config["vocab_size"],
@@ -62,35 +95,70 @@ class ModelArgs:
             max_position_embeddings=config["max_position_embeddings"],
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=_rope_theta(config),
-            rope_scaling=_rope_scaling(config),
+            rope_scaling=_rope_scaling(_rope_params(config)),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qkv_bias=is_qwen2 or bool(config.get("attention_bias", False)),
             o_bias=not is_qwen2 and bool(config.get("attention_bias", False)),
             mlp_bias=bool(config.get("mlp_bias", False)),
-            qk_norm=architecture == "Qwen3ForCausalLM",
+            qk_norm=architecture in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
             sliding_window=_sliding_window(config),
             eos_token_ids=_as_list(config.get("eos_token_id")),
+            **family,
         )
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def _gemma3(config: dict) -> dict:
+    if config.get("attn_logit_softcapping"):
+        raise UnsupportedModelError("attention logit softcapping is not supported (Gemma 3 models do not use it)")
+    if config.get("use_bidirectional_attention"):
+        raise UnsupportedModelError("bidirectional attention is not supported: only causal language models are")
+    hidden_act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    if hidden_act not in _ACTIVATIONS:
+        raise UnsupportedModelError(f"activation {hidden_act!r} is not supported; supported: {', '.join(_ACTIVATIONS)}")
+    sliding = _rope_params(config, SLIDING)
+    if _rope_scaling(sliding):
+        raise UnsupportedModelError("rope scaling on the sliding-window layers is not supported (only on full layers)")
+    return dict(
+        layer_types=tuple(config["layer_types"]),
+        sliding_rope_theta=float(sliding.get("rope_theta") or config.get("rope_local_base_freq") or 10000.0),
+        hidden_act=hidden_act,
+        norm_offset=1.0,
+        embed_scale=config["hidden_size"] ** 0.5,
+        attention_scale=config["query_pre_attn_scalar"] ** -0.5,
+        sandwich_norms=True,
+        final_logit_softcapping=config.get("final_logit_softcapping") or None,
+    )
+
+
+def _rope_params(config: dict, layer_type: str = FULL) -> dict:
+    """The rope parameters of one kind of layer: HF's per-layer-type dict (Gemma 3) or the model-wide one."""
+    params = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if isinstance(params.get(layer_type), dict) or layer_type in params:
+        return params.get(layer_type) or {}
+    return params
+
+
 def _rope_theta(config: dict) -> float:
-    params = config.get("rope_parameters") or {}
+    params = _rope_params(config)
     return float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
 
 
-def _rope_scaling(config: dict) -> dict | None:
-    scaling = config.get("rope_scaling") or config.get("rope_parameters") or None
+_ROPE_SCALINGS = ("default", "llama3", "linear")
+
+
+def _rope_scaling(scaling: dict) -> dict | None:
+    """The rope parameters when they rescale the frequencies, None for the default rope."""
     if not scaling:
         return None
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
     if kind == "default":
         return None
-    if kind != "llama3":
-        raise UnsupportedModelError(f"rope scaling {kind!r} is not supported; supported: default, llama3")
-    return dict(scaling)
+    if kind not in _ROPE_SCALINGS:
+        raise UnsupportedModelError(f"rope scaling {kind!r} is not supported; supported: {', '.join(_ROPE_SCALINGS)}")
+    return dict(scaling, rope_type=kind)
 
 
 def _sliding_window(config: dict) -> int | None:

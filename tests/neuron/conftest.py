@@ -19,7 +19,7 @@ from optimum_neuron_plugin.runtime import _to_params
 from tests.core.helpers import SEEDS, VOCAB
 from tests.neuron.fake_compiler import FakeNeuronCompiler
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 
 
 @dataclass
