@@ -10,6 +10,9 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Gemma3ForCausalLM",
+    "GraniteForCausalLM",
+    "Phi3ForCausalLM",
+    "SmolLM3ForCausalLM",
 )
 
 
@@ -19,6 +22,9 @@ _BY_MODEL_TYPE = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "granite": "GraniteForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
 }
 SLIDING, FULL = "sliding_attention", "full_attention"
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -58,12 +64,18 @@ class ModelArgs:
     attention_scale: float | None = None  # softmax scale; None: head_dim ** -0.5
     sandwich_norms: bool = False  # norms after attention and the MLP too (Gemma: pre/post feedforward norms)
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
+    residual_multiplier: float = 1.0  # each block's output is scaled before the residual add (Granite)
+    logits_scaling: float = 1.0  # logits are divided by it (Granite)
+    rope_layers: tuple[bool, ...] = ()  # per layer, whether it rotates q/k (SmolLM3: no rope on every 4th); empty: all
 
     def is_sliding(self, layer: int) -> bool:
         """Whether layer `layer` attends only the last sliding_window positions."""
         if not self.sliding_window:
             return False
         return self.layer_types[layer] == SLIDING if self.layer_types else True
+
+    def uses_rope(self, layer: int) -> bool:
+        return self.rope_layers[layer] if self.rope_layers else True
 
     @property
     def has_sliding_layers(self) -> bool:
@@ -82,7 +94,7 @@ class ModelArgs:
             )
         heads = config["num_attention_heads"]
         is_qwen2 = architecture == "Qwen2ForCausalLM"
-        family = _gemma3(config) if architecture == "Gemma3ForCausalLM" else {}
+        family = _FAMILIES[architecture](config) if architecture in _FAMILIES else {}
         return cls(
             architecture=architecture,
             vocab_size=config["vocab_size"],
@@ -103,6 +115,7 @@ class ModelArgs:
             qk_norm=architecture in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
             sliding_window=_sliding_window(config),
             eos_token_ids=_as_list(config.get("eos_token_id")),
+            layer_types=tuple(config.get("layer_types") or ()),
             **family,
         )
 
@@ -122,7 +135,6 @@ def _gemma3(config: dict) -> dict:
     if _rope_scaling(sliding):
         raise UnsupportedModelError("rope scaling on the sliding-window layers is not supported (only on full layers)")
     return dict(
-        layer_types=tuple(config["layer_types"]),
         sliding_rope_theta=float(sliding.get("rope_theta") or config.get("rope_local_base_freq") or 10000.0),
         hidden_act=hidden_act,
         norm_offset=1.0,
@@ -131,6 +143,35 @@ def _gemma3(config: dict) -> dict:
         sandwich_norms=True,
         final_logit_softcapping=config.get("final_logit_softcapping") or None,
     )
+
+
+def _granite(config: dict) -> dict:
+    return dict(
+        embed_scale=float(config.get("embedding_multiplier", 1.0)),
+        attention_scale=float(config["attention_multiplier"]),
+        residual_multiplier=float(config.get("residual_multiplier", 1.0)),
+        logits_scaling=float(config.get("logits_scaling", 1.0)),
+    )
+
+
+def _phi3(config: dict) -> dict:
+    """Phi-3's fused qkv_proj and gate_up_proj are split on load (models/checkpoint.py): the decoder is Llama's."""
+    rope = _rope_params(config)
+    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise UnsupportedModelError("a partial rotary factor is not supported (rope on every head dimension only)")
+    return {}
+
+
+def _smollm3(config: dict) -> dict:
+    return dict(rope_layers=tuple(bool(x) for x in config.get("no_rope_layers") or ()))
+
+
+_FAMILIES = {
+    "Gemma3ForCausalLM": _gemma3,
+    "GraniteForCausalLM": _granite,
+    "Phi3ForCausalLM": _phi3,
+    "SmolLM3ForCausalLM": _smollm3,
+}
 
 
 def _rope_params(config: dict, layer_type: str = FULL) -> dict:

@@ -1,8 +1,9 @@
-"""The decoder of every supported family (Llama, Mistral, Qwen2, Qwen3, Gemma 3) as static-shape tensor code.
+"""The decoder of every supported family (models.args.SUPPORTED_ARCHITECTURES) as static-shape tensor code.
 
 One decoder, parametrized by ModelArgs: what differs between families (sliding-window layers with their own rope
-base, Gemma's (1 + w) norms and sandwich norms, scaled embeddings, attention scale, activation, logit softcapping)
-is a field of ModelArgs, not a copy of this code.
+base, Gemma's (1 + w) norms and sandwich norms, scaled embeddings, attention scale, activation, logit softcapping,
+Granite's residual and logits scaling, SmolLM3's layers without rope) is a field of ModelArgs, not a copy of this
+code. Checkpoints with fused projections (Phi-3) are split on load (models/checkpoint.py).
 
 Weights are a flat dict named like the Hugging Face checkpoint, passed to every graph call
 as inputs: compiled programs hold no weights, the artifact stores them once.
@@ -98,18 +99,21 @@ def groups_logits(
         p = f"model.layers.{i}."
         sliding = args.is_sliding(i)
         h = norm(x, p + "input_layernorm.weight")
-        h = _attention(args, params, p, h, rope[sliding], caches[2 * i], caches[2 * i + 1], calls, sliding, cc)
-        x = x + (norm(h, p + "post_attention_layernorm.weight") if args.sandwich_norms else h)
+        layer_rope = rope[sliding] if args.uses_rope(i) else None
+        h = _attention(args, params, p, h, layer_rope, caches[2 * i], caches[2 * i + 1], calls, sliding, cc)
+        x = x + _residual(args, norm(h, p + "post_attention_layernorm.weight") if args.sandwich_norms else h)
         h = norm(
             x, p + ("pre_feedforward_layernorm.weight" if args.sandwich_norms else "post_attention_layernorm.weight")
         )
         h = cc.all_reduce(
             mlp(h, *(params[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down")), args.hidden_act)
         )
-        x = x + (norm(h, p + "post_feedforward_layernorm.weight") if args.sandwich_norms else h)
+        x = x + _residual(args, norm(h, p + "post_feedforward_layernorm.weight") if args.sandwich_norms else h)
     last = norm(_last_columns(x[0], groups), "model.norm.weight")
     head = params["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"]
     logits = linear(last, head).float()
+    if args.logits_scaling != 1.0:
+        logits = logits / args.logits_scaling
     if args.final_logit_softcapping:
         cap = args.final_logit_softcapping
         logits = torch.tanh(logits / cap) * cap
@@ -117,6 +121,10 @@ def groups_logits(
         return logits
     vocab_ids = params[VOCAB_OFFSET] + torch.arange(head.shape[0], device=logits.device)
     return logits.masked_fill(vocab_ids >= args.vocab_size, MASK_FILL)
+
+
+def _residual(args: ModelArgs, h: torch.Tensor) -> torch.Tensor:
+    return h if args.residual_multiplier == 1.0 else h * args.residual_multiplier
 
 
 def _last_columns(x: torch.Tensor, groups: list[Rows]) -> torch.Tensor:
@@ -193,7 +201,8 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
     if args.qk_norm:
         q = rms_norm(q, params[a + "q_norm.weight"], args.rms_norm_eps, args.norm_offset)
         k = rms_norm(k, params[a + "k_norm.weight"], args.rms_norm_eps, args.norm_offset)
-    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     outs, start = [], 0
     for call in calls:
         n, t = call.shape
