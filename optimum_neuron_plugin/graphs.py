@@ -91,10 +91,13 @@ class DecoderGraph(nn.Module):
         super().__init__()
         self.args, self.spec, self.max_topk, self.cc = args, spec, max_topk, cc
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=True)
+        self.register_buffer("sliding_inv_freq", rope_inv_freq(args, sliding=True), persistent=True)
 
     def forward(self, params, caches, *inputs):
         groups = [inputs[0:3], inputs[3:6]] if self.spec.chunk else [inputs[0:3]]
-        logits = groups_logits(self.args, params, caches, self.inv_freq, groups, self.spec.bucket, self.cc)
+        logits = groups_logits(
+            self.args, params, caches, self.inv_freq, groups, self.spec.bucket, self.cc, self.sliding_inv_freq
+        )
         if not self.spec.samples:
             return self._whole(logits)
         sampling_params, uniform = inputs[3 * len(groups) :]

@@ -9,6 +9,11 @@ import torch
 
 from .errors import ExportError
 from .models.args import ModelArgs, UnsupportedModelError
+from .models.checkpoint import decoder_weights
+
+# Families whose prompts must start with <bos>: without it they degenerate (Gemma repeats one word). Their own
+# tokenizers add it; the one transformers builds from a GGUF does not.
+_NEEDS_BOS = ("Gemma3ForCausalLM",)
 
 
 @dataclass
@@ -60,16 +65,29 @@ def load_source(model: str | Path) -> Source:
         hf_model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
     except Exception as error:  # noqa: BLE001 - truncated safetensors, corrupt GGUF tensors, ...
         raise ExportError(f"cannot load the weights of {model}: {_first_line(error)}") from None
-    state_dict = {k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}
+    state_dict = decoder_weights({k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}, args)
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
     except (OSError, ValueError, TypeError):
         tokenizer = None
+    if tokenizer is not None and args.architecture in _NEEDS_BOS:
+        _add_bos(tokenizer, model)
     try:
         generation_config = GenerationConfig.from_pretrained(location, **kwargs)
     except (OSError, ValueError, TypeError):
         generation_config = None
     return Source(hf_model.config.to_dict(), args, state_dict, tokenizer, generation_config)
+
+
+def _add_bos(tokenizer, model: str | Path) -> None:
+    """Makes the tokenizer prepend <bos> to every prompt (the exported tokenizer.json keeps it)."""
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        raise ExportError(f"model {model}: its tokenizer has no <bos> token, which this architecture needs")
+    if tokenizer("a")["input_ids"][:1] != [bos]:
+        tokenizer.add_bos_token = True
+    if tokenizer("a")["input_ids"][:1] != [bos]:
+        raise ExportError(f"model {model}: cannot make its tokenizer ({type(tokenizer).__name__}) add <bos>")
 
 
 def _first_line(error: BaseException) -> str:

@@ -51,6 +51,22 @@ def read(cache: torch.Tensor, seq_ids: torch.Tensor, bucket: int) -> torch.Tenso
     return cache[:, :, :bucket].index_select(0, seq_ids)
 
 
+def window_index(cache: torch.Tensor, seq_ids: torch.Tensor, starts: torch.Tensor, span: int) -> torch.Tensor:
+    """The flat cache rows of positions [starts[i], starts[i] + span) of rows seq_ids[i], every head:
+    [n * kv_heads * span], in the order read_window returns them."""
+    _, kv_heads, length, _ = cache.shape
+    heads = torch.arange(kv_heads, device=cache.device)[None, :, None]
+    positions = starts[:, None, None] + torch.arange(span, device=cache.device)
+    return ((seq_ids.long()[:, None, None] * kv_heads + heads) * length + positions).reshape(-1)
+
+
+def read_window(cache: torch.Tensor, index: torch.Tensor, span: int) -> torch.Tensor:
+    """A sliding-window layer's read (window_index): [n, kv_heads, span, head_dim], span positions per row
+    whatever the context bucket."""
+    _, kv_heads, _, head_dim = cache.shape
+    return cache.view(-1, head_dim).index_select(0, index).view(-1, kv_heads, span, head_dim)
+
+
 def all_rows(cache: torch.Tensor, bucket: int) -> torch.Tensor:
     """Positions [0, bucket) of every row, in slot order: a view, nothing is copied."""
     return cache[:, :, :bucket]

@@ -10,10 +10,15 @@ import torch.nn.functional as F
 from .args import ModelArgs
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """Llama's RMSNorm (weight * normalised x, cast first); with an offset, Gemma's: (offset + weight) * x in fp32,
+    then cast."""
     # Casts only where the dtype changes: an fp32 graph would otherwise hold two no-op casts per norm.
     x32 = x if x.dtype == torch.float32 else x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if offset:
+        scaled = x32 * (offset + (weight if weight.dtype == torch.float32 else weight.float()))
+        return scaled if x.dtype == torch.float32 else scaled.to(x.dtype)
     return weight * (x32 if x.dtype == torch.float32 else x32.to(x.dtype))
 
 
@@ -21,13 +26,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+def mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act: str = "silu") -> torch.Tensor:
+    return F.linear(activation(F.linear(x, gate), act) * F.linear(x, up), down)
 
 
-def rope_inv_freq(args: ModelArgs) -> torch.Tensor:
+def activation(x: torch.Tensor, act: str) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh") if act == "gelu_pytorch_tanh" else F.silu(x)
+
+
+def rope_inv_freq(args: ModelArgs, sliding: bool = False) -> torch.Tensor:
+    """The rotary frequencies of the full-attention layers, or of the sliding ones (their own base, unscaled)."""
     dim = args.head_dim
-    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    theta = args.sliding_rope_theta if sliding and args.sliding_rope_theta else args.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    if sliding and args.sliding_rope_theta:
+        return inv_freq
+    if args.rope_scaling and args.rope_scaling["rope_type"] == "linear":
+        return inv_freq / args.rope_scaling["factor"]
     if args.rope_scaling:
         inv_freq = _llama3_scaled(inv_freq, args.rope_scaling)
     return inv_freq

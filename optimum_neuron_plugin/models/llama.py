@@ -1,4 +1,9 @@
-"""The Llama family (Llama, Mistral, Qwen2, Qwen3) as a static-shape decoder.
+"""The decoder of every supported family (models.args.SUPPORTED_ARCHITECTURES) as static-shape tensor code.
+
+One decoder, parametrized by ModelArgs: what differs between families (sliding-window layers with their own rope
+base, Gemma's (1 + w) norms and sandwich norms, scaled embeddings, attention scale, activation, logit softcapping,
+Granite's residual and logits scaling, SmolLM3's layers without rope) is a field of ModelArgs, not a copy of this
+code. Checkpoints with fused projections (Phi-3) are split on load (models/checkpoint.py).
 
 Weights are a flat dict named like the Hugging Face checkpoint, passed to every graph call
 as inputs: compiled programs hold no weights, the artifact stores them once.
@@ -14,7 +19,7 @@ from . import kv_cache, masks
 from .args import ModelArgs
 from .attention import attend, to_slots
 from .collectives import SINGLE, Collectives
-from .layers import apply_rope, linear, mlp, rms_norm, rope_cos_sin
+from .layers import apply_rope, linear, mlp, rms_norm, rope_cos_sin, rope_inv_freq
 from .masks import MASK_FILL
 from .sharding import VOCAB_OFFSET
 
@@ -28,6 +33,8 @@ def weight_names(args: ModelArgs) -> list[str]:
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        if args.sandwich_norms:
+            names += [p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"]
         names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
         names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
         if args.qkv_bias:
@@ -70,29 +77,54 @@ def groups_logits(
     groups: list[Rows],
     bucket: int,
     cc: Collectives = SINGLE,
+    sliding_inv_freq: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """decoder_logits of several row groups in one pass over the weights, e.g. a prompt chunk [1, C] and a decode
     batch [B, 1] (chunk_and_decode): the linears and the MLP run on every group's tokens at once, attention per
-    group. The groups must use distinct cache rows. Returns the logits of each group's rows, in group order."""
-    x = _cat([_embed(params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
+    group. The groups must use distinct cache rows. Returns the logits of each group's rows, in group order.
+
+    Sliding-window layers rotate with `sliding_inv_freq` when the model gives them their own rope base."""
+    x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
     positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
-    cos, sin = rope_cos_sin(positions, inv_freq, x.dtype)
-    kv_groups = args.num_attention_heads // args.num_key_value_heads
-    calls = [_AttentionCall.of(caches[0], pos, seq, bucket, kv_groups, x.dtype) for _, pos, seq in groups]
+    rope = {False: rope_cos_sin(positions, inv_freq, x.dtype)}
+    if args.has_sliding_layers:
+        local = rope_inv_freq(args, sliding=True) if sliding_inv_freq is None else sliding_inv_freq
+        rope[True] = rope_cos_sin(positions, local, x.dtype) if args.sliding_rope_theta else rope[False]
+    calls = [_AttentionCall.of(args, caches[0], pos, seq, bucket, x.dtype) for _, pos, seq in groups]
+
+    def norm(h: torch.Tensor, name: str) -> torch.Tensor:
+        return rms_norm(h, params[name], args.rms_norm_eps, args.norm_offset)
+
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."
-        h = rms_norm(x, params[p + "input_layernorm.weight"], args.rms_norm_eps)
-        h = _attention(args, params, p, h, cos, sin, caches[2 * i], caches[2 * i + 1], calls, cc)
-        x = x + h
-        h = rms_norm(x, params[p + "post_attention_layernorm.weight"], args.rms_norm_eps)
-        x = x + cc.all_reduce(mlp(h, *(params[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))))
-    last = rms_norm(_last_columns(x[0], groups), params["model.norm.weight"], args.rms_norm_eps)
+        sliding = args.is_sliding(i)
+        h = norm(x, p + "input_layernorm.weight")
+        layer_rope = rope[sliding] if args.uses_rope(i) else None
+        h = _attention(args, params, p, h, layer_rope, caches[2 * i], caches[2 * i + 1], calls, sliding, cc)
+        x = x + _residual(args, norm(h, p + "post_attention_layernorm.weight") if args.sandwich_norms else h)
+        h = norm(
+            x, p + ("pre_feedforward_layernorm.weight" if args.sandwich_norms else "post_attention_layernorm.weight")
+        )
+        h = cc.all_reduce(
+            mlp(h, *(params[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down")), args.hidden_act)
+        )
+        x = x + _residual(args, norm(h, p + "post_feedforward_layernorm.weight") if args.sandwich_norms else h)
+    last = norm(_last_columns(x[0], groups), "model.norm.weight")
     head = params["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"]
     logits = linear(last, head).float()
+    if args.logits_scaling != 1.0:
+        logits = logits / args.logits_scaling
+    if args.final_logit_softcapping:
+        cap = args.final_logit_softcapping
+        logits = torch.tanh(logits / cap) * cap
     if cc.degree == 1:
         return logits
     vocab_ids = params[VOCAB_OFFSET] + torch.arange(head.shape[0], dtype=torch.int32, device=logits.device)
     return logits.masked_fill(vocab_ids >= args.vocab_size, MASK_FILL)
+
+
+def _residual(args: ModelArgs, h: torch.Tensor) -> torch.Tensor:
+    return h if args.residual_multiplier == 1.0 else h * args.residual_multiplier
 
 
 def _last_columns(x: torch.Tensor, groups: list[Rows]) -> torch.Tensor:
@@ -112,33 +144,51 @@ def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class _AttentionCall:
-    """One row group's cache rows and attention bias, computed once per call and shared by every layer."""
+    """One row group's cache rows and attention biases, computed once per call and shared by every layer."""
 
     rows: kv_cache.CallRows
-    bias: torch.Tensor
+    bias: torch.Tensor  # full-attention layers: cache positions [0, bucket)
     shape: tuple[int, int]  # (n, T)
+    sliding_bias: torch.Tensor | None = None  # sliding-window layers: the positions they read
+    window: torch.Tensor | None = None  # their read (kv_cache.window_index) when shorter than the bucket
 
     @classmethod
-    def of(cls, cache, position_ids, seq_ids, bucket, kv_groups, dtype) -> _AttentionCall:
+    def of(cls, args: ModelArgs, cache, position_ids, seq_ids, bucket, dtype) -> _AttentionCall:
+        kv_groups = args.num_attention_heads // args.num_key_value_heads
         rows = kv_cache.CallRows.of(cache, seq_ids, position_ids)
-        bias = masks.attention_bias(position_ids, bucket, kv_groups, dtype)
+        slots = (lambda x: to_slots(x, rows.seq_ids)) if rows.in_slot_order else (lambda x: x)
+        bias = slots(masks.attention_bias(position_ids, bucket, kv_groups, dtype))
+        if not args.has_sliding_layers:
+            return cls(rows, bias, tuple(position_ids.shape))
+        window = args.sliding_window
+        # A span of window - 1 positions before a row's first token through its last holds every key it attends.
+        span = window - 1 + position_ids.shape[1]
+        if span >= bucket:
+            sliding = masks.attention_bias(position_ids, bucket, kv_groups, dtype, window)
+            return cls(rows, bias, tuple(position_ids.shape), slots(sliding))
+        starts = masks.window_starts(position_ids, window, span, bucket)
+        sliding = slots(masks.attention_bias(position_ids, span, kv_groups, dtype, window, starts))
         if rows.in_slot_order:
-            bias = to_slots(bias, rows.seq_ids)
-        return cls(rows, bias, tuple(position_ids.shape))
+            starts, seq_ids = slots(starts), torch.arange(cache.shape[0], device=cache.device)
+        return cls(rows, bias, tuple(position_ids.shape), sliding, kv_cache.window_index(cache, seq_ids, starts, span))
 
 
-def _embed(params: Params, input_ids: torch.Tensor, cc: Collectives) -> torch.Tensor:
+def _embed(args: ModelArgs, params: Params, input_ids: torch.Tensor, cc: Collectives) -> torch.Tensor:
     """Embedding lookup; vocab-parallel under TP: each rank embeds the ids in its slice, zeros elsewhere, summed."""
     table = params["model.embed_tokens.weight"]
     if cc.degree == 1:
-        return table[input_ids]
-    local = input_ids - params[VOCAB_OFFSET]  # int32: an embedding lookup takes int32 indices
-    mine = (local >= 0) & (local < table.shape[0])
-    x = table[local.clamp(0, table.shape[0] - 1)] * mine[..., None].to(table.dtype)
-    return cc.all_reduce(x)
+        x = table[input_ids]
+    else:
+        local = input_ids - params[VOCAB_OFFSET]  # int32: an embedding lookup takes int32 indices
+        mine = (local >= 0) & (local < table.shape[0])
+        x = cc.all_reduce(table[local.clamp(0, table.shape[0] - 1)] * mine[..., None].to(table.dtype))
+    if args.embed_scale == 1.0:
+        return x
+    # The scale rounded to the weights' dtype first, as Hugging Face's Gemma does (sqrt(640) is 25.25 in bf16).
+    return x * float(torch.tensor(args.embed_scale, dtype=table.dtype))
 
 
-def _attention(args, params, p, h, cos, sin, k_cache, v_cache, calls: list[_AttentionCall], cc):
+def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_AttentionCall], sliding: bool, cc):
     """h [1, tokens, hidden]: every group's tokens in a row; each group attends its own cache rows."""
     tokens = h.shape[1]
     a = p + "self_attn."
@@ -149,15 +199,18 @@ def _attention(args, params, p, h, cos, sin, k_cache, v_cache, calls: list[_Atte
     k = k.view(1, tokens, args.num_key_value_heads, args.head_dim)
     v = v.view(1, tokens, args.num_key_value_heads, args.head_dim)
     if args.qk_norm:
-        q = rms_norm(q, params[a + "q_norm.weight"], args.rms_norm_eps)
-        k = rms_norm(k, params[a + "k_norm.weight"], args.rms_norm_eps)
-    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q = rms_norm(q, params[a + "q_norm.weight"], args.rms_norm_eps, args.norm_offset)
+        k = rms_norm(k, params[a + "k_norm.weight"], args.rms_norm_eps, args.norm_offset)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     outs, start = [], 0
     for call in calls:
         n, t = call.shape
         group = slice(start, start + n * t)
         qg, kg, vg = (x[:, group].reshape(n, t, *x.shape[2:]) for x in (q, k, v))
-        outs.append(attend(qg, kg, vg, k_cache, v_cache, call.rows, call.bias).reshape(1, n * t, -1))
+        bias, window = (call.sliding_bias, call.window) if sliding else (call.bias, None)
+        out = attend(qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale)
+        outs.append(out.reshape(1, n * t, -1))
         start += n * t
     out = _cat(outs, dim=1)
     if cc.degree == 1:

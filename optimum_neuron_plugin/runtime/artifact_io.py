@@ -126,7 +126,9 @@ def compile_graphs(backend, args, plan, neuron_config, params, workdir, progress
 
 def check_model(neuron_config: NeuronConfig, args: ModelArgs) -> None:
     neuron_config.check_model(args.max_position_embeddings)
-    if args.sliding_window and args.sliding_window < neuron_config.sequence_length:
+    # A model whose every layer slides forgets what lies beyond its window: refused past it. Models that mix
+    # sliding and full layers (Gemma 3) serve any length, their sliding layers masked to the window.
+    if args.every_layer_slides and args.sliding_window < neuron_config.sequence_length:
         raise ExportError(
             f"sequence_length={neuron_config.sequence_length} exceeds the model's sliding window ({args.sliding_window}); "
             "use a sequence length at most the sliding window"

@@ -276,7 +276,8 @@ def test_corrupt_gguf(tmp_path):
 def test_unsupported_architecture(tiny_models, tmp_path):
     output = tmp_path / "out"
     line = assert_refused(run_export("--model", tiny_models["gpt2"], *TINY_ARGS, output), output, "GPT2LMHeadModel")
-    for supported in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    for supported in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                      "Gemma3ForCausalLM", "GraniteForCausalLM", "Phi3ForCausalLM", "SmolLM3ForCausalLM"):  # fmt: skip
         assert supported in line
 
 

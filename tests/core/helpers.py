@@ -21,7 +21,17 @@ CHUNK = 8
 
 # support.tiny_models' shape (2 layers, GQA 4/2 heads, 128 positions) with VOCAB tokens and no bos/eos/pad:
 # greedy generation never stops early, in HF or here.
-SEEDS = {"llama": 0, "llama3": 1, "mistral": 2, "qwen2": 3, "qwen3": 4}
+SEEDS = {
+    "llama": 0,
+    "llama3": 1,
+    "mistral": 2,
+    "qwen2": 3,
+    "qwen3": 4,
+    "gemma3": 5,
+    "granite": 6,
+    "phi3": 7,
+    "smollm3": 8,
+}
 
 # The artifact shapes the tests share (each one exported once per model and session).
 CHUNKED = dict(batch_size=3, sequence_length=SEQUENCE_LENGTH, prefill_chunk_size=CHUNK)

@@ -30,6 +30,7 @@ CASES = {
     "llama3-odd-vocab": ("llama3", dict(vocab_size=VOCAB + 1)),  # 513 rows: the second slice is padded
     "qwen2": ("qwen2", {}),  # q/k/v biases
     "qwen3": ("qwen3", {}),  # q/k norms, head_dim 32
+    "gemma3": ("gemma3", {}),  # sliding window read, (1 + w) and sandwich norms, scaled embeddings, softcapping
 }
 SHAPE = dict(batch_size=2, sequence_length=64, prefill_chunk_size=8)
 # Two context buckets where logits are compared, one where tokens are (fewer graphs to export).

@@ -18,13 +18,14 @@ from optimum_neuron_plugin.backends.neuron import CACHE_ENV
 from optimum_neuron_plugin.config import NeuronConfig
 from optimum_neuron_plugin.graphs import DecoderGraph, graph_specs
 from optimum_neuron_plugin.models.args import ModelArgs
+from optimum_neuron_plugin.models.checkpoint import decoder_weights
 from optimum_neuron_plugin.models.kv_cache import empty_cache
 from optimum_neuron_plugin.runtime.artifact_io import to_params as _to_params
 from tests.core.helpers import SEEDS, VOCAB
 from tests.neuron.fake_compiler import FakeNeuronCompiler
 from tests.neuron.stand_in.torch_neuronx import RUNTIME_LOG_ENV
 
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "granite", "phi3", "smollm3")
 STAND_IN = Path(__file__).parent / "stand_in"  # torch_neuronx and neuronxcc stand-ins
 
 
@@ -51,7 +52,8 @@ class TinyModel:
 def build_tiny(name: str) -> TinyModel:
     hf = tiny_model(name, seed=SEEDS[name], vocab_size=VOCAB)
     config = {**hf.config.to_dict(), "architectures": [type(hf).__name__]}
-    return TinyModel(ModelArgs.from_hf_config(config), hf, hf.state_dict())
+    args = ModelArgs.from_hf_config(config)
+    return TinyModel(args, hf, decoder_weights(hf.state_dict(), args))  # as sources.load_source reads it
 
 
 @pytest.fixture(scope="module")

@@ -17,16 +17,24 @@ from pathlib import Path
 
 import torch
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GraniteConfig,
+    GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
 )
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
@@ -49,6 +57,24 @@ LLAMA3_ROPE = dict(
     # Small, so that low and medium frequencies are rescaled at the positions the tests reach.
     original_max_position_embeddings=32,
 )
+# Gemma 3 with every feature away from its default: a sliding layer then a full one, a window of 6 (shorter than
+# a chunk plus the window, so chunks and decode steps read a window of the cache), each kind its own rope base,
+# head_dim 32, a query_pre_attn_scalar that is not head_dim, the final logit softcapping.
+GEMMA3 = dict(
+    layer_types=["sliding_attention", "full_attention"],
+    sliding_window=6,
+    head_dim=32,
+    query_pre_attn_scalar=24,
+    final_logit_softcapping=5.0,
+    rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+)
+GRANITE = dict(
+    embedding_multiplier=3.0, attention_multiplier=0.3, residual_multiplier=0.5, logits_scaling=2.0,
+    tie_word_embeddings=True,
+)  # fmt: skip
 # Architecture name -> (config class, model class, what differs from COMMON).
 ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], dict]] = {
     "llama": (LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=True, rms_norm_eps=1e-5)),
@@ -57,6 +83,13 @@ ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], di
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=False, rms_norm_eps=1e-6)),
     # head_dim 32 != hidden_size / heads (16): q/k/v projections are not square.
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=False, head_dim=32)),
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, dict(GEMMA3)),
+    # Every multiplier away from 1 (embedding, attention, residual, logits).
+    "granite": (GraniteConfig, GraniteForCausalLM, dict(GRANITE)),
+    # Fused qkv_proj and gate_up_proj (split on load).
+    "phi3": (Phi3Config, Phi3ForCausalLM, dict(tie_word_embeddings=False)),
+    # No rope on every second layer (every 4th in the real models: 2 layers here).
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, dict(no_rope_layer_interval=2, tie_word_embeddings=True)),
 }
 
 

@@ -1,0 +1,26 @@
+"""Checkpoint weights under the decoder's names: fused projections (Phi-3's qkv_proj, gate_up_proj) split on load.
+
+The artifact stores the split weights: the graphs and the tensor-parallel plan see one layout for every family.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .args import ModelArgs
+
+
+def decoder_weights(state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+    """state_dict with every fused projection replaced by its parts (other weights untouched)."""
+    out = dict(state_dict)
+    q_rows = args.num_attention_heads * args.head_dim
+    kv_rows = args.num_key_value_heads * args.head_dim
+    for name in [n for n in state_dict if n.endswith("self_attn.qkv_proj.weight")]:
+        prefix = name.removesuffix("qkv_proj.weight")
+        q, k, v = out.pop(name).split([q_rows, kv_rows, kv_rows])
+        out |= {prefix + "q_proj.weight": q, prefix + "k_proj.weight": k, prefix + "v_proj.weight": v}
+    for name in [n for n in state_dict if n.endswith("mlp.gate_up_proj.weight")]:
+        prefix = name.removesuffix("gate_up_proj.weight")
+        gate, up = out.pop(name).chunk(2)  # Phi-3: gate rows first, then up
+        out |= {prefix + "gate_proj.weight": gate.contiguous(), prefix + "up_proj.weight": up.contiguous()}
+    return out
