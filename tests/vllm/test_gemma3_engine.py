@@ -1,0 +1,86 @@
+"""Gemma 3 270M (the Q4_K_M GGUF from PyPI, support.gemma3) end to end: exported from the GGUF, its greedy text
+equals transformers' (fed <bos> + the prompt) through the runtime and through vllm.LLM given plain text.
+
+One export for the module: batch 2, sequence_length 1024, chunk 128, buckets 256 and 1024. The long prompt runs
+past the 512-token sliding window, so in bucket 1024 the sliding layers read only their window of the cache.
+The exported tokenizer adds <bos> (the one transformers builds from the GGUF does not): vLLM users get the model's
+real quality from plain prompts.
+"""
+
+from __future__ import annotations
+
+import pytest
+from support.engine import close_llm, make_llm
+from support.gemma3 import gemma3_gguf, gemma3_hf
+from support.references import hf_greedy
+
+from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+NEW_TOKENS = 16
+BOS = 2
+PROMPTS = [
+    "The capital of France is",
+    "Here is a short poem about the sea:\n",
+    # ~600 tokens: past the sliding window (512).
+    "Notes on rivers. "
+    + " ".join(f"River {i} flows north and then turns east towards the sea." for i in range(45))
+    + " The first river mentioned in these notes is",
+]
+SHAPE = dict(batch_size=2, sequence_length=1024, prefill_chunk_size=128, context_buckets=(256, 1024))
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gemma3-exported")
+    NeuronModelForCausalLM.export(gemma3_gguf(), NeuronConfig(**SHAPE)).save_pretrained(out)
+    hf, gguf_tokenizer = gemma3_hf()
+    return hf, gguf_tokenizer, out
+
+
+@pytest.fixture(scope="module")
+def references(gemma3):
+    """HF greedy tokens after <bos> + each prompt (the GGUF tokenizer does not add <bos>)."""
+    hf, gguf_tokenizer, _ = gemma3
+    ids = [[BOS] + gguf_tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    assert len(ids[2]) > 512
+    return ids, [hf_greedy(hf, i, NEW_TOKENS) for i in ids]
+
+
+def test_the_gguf_tokenizer_lacks_bos_the_exported_one_adds_it(gemma3):
+    _, gguf_tokenizer, out = gemma3
+    model = NeuronModelForCausalLM.from_pretrained(out)
+    assert gguf_tokenizer("Hello")["input_ids"][0] != BOS
+    assert model.tokenizer("Hello")["input_ids"][0] == BOS
+
+
+def test_runtime_greedy_equals_transformers(gemma3, references):
+    _, _, out = gemma3
+    model = NeuronModelForCausalLM.from_pretrained(out)
+    ids, expected = references
+    for prompt, prompt_ids, tokens in zip(PROMPTS, ids, expected, strict=True):
+        encoded = model.tokenizer(prompt, return_tensors="pt")
+        assert encoded["input_ids"][0].tolist() == prompt_ids
+        generated = model.generate(encoded["input_ids"], max_new_tokens=NEW_TOKENS, eos_token_id=[])
+        assert generated[0, len(prompt_ids) :].tolist() == tokens, model.tokenizer.decode(tokens)
+    # With <bos> the model writes text ("the capital of the country of France. It is ..."), not one word repeated.
+    assert all(len(set(tokens)) > NEW_TOKENS // 2 for tokens in expected)
+    assert "France" in model.tokenizer.decode(expected[0])
+
+
+def test_vllm_greedy_text_equals_transformers(gemma3, references):
+    from vllm import SamplingParams
+
+    _, gguf_tokenizer, out = gemma3
+    ids, expected = references
+    llm = make_llm(out)
+    try:
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    finally:
+        close_llm(llm)
+    for prompt_ids, tokens, output in zip(ids, expected, outputs, strict=True):
+        assert list(output.prompt_token_ids) == prompt_ids  # vLLM's tokenization adds <bos>
+        assert list(output.outputs[0].token_ids) == tokens
+        assert output.outputs[0].text == gguf_tokenizer.decode(tokens, skip_special_tokens=True)
