@@ -1,9 +1,11 @@
 """Graph calls against Hugging Face transformers eager on the same weights: same process, same threads,
 timings alternated, ratios printed (below 1.0: the plugin is faster).
 
-    .venv/bin/python benchmark/graphs.py [--compilers inductor,export] [--threads 2] [--context 300]
+    .venv/bin/python benchmark/graphs.py [--model M.gguf] [--compilers inductor,export] [--threads 2] [--context 300]
+                                         [--long-context 4000]
 
-For each CPU compiler it exports SmolLM2 (cached under benchmark/results/artifacts/), then measures
+For each CPU compiler it exports the model (SmolLM2 by default; cached under benchmark/results/artifacts/), then
+measures
 - decode: one token_generation call for batch_size rows at --context positions, against one HF decode
   step of the same batch with a KV cache of the same length;
 - decode_1: the same for one request (the one-row token_generation graph, decode_batch_sizes), against HF's decode
@@ -13,7 +15,9 @@ For each CPU compiler it exports SmolLM2 (cached under benchmark/results/artifac
 - chunk: one chunked_prefill call (the first chunk of a prompt), against HF's forward of the same tokens;
 - prompt: a prompt of --chunks chunks through the chunk loop, against HF's forward of the same tokens;
 - chunk_and_decode: the second chunk of a prompt and a decode step of the other batch_size - 1 rows (at
-  --context) in one chunk_and_decode call, against the two calls it replaces (plugin against plugin, not HF).
+  --context) in one chunk_and_decode call, against the two calls it replaces (plugin against plugin, not HF);
+- decode_long (with --long-context): the decode step of every row at --long-context positions against the one at
+  --context (plugin against plugin): what a longer context costs (sliding-window layers read only their window).
 HF computes only the last position's logits (logits_to_keep=1), as the graphs do. Writes
 benchmark/results/graphs.json (a run worth keeping is committed as benchmark/results/<date>-graph-calls-vs-hf-eager/).
 """
@@ -67,13 +71,18 @@ def readable(directory: Path) -> bool:
     return True
 
 
+def slug(model: Path) -> str:
+    """The artifacts' name for a model: smollm2 for the default, else the GGUF's file name."""
+    return "smollm2" if model == default_model() else model.stem.lower().replace(".", "_")
+
+
 def hf_model(model: Path):
     from transformers import AutoModelForCausalLM
 
     sys.path.insert(0, str(ROOT))
     from convert_gguf import convert
 
-    directory = ARTIFACTS / "smollm2-hf"
+    directory = ARTIFACTS / f"{slug(model)}-hf"
     if not (directory / "config.json").is_file():
         convert(model, directory)
     return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
@@ -149,6 +158,7 @@ def measure(directory: Path, hf, args: argparse.Namespace) -> dict:
         model.prefill(batch - 1, tokens[chunk : 2 * chunk], start=chunk)
 
     return {
+        **decode_long(model, args),
         "chunk_and_decode": alternate(fused, separate, args.repeats, ("fused", "separate")),
         "decode": alternate(plugin_decode, hf_decode(hf_cache, batch), args.repeats),
         "decode_1": alternate(plugin_decode_1(), hf_decode(hf_cache_1, 1), args.repeats),
@@ -156,6 +166,24 @@ def measure(directory: Path, hf, args: argparse.Namespace) -> dict:
         "chunk": alternate(lambda: model.prefill(0, tokens[:chunk]), hf_forward(chunk), args.repeats),
         f"prompt_{args.chunks}_chunks": alternate(lambda: model.prefill(0, tokens[:prompt]), hf_forward(prompt), 3),
     }
+
+
+def decode_long(model, args: argparse.Namespace) -> dict:
+    """Every row decoding at --long-context against every row at --context (each its own slots' positions)."""
+    if not args.long_context:
+        return {}
+    # A step's cost depends on its bucket and positions, not on what the cache holds: no prefill of a long prompt.
+    batch = model.neuron_config.batch_size
+    step = {"long": args.long_context, "short": args.context}
+
+    def at(which):
+        def call():
+            model.decode(list(range(batch)), [7] * batch, [step[which]] * batch)
+            step[which] += 1
+
+        return call
+
+    return {"decode_long": alternate(at("long"), at("short"), args.repeats, ("long", "short"))}
 
 
 def decode_rows(model, plugin_decode_1, step: dict, args: argparse.Namespace) -> dict:
@@ -181,6 +209,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=4)
     parser.add_argument("--context-buckets", default=None, help="e.g. 512,2048 (default: the exporter's)")
     parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--long-context", type=int, default=0, help="also time decode at this context (decode_long)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
@@ -191,7 +220,7 @@ def main() -> None:
     results["compilers"] = {}
     for compiler in args.compilers.split(","):
         buckets = f"-l{args.context_buckets.replace(',', '_')}" if args.context_buckets else ""
-        out = ARTIFACTS / f"smollm2-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}{buckets}-{compiler}"
+        out = ARTIFACTS / f"{slug(model)}-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}{buckets}-{compiler}"
         seconds = export(model, out, args, compiler)
         size = sum(p.stat().st_size for p in (out / "graphs").rglob("*") if p.is_file())
         figures = measure(out, hf, args)
@@ -203,7 +232,8 @@ def main() -> None:
                 flush=True,
             )
         print(f"[graphs] {compiler:<8} export {seconds:.0f} s (0: cached), graphs {size / 2**20:.0f} MiB", flush=True)
-    path = ROOT / "results" / f"graphs{buckets}.json"
+    name = "" if slug(model) == "smollm2" else f"-{slug(model)}"
+    path = ROOT / "results" / f"graphs{name}{buckets}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"[graphs] wrote {path}")
 
