@@ -2,13 +2,15 @@
 ratios in one run.
 
     .venv/bin/python benchmark/prefill.py [--sequence-length 4096] [--chunk 512] [--lengths 2048,4096]
+        [--no-context-encoding] [--out benchmark/results/NAME]
 
-Exports the model twice (chunked and context_encoding, cached under benchmark/results/artifacts/),
+Exports the model twice (chunked and context_encoding, cached under benchmark/results/artifacts/; with
+--no-context-encoding only the chunked one: a context-encoding graph of 8k tokens needs several GB),
 then measures each (artifact, prompt length) in a fresh process: best-of-N prefill time (the graph
 calls up to the first token's logits: TTFT without the server) and the peak resident memory added by
 the prefill; HF's eager forward of the same tokens (logits of the last position only) is measured the
-same way. Writes benchmark/results/prefill.json and .md (a run worth keeping is committed as
-benchmark/results/<date>-long-prefill-vs-hf-eager/).
+same way. Writes prefill.json and prefill.md into --out (default benchmark/results/; a run worth keeping is
+committed as benchmark/results/<date>-long-prefill-vs-hf-eager/).
 """
 
 from __future__ import annotations
@@ -97,6 +99,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=int(os.environ.get("CHUNK_SIZE", 512)))
     parser.add_argument("--lengths", default=os.environ.get("PROMPT_LENGTHS", "2048,4096"))
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--no-context-encoding", action="store_true", help="measure chunked and HF only")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory of prefill.json and prefill.md")
     parser.add_argument("--measure", nargs=2, metavar=("DIR", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -109,11 +113,15 @@ def main() -> None:
     chunked = artifacts / f"prefill-s{args.sequence_length}-c{args.chunk}"
     full = artifacts / f"prefill-s{args.sequence_length}-c0"
     export(model, chunked, args.sequence_length, args.chunk)
-    export(model, full, args.sequence_length, 0)
+    targets = {"chunked": chunked, "context_encoding": full, "hf": model}
+    if args.no_context_encoding:
+        del targets["context_encoding"]
+    else:
+        export(model, full, args.sequence_length, 0)
     rows = []
     for length in [int(x) for x in args.lengths.split(",")]:
-        pair = {}
-        for name, target in (("chunked", chunked), ("context_encoding", full), ("hf", model)):
+        pair = {"context_encoding": {"seconds": float("nan"), "peak_rss_added_mb": float("nan")}}
+        for name, target in targets.items():
             print(f"[prefill] {name}: {length}-token prompt", flush=True)
             pair[name] = run_measure(str(target), length, args.repeats)
         rows.append(
@@ -128,8 +136,8 @@ def main() -> None:
                 / max(pair["context_encoding"]["peak_rss_added_mb"], 1e-6),
             }
         )
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "prefill.json").write_text(json.dumps(rows, indent=2) + "\n")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "prefill.json").write_text(json.dumps(rows, indent=2) + "\n")
     lines = [
         f"Prefill, {Path(model).name}, sequence_length {args.sequence_length}, chunk {args.chunk} (CPU backend)",
         "",
@@ -144,7 +152,7 @@ def main() -> None:
             f"| {r['time_ratio_chunked_over_ce']:.2f} | {r['time_ratio_chunked_over_hf']:.2f} "
             f"| {c['peak_rss_added_mb']:.0f} | {f['peak_rss_added_mb']:.0f} | {h['peak_rss_added_mb']:.0f} |"
         )
-    (RESULTS / "prefill.md").write_text("\n".join(lines) + "\n")
+    (args.out / "prefill.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

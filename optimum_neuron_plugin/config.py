@@ -10,17 +10,19 @@ NEURON_CONFIG_FILE = "neuron_config.json"
 # 2: context-length buckets (one graph file per graph and bucket).
 # 3: int32 index inputs; graphs write the new K/V first, then attend their bucket (bucket > last position).
 # 4: chunk_and_decode graphs (a prompt chunk and a decode batch in one call).
-FORMAT_VERSION = 4
+# 5: chunked_prefill graphs per prior bucket (prefill_buckets): a chunk attends the cache before its start and its
+#    own block; chunk_and_decode's chunk likewise.
+FORMAT_VERSION = 5
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
 TARGETS = ("trn2", "trn3")
 # Instances TorchNeuron (Neuron SDK 2.33+, torch 2.10+) does not cover: they stay on the XLA stack of SDK 2.31.
 LEGACY_TARGETS = ("inf1", "inf2", "trn1", "trn1n")
 CPU_COMPILERS = ("export", "inductor")
-# Fields added without a format change, and their values for a format-4 file without them (it has no such graphs).
-ADDED_IN_FORMAT_4 = {"prefill_batch_size": lambda data: 1, "decode_batch_sizes": lambda data: [data.get("batch_size")]}
 # Default context buckets: doubling lengths ending at sequence_length, at most this many.
 MAX_DEFAULT_BUCKETS = 4
+# Default prefill buckets: 0 and multiples of the chunk size in half-octave steps, at most this many nonzero ones.
+MAX_DEFAULT_PREFILL_BUCKETS = 10
 
 
 class NeuronConfigError(ValueError):
@@ -51,6 +53,11 @@ class NeuronConfig:
     # Row counts token_generation is compiled for: a decode call of n requests runs the graph of the smallest
     # count >= n (fewer rows attend and sample less). None: default_decode_batch_sizes(). Ends with batch_size.
     decode_batch_sizes: tuple[int, ...] | None = None
+    # Chunked exports: prior lengths chunked_prefill is compiled for. A chunk starting at position s runs the graph
+    # of the smallest bucket P >= s: it attends cache positions [0, P) (those >= s masked) and its own block.
+    # Starts with 0 (first chunks attend only themselves), ends with sequence_length. None: default_prefill_buckets().
+    # Unchunked exports have none (context_encoding runs per context bucket).
+    prefill_buckets: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -85,6 +92,25 @@ class NeuronConfig:
             _fail("prefill_batch_size", self.prefill_batch_size, f"at most batch_size ({self.batch_size})")
         object.__setattr__(self, "context_buckets", self._checked_buckets())
         object.__setattr__(self, "decode_batch_sizes", self._checked_decode_batch_sizes())
+        object.__setattr__(self, "prefill_buckets", self._checked_prefill_buckets())
+
+    def _checked_prefill_buckets(self) -> tuple[int, ...]:
+        if not self.chunked:
+            if self.prefill_buckets:
+                _fail("prefill_buckets", list(self.prefill_buckets), "empty without chunked prefill")
+            return ()
+        if self.prefill_buckets is None:
+            return default_prefill_buckets(self.sequence_length, self.prefill_chunk_size)
+        buckets = _int_tuple("prefill_buckets", self.prefill_buckets)
+        if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] != 0:
+            _fail("prefill_buckets", list(buckets), "strictly increasing lengths starting with 0")
+        if buckets[-1] != self.sequence_length:
+            _fail(
+                "prefill_buckets",
+                list(buckets),
+                f"lengths ending with sequence_length ({self.sequence_length}), the bucket that covers every start",
+            )
+        return buckets
 
     def _checked_decode_batch_sizes(self) -> tuple[int, ...]:
         if self.decode_batch_sizes is None:
@@ -113,6 +139,10 @@ class NeuronConfig:
     def bucket_for(self, last_position: int) -> int:
         """The smallest bucket holding cache positions [0, last_position]: a call's largest position."""
         return next(b for b in self.context_buckets if b > last_position)
+
+    def prefill_bucket_for(self, start: int) -> int:
+        """The smallest prefill bucket holding the prior context [0, start) of a chunk starting at `start`."""
+        return next(b for b in self.prefill_buckets if b >= start)
 
     def decode_rows_for(self, num_sequences: int) -> int:
         """The rows of the token_generation graph that runs a decode call of num_sequences (<= batch_size)."""
@@ -144,13 +174,14 @@ class NeuronConfig:
         data = asdict(self)
         data["context_buckets"] = list(self.context_buckets)
         data["decode_batch_sizes"] = list(self.decode_batch_sizes)
+        data["prefill_buckets"] = list(self.prefill_buckets)
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> NeuronConfig:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        for name in ("context_buckets", "decode_batch_sizes"):
+        for name in ("context_buckets", "decode_batch_sizes", "prefill_buckets"):
             if isinstance(values.get(name), list):
                 values[name] = tuple(values[name])
         return cls(**values)
@@ -178,11 +209,8 @@ class NeuronConfig:
         if version < FORMAT_VERSION:
             raise NeuronConfigError(
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
-                f"{FORMAT_VERSION}: graphs per context bucket, int32 index inputs, chunk_and_decode graphs); export the model again"
+                f"{FORMAT_VERSION}: chunks attend their prior context and their own block); export the model again"
             )
-        for name, old_value in ADDED_IN_FORMAT_4.items():
-            if name not in data:
-                data[name] = old_value(data)
         missing = [f.name for f in fields(cls) if f.name not in data]
         if missing:
             raise NeuronConfigError(f"{path}: missing field(s) {', '.join(missing)}; export the model again")
@@ -201,6 +229,19 @@ def default_context_buckets(sequence_length: int, prefill_chunk_size: int) -> tu
         buckets.append(length)
         length *= 2
     return (*buckets[-(MAX_DEFAULT_BUCKETS - 1) :], sequence_length) if buckets else (sequence_length,)
+
+
+def default_prefill_buckets(sequence_length: int, chunk: int) -> tuple[int, ...]:
+    """0, then multiples of the chunk size in half-octave steps (1, 2, 3, 4, 6, 8, 12, 16, ... chunks) below
+    sequence_length, the largest MAX_DEFAULT_PREFILL_BUCKETS - 1 of them, then sequence_length.
+
+    A chunk at start s attends the smallest bucket >= s: the first chunk (s = 0) only itself, and a prompt whose
+    chunks start at multiples of the chunk size wastes at most a third of a bucket (none up to 4 chunks)."""
+    steps, k = [], 1
+    while k * chunk < sequence_length:
+        steps.append(k * chunk)
+        k = k + 1 if k < 4 else k + k // 2 if (k & (k - 1)) == 0 else k + k // 3
+    return (0, *steps[-(MAX_DEFAULT_PREFILL_BUCKETS - 1) :], sequence_length)
 
 
 def default_decode_batch_sizes(batch_size: int) -> tuple[int, ...]:

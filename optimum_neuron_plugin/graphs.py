@@ -12,12 +12,18 @@ weights and the KV cache.
                      is prefilled while other requests decode without stalling them or paying for a second
                      call (chunked exports with batch_size > 1)
 
-Each kind is compiled once per context bucket L (NeuronConfig.context_buckets): that graph reads
-and attends only cache positions [0, L). A call whose rows start at positions <= L can use it.
+Each kind is compiled once per bucket L: that graph reads only cache positions [0, L).
+- chunked_prefill, per prefill bucket (NeuronConfig.prefill_buckets, starting at 0): a chunk attends the prior
+  context [0, start) in the bucket and its own block causally (models/attention.py, attend_chunk), so a chunk
+  starting at s runs the smallest bucket >= s; the bucket-0 graph runs first chunks, which attend only themselves.
+- the others, per context bucket (NeuronConfig.context_buckets): decode rows and context_encoding attend cache
+  positions [0, L) up to themselves, so a call runs the smallest bucket > its largest position; chunk_and_decode's
+  chunk attends its prior in the same bucket (start <= L) and its own block.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -66,10 +72,12 @@ class GraphSpec:
 def graph_specs(neuron_config: NeuronConfig) -> list[GraphSpec]:
     nc = neuron_config
     specs = []
-    for bucket in nc.context_buckets:
-        specs.append(GraphSpec(nc.prefill_graph, 1, nc.prefill_length, samples=False, bucket=bucket))
-        for width in range(2, nc.prefill_batch_size + 1):
+    for bucket in nc.prefill_buckets:
+        for width in range(1, nc.prefill_batch_size + 1):
             specs.append(GraphSpec(CHUNKED_PREFILL, width, nc.prefill_length, samples=False, bucket=bucket))
+    for bucket in nc.context_buckets:
+        if not nc.chunked:
+            specs.append(GraphSpec(CONTEXT_ENCODING, 1, nc.prefill_length, samples=False, bucket=bucket))
         for rows in nc.decode_batch_sizes:
             narrow = rows < nc.batch_size
             specs.append(GraphSpec(TOKEN_GENERATION, rows, 1, nc.on_device_sampling, bucket, narrow=narrow))
@@ -95,8 +103,9 @@ class DecoderGraph(nn.Module):
 
     def forward(self, params, caches, *inputs):
         groups = [inputs[0:3], inputs[3:6]] if self.spec.chunk else [inputs[0:3]]
+        chunks = 1 if self.spec.chunk or self.spec.name == CHUNKED_PREFILL else 0
         logits = groups_logits(
-            self.args, params, caches, self.inv_freq, groups, self.spec.bucket, self.cc, self.sliding_inv_freq
+            self.args, params, caches, self.inv_freq, groups, self.spec.bucket, self.cc, self.sliding_inv_freq, chunks
         )
         if not self.spec.samples:
             return self._whole(logits)
@@ -109,6 +118,16 @@ class DecoderGraph(nn.Module):
     def _whole(self, logits: torch.Tensor) -> torch.Tensor:
         """Every rank returns the whole logits (host sampling, prefill)."""
         return self.cc.all_gather_last(logits)[:, : self.args.vocab_size] if self.cc.degree > 1 else logits
+
+
+def call_bucket(nc: NeuronConfig, name: str, starts: Sequence[int], last_positions: Sequence[int]) -> int:
+    """The bucket of the graph `name` that runs a call whose rows start at `starts` and end at `last_positions`
+    (chunk_and_decode: the chunk's start, and the decode rows' positions)."""
+    if name == CHUNKED_PREFILL:
+        return nc.prefill_bucket_for(max(starts))
+    if name == CHUNK_AND_DECODE:  # the chunk's prior needs a bucket >= its start, the decode rows one > their positions
+        return nc.bucket_for(max(max(starts) - 1, *last_positions))
+    return nc.bucket_for(max(last_positions))
 
 
 def example_inputs(spec: GraphSpec) -> tuple[torch.Tensor, ...]:

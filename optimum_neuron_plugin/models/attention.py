@@ -1,4 +1,12 @@
-"""Attention of the active tokens against the KV cache, with GQA: write the new K/V, then attend the bucket."""
+"""Attention of the active tokens against the KV cache, with GQA. Both forms write the new K/V into the cache first.
+
+- attend (decode rows, context_encoding): the rows attend cache positions [0, L), themselves included.
+- attend_chunk (prompt chunks): a chunk attends the prior context, cache positions [0, P) under a key-length mask,
+  and its own causal block from its new K/V (not read back from the cache). Both pieces go through one fused
+  softmax over the keys [prior | own]: the kernel's running max and sum merge the two partial softmaxes by their
+  log-sum-exp, block by block, without materialising the scores (an explicit merge of two materialised
+  softmaxes measured 3x slower on CPU, docs/attention-split.md).
+"""
 
 from __future__ import annotations
 
@@ -38,6 +46,32 @@ def attend(
         keys, values = kv_cache.read(k_cache, rows.seq_ids, length), kv_cache.read(v_cache, rows.seq_ids, length)
     if rows.in_slot_order:
         return _attend_rows(to_slots(q, rows.seq_ids), bias, keys, values, scale).index_select(0, rows.seq_ids)
+    return _attend_rows(q, bias, keys, values, scale)
+
+
+def attend_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    rows: kv_cache.CallRows,
+    bias: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D], for n prompt chunks (rows of distinct cache rows).
+
+    Writes k/v into the cache, then attends [cache positions 0..P-1 of the rows | the chunk's own k/v] under
+    `bias` [n, 1, G*T, P + T] (masks.chunk_bias; P: the graph's prior bucket, 0 for a graph of first chunks)."""
+    kv_cache.write(k_cache, rows, k)
+    kv_cache.write(v_cache, rows, v)
+    prior = bias.shape[-1] - q.shape[1]
+    keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [n, KVH, T, D]
+    if prior:
+        keys = torch.cat((kv_cache.read(k_cache, rows.seq_ids, prior), keys), dim=2)
+        values = torch.cat((kv_cache.read(v_cache, rows.seq_ids, prior), values), dim=2)
+    else:  # the CPU kernel runs ~25% slower on the transposed views
+        keys, values = keys.contiguous(), values.contiguous()
     return _attend_rows(q, bias, keys, values, scale)
 
 

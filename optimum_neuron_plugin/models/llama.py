@@ -17,7 +17,7 @@ import torch
 
 from . import kv_cache, masks
 from .args import ModelArgs
-from .attention import attend, to_slots
+from .attention import attend, attend_chunk, to_slots
 from .collectives import SINGLE, Collectives
 from .layers import apply_rope, linear, mlp, rms_norm, rope_cos_sin, rope_inv_freq
 from .masks import MASK_FILL
@@ -59,14 +59,18 @@ def decoder_logits(
     seq_ids: torch.Tensor,
     bucket: int,
     cc: Collectives = SINGLE,
+    chunk: bool = False,
 ) -> torch.Tensor:
     """Runs n rows of T tokens, writes their K/V into the cache rows seq_ids, returns the fp32
     logits [n, vocab] of each row's last real token (the last column: padding repeats it).
 
-    Only cache positions [0, bucket) are read: every position must be < bucket.
+    Only cache positions [0, bucket) are read. Rows attend them up to themselves (every position must be
+    < bucket) or, with `chunk`, as prompt chunks: cache positions before the row's first position (which
+    must be <= bucket) and their own tokens causally (models/masks.py).
     Under tensor parallelism (cc.degree > 1) `args` and `params` are one rank's shard (models/sharding.py)
     and the logits are that rank's vocabulary slice, padding columns filled with MASK_FILL."""
-    return groups_logits(args, params, caches, inv_freq, [(input_ids, position_ids, seq_ids)], bucket, cc)
+    groups = [(input_ids, position_ids, seq_ids)]
+    return groups_logits(args, params, caches, inv_freq, groups, bucket, cc, chunks=1 if chunk else 0)
 
 
 def groups_logits(
@@ -78,19 +82,24 @@ def groups_logits(
     bucket: int,
     cc: Collectives = SINGLE,
     sliding_inv_freq: torch.Tensor | None = None,
+    chunks: int = 0,
 ) -> torch.Tensor:
     """decoder_logits of several row groups in one pass over the weights, e.g. a prompt chunk [1, C] and a decode
     batch [B, 1] (chunk_and_decode): the linears and the MLP run on every group's tokens at once, attention per
     group. The groups must use distinct cache rows. Returns the logits of each group's rows, in group order.
 
-    Sliding-window layers rotate with `sliding_inv_freq` when the model gives them their own rope base."""
+    Sliding-window layers rotate with `sliding_inv_freq` when the model gives them their own rope base. The first
+    `chunks` groups are prompt chunks (decoder_logits' `chunk`)."""
     x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
     positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
     rope = {False: rope_cos_sin(positions, inv_freq, x.dtype)}
     if args.has_sliding_layers:
         local = rope_inv_freq(args, sliding=True) if sliding_inv_freq is None else sliding_inv_freq
         rope[True] = rope_cos_sin(positions, local, x.dtype) if args.sliding_rope_theta else rope[False]
-    calls = [_AttentionCall.of(args, caches[0], pos, seq, bucket, x.dtype) for _, pos, seq in groups]
+    calls = [
+        _AttentionCall.of(args, caches[0], pos, seq, bucket, x.dtype, chunk=i < chunks)
+        for i, (_, pos, seq) in enumerate(groups)
+    ]
 
     def norm(h: torch.Tensor, name: str) -> torch.Tensor:
         return rms_norm(h, params[name], args.rms_norm_eps, args.norm_offset)
@@ -151,11 +160,17 @@ class _AttentionCall:
     shape: tuple[int, int]  # (n, T)
     sliding_bias: torch.Tensor | None = None  # sliding-window layers: the positions they read
     window: torch.Tensor | None = None  # their read (kv_cache.window_index) when shorter than the bucket
+    chunk: bool = False  # prompt chunks: prior context + own causal block (attend_chunk)
 
     @classmethod
-    def of(cls, args: ModelArgs, cache, position_ids, seq_ids, bucket, dtype) -> _AttentionCall:
+    def of(cls, args: ModelArgs, cache, position_ids, seq_ids, bucket, dtype, chunk: bool = False) -> _AttentionCall:
         kv_groups = args.num_attention_heads // args.num_key_value_heads
         rows = kv_cache.CallRows.of(cache, seq_ids, position_ids)
+        if chunk:  # sliding layers read the whole prior bucket, masked to their window
+            bias = masks.chunk_bias(position_ids, bucket, kv_groups, dtype)
+            window = args.sliding_window if args.has_sliding_layers else None
+            sliding = masks.chunk_bias(position_ids, bucket, kv_groups, dtype, window) if window else None
+            return cls(rows, bias, tuple(position_ids.shape), sliding, None, chunk=True)
         slots = (lambda x: to_slots(x, rows.seq_ids)) if rows.in_slot_order else (lambda x: x)
         bias = slots(masks.attention_bias(position_ids, bucket, kv_groups, dtype))
         if not args.has_sliding_layers:
@@ -209,7 +224,10 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
         group = slice(start, start + n * t)
         qg, kg, vg = (x[:, group].reshape(n, t, *x.shape[2:]) for x in (q, k, v))
         bias, window = (call.sliding_bias, call.window) if sliding else (call.bias, None)
-        out = attend(qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale)
+        if call.chunk:
+            out = attend_chunk(qg, kg, vg, k_cache, v_cache, call.rows, bias, args.attention_scale)
+        else:
+            out = attend(qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale)
         outs.append(out.reshape(1, n * t, -1))
         start += n * t
     out = _cat(outs, dim=1)

@@ -1,17 +1,25 @@
-"""The attention mask: which cache positions each query attends, as an additive bias with a finite fill.
+"""The attention masks: which keys each query attends, as additive biases with a finite fill.
 
-Every graph writes its new K/V into the cache first, then attends cache positions [0, L) (L: the
-graph's context bucket). A query at position p attends the positions <= p: the older context and its
-own call's tokens up to itself.
+Two layouts, both built once per call and shared by every layer:
+
+- cache_mask / attention_bias (decode rows, context_encoding): the graph writes its new K/V into the cache,
+  then attends cache positions [0, L) (L: the graph's context bucket). A query at position p attends the
+  positions <= p: the older context and its own call's tokens up to itself.
+- chunk_mask / chunk_bias (prompt chunks): a chunk at positions [start, start + T) attends the keys
+  [cache positions 0..P-1 | its own T new keys] (P: the graph's prior bucket, P >= start). Cache position j is
+  attended iff j < start (a key-length mask, the same for every query: no causal mask inside), own key u by
+  own query t iff u <= t and u is a real token. One softmax over both pieces is the log-sum-exp merge of the
+  two partial softmaxes (models/attention.py).
 
 A sliding-window layer (window W) also drops positions <= p - W, as Hugging Face does. When the graph's
 bucket is longer than the window, such a layer reads only a span of the cache that holds every key its
-queries attend: W - 1 positions before the row's first token through its last (window_starts).
+queries attend: W - 1 positions before the row's first token through its last (window_starts). In the chunk
+layout it reads the whole prior bucket, masked to the window.
 
-This is also the actual-token mask of a padded chunk. A partial chunk is padded by repeating its last
-real token and position, so a padded column writes the same K/V to the same cache position as the
-last real token (a no-op) and, attending positions <= that position, sees exactly its keys. No padded
-key exists, so none can be attended.
+Padding: a partial chunk is padded by repeating its last real token and position. In the cache layout a padded
+column writes the same K/V to the same position as the last real token (a no-op) and, attending positions <= that
+position, sees exactly its keys. In the chunk layout a padded own key is a duplicate of the last real one: it is
+masked (its position is not start + its column), so a padded query sees exactly the last real token's keys.
 """
 
 from __future__ import annotations
@@ -38,6 +46,29 @@ def cache_mask(
     return mask & (keys > queries - window) if window else mask
 
 
+def chunk_mask(position_ids: torch.Tensor, prior: int, window: int | None = None) -> torch.Tensor:
+    """[n, T, prior + T]: True where own query t of row i may attend key k of [cache 0..prior-1 | own 0..T-1].
+
+    Row i's chunk starts at position_ids[i, 0]; its real tokens are the columns u with position start + u. With a
+    window, a query at position p also drops keys at positions <= p - window."""
+    n, t = position_ids.shape
+    start = position_ids[:, :1]  # [n, 1]
+    columns = torch.arange(t, dtype=position_ids.dtype, device=position_ids.device)
+    real = (position_ids - start) == columns  # [n, T]: own key u holds a real token
+    causal = columns[None, :] <= columns[:, None]  # [T, T]: own key u <= own query t
+    own = causal[None] & real[:, None, :]
+    queries = position_ids[:, :, None]
+    if window:
+        own = own & (position_ids[:, None, :] > queries - window)
+    if prior == 0:
+        return own
+    keys = torch.arange(prior, dtype=position_ids.dtype, device=position_ids.device)[None, None, :]
+    older = (keys < start[:, :, None]).expand(n, t, prior)  # [n, T, prior]
+    if window:
+        older = older & (keys > queries - window)
+    return torch.cat((older, own), dim=-1)
+
+
 def window_starts(position_ids: torch.Tensor, window: int, span: int, bucket: int) -> torch.Tensor:
     """[n] int64: the first cache position of each row's sliding-window read of `span` positions, within [0, bucket).
 
@@ -55,9 +86,19 @@ def attention_bias(
 ) -> torch.Tensor:
     """cache_mask as an additive bias [n, 1, groups*T, L] for queries laid out [n, kv_heads, groups*T, D]:
     0 where attended, a finite fill elsewhere. Built once per call and shared by every layer."""
-    n, t = position_ids.shape
-    mask = cache_mask(position_ids, bucket, window, starts)
-    mask = mask[:, None, None].expand(n, 1, groups, t, bucket).reshape(n, 1, groups * t, bucket)
+    return _as_bias(cache_mask(position_ids, bucket, window, starts), groups, dtype)
+
+
+def chunk_bias(
+    position_ids: torch.Tensor, prior: int, groups: int, dtype: torch.dtype, window: int | None = None
+) -> torch.Tensor:
+    """chunk_mask as an additive bias [n, 1, groups*T, prior + T] (queries laid out as in attention_bias)."""
+    return _as_bias(chunk_mask(position_ids, prior, window), groups, dtype)
+
+
+def _as_bias(mask: torch.Tensor, groups: int, dtype: torch.dtype) -> torch.Tensor:
+    n, t, keys = mask.shape
+    mask = mask[:, None, None].expand(n, 1, groups, t, keys).reshape(n, 1, groups * t, keys)
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, mask_fill(dtype))
 
 

@@ -41,7 +41,8 @@ def prefill_batch(gs: GraphSet, prompts: Sequence[Prompt]) -> list[torch.Tensor]
 def chunks_call(gs: GraphSet, chunks: list[ChunkInputs]) -> torch.Tensor:
     """One prefill call for n chunks of distinct slots: the one-prompt graph for one, else the n-prompt graph
     (one per width: a padding row would cost as much as a real one)."""
-    spec = gs.graph_for(gs.neuron_config.prefill_graph, [p[-1] for _, p in chunks], rows=len(chunks))
+    starts, lasts = [p[0] for _, p in chunks], [p[-1] for _, p in chunks]
+    spec = gs.graph_for(gs.neuron_config.prefill_graph, lasts, rows=len(chunks), starts=starts)
     if len(chunks) == 1:
         return gs.graphs(spec, *chunks[0][0])
     return gs.graphs(spec, *(torch.cat(column) for column in zip(*(inputs for inputs, _ in chunks), strict=True)))

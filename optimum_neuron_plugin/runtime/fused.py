@@ -1,7 +1,8 @@
 """The fused step: a prompt's chunk and the decode batch in one chunk_and_decode call, one pass over the weights.
 
-The batch rides in the first chunk whose context bucket also holds every decode row, so the chunk never attends more
-cache than it would alone; the chunk loop goes on for the rest of the prompt.
+The batch rides in the first chunk whose context bucket (the smallest holding the chunk's last position) also holds
+every decode row, so the chunk never attends more cache than that bucket; the chunk loop goes on for the rest of the
+prompt.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def fused(
         prefill(gs, seq_id, tokens[:fused_at], start)
     inputs, sampling_inputs = batch_inputs(gs, batch, nc.batch_size)
     chunk, positions = chunk_inputs(gs, seq_id, tokens, start, fused_at)
-    spec = gs.graph_for(CHUNK_AND_DECODE, [positions[-1]], nc.batch_size)
+    spec = gs.graph_for(CHUNK_AND_DECODE, batch.positions, nc.batch_size, starts=positions[:1])
     output = gs.graphs(spec, *chunk, *inputs, *sampling_inputs)
     if nc.on_device_sampling:
         chunk_logits, tokens_out = output

@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from ..config import NeuronConfig
 from ..errors import InputError
-from ..graphs import CHUNK_AND_DECODE, GraphSpec
+from ..graphs import CHUNK_AND_DECODE, GraphSpec, call_bucket
 
 GraphCall = Callable[..., torch.Tensor]  # graphs(spec, *inputs): runs the compiled graph of spec
 
@@ -31,10 +31,12 @@ class GraphSet:
         """The artifact has chunk_and_decode graphs (chunked, batch_size > 1)."""
         return any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
 
-    def graph_for(self, name: str, last_positions: Sequence[int], rows: int = 1) -> GraphSpec:
-        """The graph `name` of `rows` rows and of the smallest context bucket holding every row's positions up to
-        its last."""
-        return self._by_shape[name, rows, self.neuron_config.bucket_for(max(last_positions))]
+    def graph_for(
+        self, name: str, last_positions: Sequence[int], rows: int = 1, starts: Sequence[int] = (0,)
+    ) -> GraphSpec:
+        """The graph `name` of `rows` rows and of the smallest bucket that runs rows starting at `starts` and ending
+        at `last_positions` (graphs.call_bucket)."""
+        return self._by_shape[name, rows, call_bucket(self.neuron_config, name, starts, last_positions)]
 
     def check_seq_id(self, seq_id: int) -> None:
         if not 0 <= seq_id < self.neuron_config.batch_size:

@@ -142,10 +142,12 @@ class NeuronModelForCausalLM:
         specs = [spec for spec in self.specs if name in (None, spec.name)]
         return self.backend.graph_files(self.graphs_dir, specs)
 
-    def graph_for(self, name: str, last_positions: Sequence[int], rows: int = 1) -> GraphSpec:
-        """The graph `name` of `rows` rows and of the smallest context bucket holding every row's positions up to
-        its last."""
-        return self.graph_set.graph_for(name, last_positions, rows)
+    def graph_for(
+        self, name: str, last_positions: Sequence[int], rows: int = 1, starts: Sequence[int] = (0,)
+    ) -> GraphSpec:
+        """The graph `name` of `rows` rows and of the smallest bucket that runs rows starting at `starts` and ending
+        at `last_positions` (graphs.call_bucket)."""
+        return self.graph_set.graph_for(name, last_positions, rows, starts)
 
     def warm_up(self) -> None:
         """Runs every compiled graph once on slot 0 (rewritten by the next request that uses it).
