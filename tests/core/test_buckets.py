@@ -1,7 +1,8 @@
-"""Context-length buckets: a call runs the graph of the smallest bucket holding its context, the graph of
-bucket L reads cache positions [0, L) only, and greedy decoding across bucket edges equals HF's.
+"""Buckets: a call runs the graph of the smallest bucket holding its context, the graph of bucket L reads cache
+positions [0, L) only, and greedy decoding across bucket edges equals HF's.
 
-The tiny artifacts have sequence length 64 and chunk 8, so their default buckets are 8, 16, 32, 64."""
+The tiny artifacts have sequence length 64 and chunk 8: context buckets 8, 16, 32, 64 (decode, chunk_and_decode)
+and prefill buckets 0, 8, 16, 24, 32, 48, 64 (chunked_prefill: a chunk's prior context)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from support.references import runtime_greedy as greedy
 from support.tiny_models import ARCHITECTURES
 
 from optimum_neuron_plugin import NeuronConfig
-from optimum_neuron_plugin.config import NeuronConfigError, default_context_buckets
+from optimum_neuron_plugin.config import NeuronConfigError, default_context_buckets, default_prefill_buckets
 
 from .helpers import CHUNKED, CallLog, prompt, slot_positions
 
 BUCKETS = (8, 16, 32, 64)
+PREFILL_BUCKETS = (0, 8, 16, 24, 32, 48, 64)
 
 
 def test_default_buckets_double_from_the_chunk_to_the_sequence_length():
@@ -26,6 +28,29 @@ def test_default_buckets_double_from_the_chunk_to_the_sequence_length():
     assert default_context_buckets(4096, 0) == (512, 1024, 2048, 4096)  # no chunking: from 512
     assert default_context_buckets(300, 256) == (256, 300)
     assert default_context_buckets(256, 256) == (256,)
+
+
+def test_default_prefill_buckets_are_chunk_multiples_in_half_octaves_from_zero():
+    assert NeuronConfig(sequence_length=64, prefill_chunk_size=8).prefill_buckets == PREFILL_BUCKETS
+    assert default_prefill_buckets(4096, 512) == (0, 512, 1024, 1536, 2048, 3072, 4096)
+    assert default_prefill_buckets(8192, 512) == (0, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+    # At most 10 nonzero: the smallest multiples go first.
+    assert default_prefill_buckets(32768, 512) == (0, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
+    assert default_prefill_buckets(3000, 512) == (0, 512, 1024, 1536, 2048, 3000)
+    assert default_prefill_buckets(512, 512) == (0, 512)
+    assert NeuronConfig(sequence_length=64, prefill_chunk_size=0).prefill_buckets == ()
+
+
+@pytest.mark.parametrize(
+    "buckets, allowed",
+    [((8, 64), "starting with 0"), ((0, 16, 8, 64), "strictly increasing"), ((0, 32), "ending with sequence_length")],
+)
+def test_bad_prefill_buckets_say_what_is_allowed(buckets, allowed):
+    with pytest.raises(NeuronConfigError) as error:
+        NeuronConfig(sequence_length=64, prefill_chunk_size=8, prefill_buckets=buckets)
+    assert "prefill_buckets" in str(error.value) and allowed in str(error.value)
+    with pytest.raises(NeuronConfigError, match="without chunked prefill"):
+        NeuronConfig(sequence_length=64, prefill_chunk_size=0, prefill_buckets=(0, 64))
 
 
 @pytest.mark.parametrize(
@@ -44,21 +69,28 @@ def test_a_call_up_to_position_p_reads_the_smallest_bucket_holding_position_p(zo
     p = L - 1, not p = L."""
     model = zoo.artifact("llama", **CHUNKED).model
     assert model.graph_for("token_generation", [last]).bucket == bucket
-    assert model.graph_for("chunked_prefill", [last]).bucket == bucket
     # Every row must fit: the longest one decides.
     assert model.graph_for("token_generation", [0, last, 3]).bucket == bucket
+
+
+@pytest.mark.parametrize("start, bucket", [(0, 0), (1, 8), (8, 8), (9, 16), (24, 24), (25, 32), (33, 48), (56, 64)])
+def test_a_chunk_starting_at_s_reads_the_smallest_prefill_bucket_holding_its_prior_context(zoo, start, bucket):
+    """A chunk at [s, s + C) attends cache positions [0, s) and its own block: bucket P serves s = P, the
+    bucket-0 graph the first chunks (they attend only themselves)."""
+    model = zoo.artifact("llama", **CHUNKED).model
+    assert model.graph_for("chunked_prefill", [start + 7], starts=[start]).bucket == bucket
 
 
 def test_the_chunk_loop_and_decode_use_the_buckets_at_their_edges(zoo):
     model = zoo.artifact("llama", **CHUNKED).model
     with CallLog(model) as log:
-        model.prefill(0, prompt(20, seed=1))  # chunks end at positions 7, 15, 19
+        model.prefill(0, prompt(20, seed=1))  # chunks start at positions 0, 8, 16
         model.decode([0], [5], [15])  # positions 0..15 fit bucket 16
         model.decode([0], [5], [16])  # position 16 needs bucket 32
     assert log.calls == [
-        ("chunked_prefill", 8, 7),
-        ("chunked_prefill", 16, 15),
-        ("chunked_prefill", 32, 19),
+        ("chunked_prefill", 0, 7),
+        ("chunked_prefill", 8, 15),
+        ("chunked_prefill", 16, 19),
         ("token_generation", 16, 15),
         ("token_generation", 32, 16),
     ]
@@ -66,7 +98,7 @@ def test_the_chunk_loop_and_decode_use_the_buckets_at_their_edges(zoo):
 
 def test_a_bucket_graph_never_reads_past_its_bucket_nor_attends_past_its_position(zoo):
     """Garbage in the slot's cache positions 17.. changes neither a decode at 14 (bucket 16: never read)
-    nor a chunk at 15..16 (bucket 32: read, masked), bit for bit."""
+    nor a chunk at 15..16 (prefill bucket 16: positions 15.. masked, 16.. never read), bit for bit."""
     model = zoo.artifact("llama", **CHUNKED).model
     tokens = prompt(14, seed=2)
     model.prefill(1, tokens)
@@ -81,9 +113,10 @@ def test_a_bucket_graph_never_reads_past_its_bucket_nor_attends_past_its_positio
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_every_bucket_graph_of_every_architecture_matches_hf(zoo, name):
-    """A short prompt decoded far (decode buckets 8, 16, 32, 64) and a long prompt (prefill buckets 8 to 64)."""
+    """A short prompt decoded far (decode buckets 8, 16, 32, 64) and a long prompt (prefill buckets 0 to 64: its
+    chunks start at 0, 8, ..., 56)."""
     artifact = zoo.artifact(name, **CHUNKED)
-    short, long = prompt(5, seed=40), prompt(45, seed=41)
+    short, long = prompt(5, seed=40), prompt(57, seed=41)
     with CallLog(artifact.model) as log:
         assert greedy(artifact.model, short, 50) == hf_greedy(artifact.hf, short, 50)
         assert greedy(artifact.model, long, 4) == hf_greedy(artifact.hf, long, 4)

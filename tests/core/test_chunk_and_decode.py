@@ -54,7 +54,7 @@ def test_the_artifact_has_one_chunk_and_decode_graph_per_bucket(zoo):
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_decoding_while_another_prompt_prefills_matches_hf_in_every_bucket(zoo, name):
-    """The decoding request goes from position 5 to 50 (buckets 8 to 64) and the 45-token prompt's chunks end in
+    """The decoding request goes from position 5 to 50 (buckets 8 to 64) and the 45-token prompt's chunks start in
     every bucket too: each chunk_and_decode graph runs, and both requests' tokens are HF's."""
     artifact = zoo.artifact(name, **CHUNKED)
     decoding, prefilling = prompt(5, seed=50), prompt(45, seed=51)
@@ -63,7 +63,7 @@ def test_decoding_while_another_prompt_prefills_matches_hf_in_every_bucket(zoo, 
     assert a == hf_greedy(artifact.hf, decoding, 12)
     assert b == hf_greedy(artifact.hf, prefilling, 12)
     fused = [bucket for name, bucket in log.graphs_and_buckets if name == "chunk_and_decode"]
-    assert fused == [8, 16, 32, 32, 64, 64]  # chunks ending at positions 7, 15, 23, 31, 39, 44
+    assert fused == [8, 8, 16, 32, 32, 64]  # chunks starting at 0, 8, 16, 24, 32, 40 (prior context: bucket >= start)
 
 
 @pytest.mark.parametrize("config", [CHUNKED_LOGITS, CHUNKED], ids=["host-sampling", "on-device-sampling"])

@@ -125,11 +125,6 @@ def test_missing_field_names_the_file_and_field(tmp_path):
     assert NEURON_CONFIG_FILE in message and "batch_size" in message
 
 
-def test_a_format_4_file_from_before_prefill_batches_loads_without_them(tmp_path):
-    write_config(tmp_path, prefill_batch_size=None)
-    assert NeuronConfig.load(tmp_path).prefill_batch_size == 1
-
-
 def test_bad_value_in_file_names_the_file(tmp_path):
     write_config(tmp_path, prefill_chunk_size=4096)
     with pytest.raises(NeuronConfigError) as error:
@@ -144,8 +139,3 @@ def test_missing_or_corrupt_file_names_the_file(tmp_path):
     (tmp_path / NEURON_CONFIG_FILE).write_text("{not json")
     with pytest.raises(NeuronConfigError, match=NEURON_CONFIG_FILE):
         NeuronConfig.load(tmp_path)
-
-
-def test_a_format_4_file_from_before_decode_batch_sizes_has_the_batch_graph_only(tmp_path):
-    write_config(tmp_path, batch_size=4, decode_batch_sizes=None)
-    assert NeuronConfig.load(tmp_path).decode_batch_sizes == (4,)
