@@ -172,9 +172,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="L1,L2,...",
         type=_buckets,
         default=None,
-        help="cache lengths to compile each graph for, increasing, ending with the sequence length; a call runs "
-        "the graph of the smallest bucket holding its context. Default: doubling lengths from the chunk size "
-        "up to the sequence length, at most 4",
+        help="cache lengths to compile token_generation, chunk_and_decode and context_encoding for, increasing, "
+        "ending with the sequence length; a call runs the graph of the smallest bucket holding its context. Default: "
+        "doubling lengths from the chunk size up to the sequence length, at most 4",
+    )
+    optional.add_argument(
+        *_spellings("prefill-buckets"),
+        dest="prefill_buckets",
+        metavar="0,P1,...",
+        type=_prefill_buckets,
+        default=None,
+        help="chunked exports: prior-context lengths to compile chunked_prefill for, increasing from 0, ending with "
+        "the sequence length; a chunk starting at position s attends the smallest bucket >= s and its own block. "
+        "Default: 0, then multiples of the chunk size in half-octave steps (1, 2, 3, 4, 6, 8, 12, ... chunks), at "
+        "most 10 besides 0",
     )
     optional.add_argument(
         *_spellings("cpu-compiler"),
@@ -205,6 +216,7 @@ def _int_list(example: str, what: str) -> Callable[[str], tuple[int, ...]]:
 
 
 _buckets = _int_list("512,1024,2048", "lengths")
+_prefill_buckets = _int_list("0,512,1024,2048", "lengths")
 _row_counts = _int_list("1,4", "row counts")
 
 
@@ -247,6 +259,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         target=args.instance_type,
         backend=backend,
         context_buckets=args.context_buckets,
+        prefill_buckets=args.prefill_buckets,
         cpu_compiler=args.cpu_compiler,
         prefill_batch_size=args.prefill_batch_size,
         decode_batch_sizes=args.decode_batch_sizes,

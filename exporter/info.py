@@ -71,7 +71,7 @@ def describe(directory: str | Path) -> list[str]:
     for spec in specs:
         shape = f"[{spec.rows} x {spec.tokens}]"
         output = "sampling on device" if spec.samples else "returns logits"
-        lines.append(f"  {spec.name:<18} {shape:<10} context bucket {spec.bucket:<6} {output}")
+        lines.append(f"  {spec.name:<18} {shape:<10} {spec.bucket_label:<20} {output}")
     # One file per graph on the cpu backend; a manifest per graph plus its NEFF cache files on the neuron backend.
     programs = get_backend(neuron_config).graph_files(directory, specs)
     missing = [p for p in programs if not p.is_file()]

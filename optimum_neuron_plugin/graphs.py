@@ -64,6 +64,11 @@ class GraphSpec:
         return f"{self.name}_{self.bucket}"
 
     @property
+    def bucket_label(self) -> str:
+        """What the bucket bounds, for messages: a chunk's prior context or the cache a call attends."""
+        return f"{'prior' if self.name == CHUNKED_PREFILL else 'context'} bucket {self.bucket}"
+
+    @property
     def is_prefill_batch(self) -> bool:
         """A chunked_prefill graph of several prompts (2..prefill_batch_size)."""
         return self.name == CHUNKED_PREFILL and self.rows > 1

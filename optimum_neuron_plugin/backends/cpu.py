@@ -94,7 +94,7 @@ class CpuBackend:
         for graph in graphs:
             spec = graph.spec
             progress(
-                f"compiling graph {spec.name} [{spec.rows} x {spec.tokens}], context bucket {spec.bucket}, "
+                f"compiling graph {spec.name} [{spec.rows} x {spec.tokens}], {spec.bucket_label}, "
                 f"with {self.format.description}"
             )
             path = self.graph_path(directory, spec)

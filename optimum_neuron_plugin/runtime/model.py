@@ -161,7 +161,7 @@ class NeuronModelForCausalLM:
                 first_line = str(error).splitlines()[0] if str(error) else ""
                 raise ArtifactError(
                     f"{', '.join(map(str, self.backend.graph_files(self.graphs_dir, [spec])))}: the compiled graph "
-                    f"{spec.name} fails on its first call (context bucket {spec.bucket}; {type(error).__name__}: "
+                    f"{spec.name} fails on its first call ({spec.bucket_label}; {type(error).__name__}: "
                     f"{first_line}); the artifact is corrupt or mixes files of different exports: export the model again"
                 ) from error
 
