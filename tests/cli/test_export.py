@@ -107,12 +107,12 @@ TINY_ARGS = ["--batch-size", "2", "--sequence-length", "64", "--backend", "cpu"]
 
 @pytest.fixture(scope="module")
 def llama_export(tiny_models, tmp_path_factory) -> tuple[Path, object]:
-    """One chunked export of the tiny Llama, compiled to C++ (AOTInductor) for two context buckets, shared by
-    several tests (the slow part of this module)."""
+    """One chunked export of the tiny Llama, compiled to C++ (AOTInductor) for two context buckets and two prefill
+    buckets, shared by several tests (the slow part of this module)."""
     output = tmp_path_factory.mktemp("llama") / "exported"
     result = run_export(
         "--model", tiny_models["llama"], *TINY_ARGS, "--prefill-chunk-size", "16", "--context-buckets", "32,64",
-        "--decode-batch-sizes", "2", "--cpu-compiler", "inductor", output,
+        "--prefill-buckets", "0,64", "--decode-batch-sizes", "2", "--cpu-compiler", "inductor", output,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return output, result
@@ -124,8 +124,9 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     for name in ("config.json", "neuron_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert name in files, sorted(files)
     graphs = sorted(f for f in files if f.startswith("graphs/"))
-    kinds = ("chunk_and_decode", "chunked_prefill", "token_generation")
-    expected = sorted(f"{graph}_{bucket}.aoti.pt2" for graph in kinds for bucket in (32, 64))
+    kinds = ("chunk_and_decode", "token_generation")
+    expected = [f"{graph}_{bucket}.aoti.pt2" for graph in kinds for bucket in (32, 64)]
+    expected = sorted(expected + ["chunked_prefill_0.aoti.pt2", "chunked_prefill_64.aoti.pt2"])
     assert [Path(g).name for g in graphs] == expected, graphs
     assert [f for f in files if f.endswith(".safetensors")] == ["model.safetensors"]  # weights once
     # progress and summary
@@ -138,6 +139,7 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     assert config["backend"] == "cpu" and config["torch_dtype"] == "float32" and config["tp_degree"] == 1
     assert config["on_device_sampling"] is True and config["max_topk"] == 256 and config["target"] is None
     assert config["context_buckets"] == [32, 64] and config["cpu_compiler"] == "inductor"
+    assert config["prefill_buckets"] == [0, 64]
     assert config["decode_batch_sizes"] == [2]  # no one-row token_generation: as asked
     assert config["optimum_neuron_plugin_version"]
     assert config["compiler"]["name"] and config["compiler"]["version"]

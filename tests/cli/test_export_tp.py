@@ -25,7 +25,7 @@ def tp_export(tiny_models, tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("llama-tp") / "exported"
     result = run_export(
         "--model", tiny_models["llama"], *TINY_ARGS, "--prefill-chunk-size", "16", "--context-buckets", "32,64",
-        "--tensor-parallel-size", TP, output,
+        "--prefill-buckets", "0,64", "--tensor-parallel-size", TP, output,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return output

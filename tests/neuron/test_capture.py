@@ -17,7 +17,8 @@ from optimum_neuron_plugin.graphs import INDEX_DTYPE, example_inputs, graph_spec
 from .conftest import ARCHITECTURES
 
 RECORDER = "onp_record_graphs"
-# Chunked prefill with 4 context buckets (8, 16, 32, 64) and on-device sampling; and one context_encoding graph.
+# Chunked prefill (prior buckets 0, 8, 16, 24, 32, 48, 64; context buckets 8, 16, 32, 64) with on-device sampling;
+# and one context_encoding graph.
 CONFIGS = {
     "chunked": dict(batch_size=2, sequence_length=64, prefill_chunk_size=8),
     "context_encoding": dict(batch_size=2, sequence_length=32, prefill_chunk_size=0),
@@ -50,8 +51,9 @@ def test_every_graph_is_one_dynamo_graph(tiny_models, recorded, name, shape):
     backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
     graphs = NeuronGraphs(backend, model.graphs(config), model.params(config), model.caches(config))
     specs = graph_specs(config)
-    # token_generation of 1 and 2 rows, chunk_and_decode if chunked
-    assert len(specs) == (4 if config.chunked else 3) * len(config.context_buckets)
+    # per context bucket token_generation of 1 and 2 rows, and chunk_and_decode if chunked (else context_encoding);
+    # chunked_prefill per prefill bucket
+    assert len(specs) == 3 * len(config.context_buckets) + len(config.prefill_buckets)
     for spec in specs:
         before = len(recorded)
         inputs = example_inputs(spec)

@@ -43,7 +43,14 @@ from tests.neuron.fake_compiler import (
 )
 
 TP = 2
-SHAPE = dict(backend="neuron", batch_size=2, sequence_length=32, prefill_chunk_size=8, context_buckets=(16, 32))
+SHAPE = dict(
+    backend="neuron",
+    batch_size=2,
+    sequence_length=32,
+    prefill_chunk_size=8,
+    context_buckets=(16, 32),
+    prefill_buckets=(0, 32),
+)
 PROMPT = prompt(13, seed=3)  # 2 chunks; decoding crosses from bucket 16 to bucket 32
 NEW_TOKENS = 10
 FAKE_BACKEND = partial(

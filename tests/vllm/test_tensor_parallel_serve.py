@@ -25,7 +25,12 @@ def smollm2(tmp_path_factory):
     hf, tokenizer, source = smollm2_hf_and_checkpoint(tmp_path_factory.mktemp("smollm2-source"))
     out = tmp_path_factory.mktemp("smollm2-tp3")
     config = NeuronConfig(
-        batch_size=2, sequence_length=256, prefill_chunk_size=64, context_buckets=(256,), tp_degree=TP
+        batch_size=2,
+        sequence_length=256,
+        prefill_chunk_size=64,
+        context_buckets=(256,),
+        prefill_buckets=(0, 256),
+        tp_degree=TP,
     )
     NeuronModelForCausalLM.export(source, config).save_pretrained(out)
     return hf, tokenizer, out
