@@ -5,7 +5,7 @@
   and its own causal block from its new K/V (not read back from the cache). Both pieces go through one fused
   softmax over the keys [prior | own]: the kernel's running max and sum merge the two partial softmaxes by their
   log-sum-exp, block by block, without materialising the scores (an explicit merge of two materialised
-  softmaxes measured 3x slower on CPU, docs/attention-split.md).
+  softmaxes measured 2.5-4.8x slower on CPU, docs/attention-split.md).
 """
 
 from __future__ import annotations

@@ -22,16 +22,20 @@ def long_llama(tmp_path_factory):
     hf = tiny_model("llama3", seed=1, vocab_size=VOCAB, max_position_embeddings=LENGTH)
     root = tmp_path_factory.mktemp("long-context")
     hf.save_pretrained(root / "hf")
-    config = NeuronConfig(batch_size=1, sequence_length=LENGTH, prefill_chunk_size=CHUNK)
+    # Fewer buckets than the default (6 graphs instead of 13): the export stays a few seconds.
+    config = NeuronConfig(
+        batch_size=1, sequence_length=LENGTH, prefill_chunk_size=CHUNK, prefill_buckets=(0, 2048, 4096, LENGTH),
+        context_buckets=(8192, LENGTH),
+    )  # fmt: skip
     NeuronModelForCausalLM.export(root / "hf", config).save_pretrained(root / "neuron")
     return NeuronModelForCausalLM.from_pretrained(root / "neuron"), hf
 
 
 def test_a_32k_export_has_its_buckets_and_the_configs_rope_scaling(long_llama):
     model, hf = long_llama
-    nc = model.neuron_config
-    assert nc.prefill_buckets == (0, 2048, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
-    assert nc.context_buckets == (4096, 8192, 16384, 32768)
+    default = NeuronConfig(sequence_length=LENGTH, prefill_chunk_size=CHUNK)
+    assert default.prefill_buckets == (0, 2048, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
+    assert default.context_buckets == (4096, 8192, 16384, 32768)
     assert model.config.rope_scaling["rope_type"] == "llama3"
     torch.testing.assert_close(rope_inv_freq(model.config), hf.model.rotary_emb.inv_freq.float())
 
@@ -41,6 +45,7 @@ def test_a_32k_export_prefills_a_long_prompt_like_hf_and_its_top_bucket_runs(lon
     tokens = prompt(5000, seed=9)  # chunks start at 0, 2048, 4096: prior buckets 0, 2048, 4096
     torch.testing.assert_close(model.prefill(0, tokens), hf_last_logits(hf, tokens), atol=1e-3, rtol=0)
     top = model.prefill(0, prompt(700, seed=10), start=LENGTH - 800)  # prior bucket 32768
+    assert model.graph_for("chunked_prefill", [LENGTH - 101], starts=[LENGTH - 800]).bucket == LENGTH
     assert torch.isfinite(top).all()
 
 
