@@ -9,6 +9,10 @@ whole prompt in the same run (best of --repeats, forms alternated).
               SDPA over the keys [prior | own] (the kernel's running max/sum merges the two partial softmaxes)
 - lse:        the same two pieces as materialised partial softmaxes merged explicitly by their log-sum-exp
 Ladders: the doubling context buckets, and the default prefill buckets (config.default_prefill_buckets).
+
+With --decoder, the whole SmolLM2 decoder instead (eager, 30 layers, the bundled GGUF): each chunk of the prompt
+run in the bucket form and in the fused form, alternated chunk by chunk in one process (same weights, same
+threads), as the ratio fused / bucket.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 import time
 from pathlib import Path
 
@@ -76,6 +81,36 @@ def lse_form(start: int, chunk: int, prior_buckets) -> callable:
     return run
 
 
+def decoder_forms(prompt: int, chunk: int, context, prefill) -> dict[str, list]:
+    """Per chunk, a call of the eager SmolLM2 decoder in the bucket form and in the fused form (same cache)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from prefill import default_model
+
+    from optimum_neuron_plugin.models.kv_cache import empty_cache
+    from optimum_neuron_plugin.models.layers import rope_inv_freq
+    from optimum_neuron_plugin.models.llama import decoder_logits
+    from optimum_neuron_plugin.sources import load_source
+
+    source = load_source(default_model())
+    args, params = source.args, {k: v.float().contiguous() for k, v in source.state_dict.items()}
+    caches = empty_cache(args.num_hidden_layers, 1, context[-1], args.num_key_value_heads, args.head_dim, torch.float32)
+    inv_freq, seq = rope_inv_freq(args), torch.zeros(1, dtype=torch.int32)
+    tokens = torch.tensor([[(i * 7919) % (args.vocab_size - 10) + 5 for i in range(prompt)]], dtype=torch.int32)
+
+    def call(start: int, fused: bool):
+        ids, positions = tokens[:, start : start + chunk], torch.arange(start, start + chunk, dtype=torch.int32)[None]
+        bucket = next(b for b in prefill if b >= start) if fused else next(b for b in context if b > start + chunk - 1)
+        return lambda: torch.inference_mode()(decoder_logits)(
+            args, params, caches, inv_freq, ids, positions, seq, bucket, chunk=fused
+        )
+
+    starts = range(0, prompt, chunk)
+    return {
+        "bucket (context buckets)": [call(s, False) for s in starts],
+        "fused (prefill buckets)": [call(s, True) for s in starts],
+    }
+
+
 def best(fn, repeats: int) -> float:
     fn()
     times = []
@@ -94,11 +129,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--decoder", action="store_true", help="the whole SmolLM2 decoder, bucket vs fused form")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     context = default_context_buckets(args.sequence_length, args.chunk)
     prefill = default_prefill_buckets(args.sequence_length, args.chunk)
     starts = range(0, args.prompt, args.chunk)
+    if args.decoder:
+        return decoder_main(args, decoder_forms(args.prompt, args.chunk, context, prefill), context, prefill)
     forms = {
         "bucket (context buckets)": [bucket_form(s, args.chunk, context) for s in starts],
         "fused (prefill buckets)": [fused_form(s, args.chunk, prefill) for s in starts],
@@ -125,6 +163,24 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / f"attention-{args.prompt}.json").write_text(json.dumps(result, indent=2) + "\n")
         (args.out / f"attention-{args.prompt}.md").write_text("\n".join(lines) + "\n")
+
+
+def decoder_main(args, forms: dict[str, list], context, prefill) -> None:
+    seconds = {name: 0.0 for name in forms}
+    for i in range(len(next(iter(forms.values())))):
+        for name, calls in forms.items():
+            seconds[name] += best(calls[i], args.repeats)
+    bucket, fused = seconds.values()
+    lines = [f"SmolLM2 decoder (eager), {args.prompt}-token prompt, chunk {args.chunk}, {args.threads} threads", ""]
+    lines += ["| form | s | / bucket form |", "|---|---:|---:|"]
+    lines += [f"| {n} | {s:.2f} | {s / bucket:.2f} |" for n, s in seconds.items()]
+    print("\n".join(lines))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        result = {"prompt": args.prompt, "chunk": args.chunk, "context_buckets": context, "prefill_buckets": prefill,
+                  "seconds": seconds, "ratio_fused_over_bucket": fused / bucket}  # fmt: skip
+        (args.out / f"decoder-{args.prompt}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (args.out / f"decoder-{args.prompt}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

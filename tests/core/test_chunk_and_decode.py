@@ -63,7 +63,9 @@ def test_decoding_while_another_prompt_prefills_matches_hf_in_every_bucket(zoo, 
     assert a == hf_greedy(artifact.hf, decoding, 12)
     assert b == hf_greedy(artifact.hf, prefilling, 12)
     fused = [bucket for name, bucket in log.graphs_and_buckets if name == "chunk_and_decode"]
-    assert fused == [8, 8, 16, 32, 32, 64]  # chunks starting at 0, 8, 16, 24, 32, 40 (prior context: bucket >= start)
+    # Chunks start at 0, 8, ..., 40 (prior context: a bucket >= the start) and end at 7, 15, ..., 44 (each rides in
+    # the first: the decode rows fit its bucket).
+    assert fused == [8, 8, 16, 32, 32, 64]
 
 
 @pytest.mark.parametrize("config", [CHUNKED_LOGITS, CHUNKED], ids=["host-sampling", "on-device-sampling"])
@@ -85,7 +87,7 @@ def test_one_fused_call_writes_and_returns_what_the_two_calls_do(zoo, config):
     expected_logits = separate.prefill(2, rest[8:24], start=8)
     with CallLog(fused) as log:
         logits, result = fused.prefill_and_decode(2, rest[8:24], 8, *decode)
-    assert log.graphs_and_buckets == [("chunked_prefill", 16), ("chunk_and_decode", 32)]
+    assert log.graphs_and_buckets == [("chunked_prefill", 8), ("chunk_and_decode", 32)]  # prior bucket 8: start 8
     assert result.tokens == expected.tokens
     if expected.logits is not None:
         torch.testing.assert_close(result.logits, expected.logits, atol=1e-5, rtol=1e-5)
@@ -97,8 +99,8 @@ def test_one_fused_call_writes_and_returns_what_the_two_calls_do(zoo, config):
 
 
 def test_a_chunk_whose_bucket_is_smaller_than_the_decode_rows_needs_is_not_fused(zoo):
-    """A request decoding at positions 40+ (bucket 64) while an 8-token prompt prefills (bucket 8): fusing would make
-    the chunk attend 64 positions instead of 8, so the two graphs run, and both requests still get HF's tokens."""
+    """A request decoding at positions 40+ (bucket 64) while an 8-token prompt prefills (its context bucket 8): fusing
+    would make the chunk attend 64 prior positions, so the two graphs run, and both requests still get HF's tokens."""
     artifact = zoo.artifact("llama", **CHUNKED)
     decoding, prefilling = prompt(40, seed=80), prompt(8, seed=81)
     with CallLog(artifact.model) as log:
@@ -106,7 +108,7 @@ def test_a_chunk_whose_bucket_is_smaller_than_the_decode_rows_needs_is_not_fused
     calls = log.graphs_and_buckets
     assert (a, b) == (hf_greedy(artifact.hf, decoding, 4), hf_greedy(artifact.hf, prefilling, 4))
     # After the decoding prompt's own 5 chunks: the decode step, then the prompt's chunk on its own.
-    assert calls[5:7] == [("token_generation", 64), ("chunked_prefill", 8)]
+    assert calls[5:7] == [("token_generation", 64), ("chunked_prefill", 0)]
     assert "chunk_and_decode" not in {name for name, _ in calls}
 
 
