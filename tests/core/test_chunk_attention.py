@@ -7,11 +7,14 @@ for a prior bucket wholly masked (first chunks): finite, no NaN."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from support.tiny_models import ARCHITECTURES
 
 from optimum_neuron_plugin.models.args import ModelArgs
+from optimum_neuron_plugin.models.checkpoint import decoder_weights
 from optimum_neuron_plugin.models.kv_cache import empty_cache
 from optimum_neuron_plugin.models.layers import rope_inv_freq
 from optimum_neuron_plugin.models.llama import decoder_logits, weight_names
@@ -52,7 +55,7 @@ def chunked_logits(hf, tokens: list[int], chunk: int, prior_for) -> tuple[list[t
     """The eager decoder fed `tokens` chunk by chunk (padded like runtime.prefill) into slot 1 of a 2-row cache:
     each chunk's last-token logits and its prior bucket prior_for(start)."""
     args = ModelArgs.from_hf_config(hf.config.to_dict())
-    state = hf.state_dict()
+    state = decoder_weights(hf.state_dict(), args)
     params = {name: state[name] for name in weight_names(args)}
     dtype = params["model.norm.weight"].dtype
     caches = empty_cache(args.num_hidden_layers, 2, SEQUENCE_LENGTH, args.num_key_value_heads, args.head_dim, dtype)
@@ -106,9 +109,6 @@ def test_a_wholly_masked_prior_bucket_is_finite_and_changes_nothing(zoo, prior):
 
 
 def test_bf16_chunks_with_a_masked_prior_are_finite(zoo):
-    hf = zoo.tiny("qwen3").hf.to(torch.bfloat16)
-    try:
-        logits, _ = chunked_logits(hf, prompt(LENGTH, seed=8), 7, lambda s: SEQUENCE_LENGTH)
-    finally:
-        hf.to(torch.float32)
+    hf = copy.deepcopy(zoo.tiny("qwen3").hf).to(torch.bfloat16)  # a copy: the session's fp32 model stays exact
+    logits, _ = chunked_logits(hf, prompt(LENGTH, seed=8), 7, lambda s: SEQUENCE_LENGTH)
     assert all(torch.isfinite(x).all() for x in logits)
