@@ -10,7 +10,10 @@ NEURON_CONFIG_FILE = "neuron_config.json"
 # 2: context-length buckets (one graph file per graph and bucket).
 # 3: int32 index inputs; graphs write the new K/V first, then attend their bucket (bucket > last position).
 # 4: chunk_and_decode graphs (a prompt chunk and a decode batch in one call).
-FORMAT_VERSION = 4
+# 5: on-device sampling graphs take a packed token bitmask (structured outputs). Format 4 is still read: its graphs
+#    have no bitmask input (token_bitmask false), so it serves everything but structured outputs on device.
+FORMAT_VERSION = 5
+OLDEST_FORMAT_VERSION = 4
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
 TARGETS = ("trn2", "trn3")
@@ -19,6 +22,8 @@ LEGACY_TARGETS = ("inf1", "inf2", "trn1", "trn1n")
 CPU_COMPILERS = ("export", "inductor")
 # Fields added without a format change, and their values for a format-4 file without them (it has no such graphs).
 ADDED_IN_FORMAT_4 = {"prefill_batch_size": lambda data: 1, "decode_batch_sizes": lambda data: [data.get("batch_size")]}
+# Fields of format 5, and their values for a format-4 file (its graphs have no token bitmask input).
+ADDED_IN_FORMAT_5 = {"token_bitmask": lambda data: False}
 # Default context buckets: doubling lengths ending at sequence_length, at most this many.
 MAX_DEFAULT_BUCKETS = 4
 
@@ -51,6 +56,9 @@ class NeuronConfig:
     # Row counts token_generation is compiled for: a decode call of n requests runs the graph of the smallest
     # count >= n (fewer rows attend and sample less). None: default_decode_batch_sizes(). Ends with batch_size.
     decode_batch_sizes: tuple[int, ...] | None = None
+    # On-device sampling graphs take a packed token bitmask input (structured outputs). Always true in an export of
+    # this plugin; false when read from a format-4 file.
+    token_bitmask: bool = True
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -75,8 +83,9 @@ class NeuronConfig:
             )
         if self.target is not None and self.target not in TARGETS:
             _fail("target", self.target, f"one of {', '.join(TARGETS)} or null")
-        if not isinstance(self.on_device_sampling, bool):
-            _fail("on_device_sampling", self.on_device_sampling, "true or false")
+        for name in ("on_device_sampling", "token_bitmask"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, getattr(self, name), "true or false")
         if self.cpu_compiler not in CPU_COMPILERS:
             _fail("cpu_compiler", self.cpu_compiler, f"one of {', '.join(CPU_COMPILERS)}")
         if self.prefill_batch_size > 1 and not self.chunked:
@@ -175,12 +184,14 @@ class NeuronConfig:
                 f"{path}: format_version {version!r} is not supported by this optimum-neuron-plugin "
                 f"(it reads up to {FORMAT_VERSION}); upgrade the plugin or export the model again"
             )
-        if version < FORMAT_VERSION:
+        if version < OLDEST_FORMAT_VERSION:
             raise NeuronConfigError(
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
-                f"{FORMAT_VERSION}: graphs per context bucket, int32 index inputs, chunk_and_decode graphs); export the model again"
+                f"{OLDEST_FORMAT_VERSION} and {FORMAT_VERSION}: graphs per context bucket, int32 index inputs, "
+                "chunk_and_decode graphs); export the model again"
             )
-        for name, old_value in ADDED_IN_FORMAT_4.items():
+        added = {**ADDED_IN_FORMAT_4, **(ADDED_IN_FORMAT_5 if version < 5 else {})}
+        for name, old_value in added.items():
             if name not in data:
                 data[name] = old_value(data)
         missing = [f.name for f in fields(cls) if f.name not in data]

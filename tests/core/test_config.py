@@ -7,7 +7,7 @@ import json
 import pytest
 
 from optimum_neuron_plugin import NeuronConfig, NeuronConfigError, NeuronModelForCausalLM
-from optimum_neuron_plugin.config import FORMAT_VERSION, NEURON_CONFIG_FILE
+from optimum_neuron_plugin.config import FORMAT_VERSION, NEURON_CONFIG_FILE, OLDEST_FORMAT_VERSION
 
 BAD_VALUES = [
     # (field, value, other fields, words of what is allowed)
@@ -106,15 +106,23 @@ def test_newer_format_version_names_the_file(tmp_path):
 
 
 def test_older_format_version_asks_for_a_new_export(tmp_path):
-    write_config(tmp_path, format_version=FORMAT_VERSION - 1)
+    write_config(tmp_path, format_version=OLDEST_FORMAT_VERSION - 1)
     with pytest.raises(NeuronConfigError) as error:
         NeuronConfig.load(tmp_path)
     message = str(error.value)
     assert (
         NEURON_CONFIG_FILE in message
-        and f"format_version {FORMAT_VERSION - 1}" in message
+        and f"format_version {OLDEST_FORMAT_VERSION - 1}" in message
         and "export the model again" in message
     )
+
+
+def test_format_4_file_loads_without_token_bitmask(tmp_path):
+    """A format-4 export serves on (its graphs have no bitmask input); structured outputs are refused later."""
+    write_config(tmp_path, format_version=4, token_bitmask=None)
+    assert NeuronConfig.load(tmp_path).token_bitmask is False
+    write_config(tmp_path)
+    assert NeuronConfig.load(tmp_path).token_bitmask is True
 
 
 def test_missing_field_names_the_file_and_field(tmp_path):
