@@ -1,7 +1,7 @@
 """What structured outputs cost: the decode graphs with the token bitmask input against the same graphs without it,
 and a structured step's added time. Same process, same threads, timings alternated, ratios printed.
 
-    .venv/bin/python benchmark/token_bitmask.py [--threads 2] [--context 300] [--compiler export]
+    .venv/bin/python benchmark/token_bitmask.py [--threads 1] [--context 300] [--compiler export]
 
 Exports SmolLM2 twice (cached under benchmark/results/artifacts/): as this plugin does (token_generation and
 chunk_and_decode take the packed bitmask) and with token_bitmask=false (the graphs of a format-4 export, no such
@@ -139,8 +139,8 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=256)
     parser.add_argument("--context-buckets", default="512,2048")
     parser.add_argument("--context", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=31)
     args = parser.parse_args()
     model = args.model or default_model()
     torch.set_num_threads(args.threads)
