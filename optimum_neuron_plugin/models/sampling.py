@@ -29,20 +29,22 @@ def mask_disallowed(
 ) -> torch.Tensor:
     """logits [n, V_local] with every token the packed bitmask [n, W] int32 disallows set to a finite fill.
 
-    Token t is allowed when bit t % 32 of word t // 32 is set; a row of all ones (-1) changes nothing. Under tensor
-    parallelism the logits are a vocabulary slice starting at global id `vocab_offset`; ids past the bitmask (padded
-    vocabulary rows) are disallowed. Plain integer ops (index, shift, and), so the graph compiles on Neuron; the
-    fill is finite as in the attention mask (models/masks.py): a fully masked row stays a number.
+    Token t is allowed when bit t % 32 of word t // 32 is set; a row of all ones (-1) changes nothing. The words are
+    unpacked whole (a shift by 0..31 and an and: [n, W, 32] bits in token order). Under tensor parallelism the
+    logits are a vocabulary slice starting at global id `vocab_offset`, gathered from the unpacked bits; ids past
+    the bitmask (padded vocabulary rows) are disallowed. Plain integer ops, so the graph compiles on Neuron; the fill
+    is finite as in the attention mask (models/masks.py): a fully masked row stays a number.
     """
-    words = bitmask.shape[-1]
-    ids = torch.arange(logits.shape[-1], device=logits.device, dtype=torch.int32)
-    if vocab_offset is not None:
-        ids = ids + vocab_offset.to(torch.int32)
-    word = torch.bitwise_right_shift(ids, 5)
-    in_mask = word < words
-    bits = bitmask.index_select(-1, word.clamp(max=words - 1))  # [n, V_local]
-    allowed = (torch.bitwise_right_shift(bits, torch.bitwise_and(ids, BITS_PER_WORD - 1)) & 1).bool() & in_mask
-    return logits.masked_fill(~allowed, mask_fill(logits.dtype))
+    rows, words = bitmask.shape
+    shifts = torch.arange(BITS_PER_WORD, device=bitmask.device, dtype=torch.int32)
+    bits = torch.bitwise_and(torch.bitwise_right_shift(bitmask[:, :, None], shifts), 1).view(rows, -1)
+    local = logits.shape[-1]
+    if vocab_offset is None:
+        allowed = bits[:, :local]
+    else:
+        ids = torch.arange(local, device=logits.device) + vocab_offset
+        allowed = bits.index_select(-1, ids.clamp(max=bits.shape[-1] - 1)) * (ids < bits.shape[-1])
+    return logits.masked_fill(allowed == 0, mask_fill(logits.dtype))
 
 
 def sample(

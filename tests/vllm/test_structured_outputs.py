@@ -1,10 +1,11 @@
 """Structured outputs and tool calling through a live `vllm serve`, on both artifact kinds.
 
 - `device`: the chunked tiny model with on-device sampling (the decode graphs mask vLLM's bitmask), interleaved
-  prefill mode, `--enable-auto-tool-choice --tool-call-parser hermes` (SmolLM2's ChatML template) with
-  VLLM_ENFORCE_STRICT_TOOL_CALLING=0 (see TOOLS).
+  prefill mode;
 - `host`: the context-encoding tiny model whose token_generation returns logits (vLLM's bitmask application on the
-  host), serial prefill mode.
+  host), serial prefill mode;
+both with `--enable-auto-tool-choice --tool-call-parser hermes` (SmolLM2's ChatML template) and
+VLLM_ENFORCE_STRICT_TOOL_CALLING=0 (see TOOLS).
 Both with `disable_any_whitespace`: a random-weight model would otherwise fill JSON with whitespace up to max_tokens.
 Every form: 20 sampled requests (temperature 1, seeds 0..19) whose outputs must conform.
 """
@@ -55,27 +56,25 @@ REGEX = r"[a-c]{2,4}-[0-9]{1,3}"
 CHOICES = ["red", "green", "blue"]
 GRAMMAR = 'root ::= greeting " " name\ngreeting ::= "hi" | "hello"\nname ::= [a-z] | [a-z] [a-z] | [a-z] [a-z] [a-z]'
 GRAMMAR_LANGUAGE = r"(hi|hello) [a-z]{1,3}"
-SERVE_ARGS = ("--structured-outputs-config", json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}))
+SERVE_ARGS = (
+    "--structured-outputs-config",
+    json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+)
+SERVE_ENV = {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}  # see TOOLS
 
 
 @pytest.fixture(scope="module")
 def device(chunked_dir, vllm_root):
-    yield from serve(
-        chunked_dir,
-        vllm_root / "structured-device.log",
-        *SERVE_ARGS,
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        "hermes",
-        "--additional-config",
-        json.dumps({"prefill_mode": "interleaved"}),
-        env={"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"},
-    )
+    interleaved = ("--additional-config", json.dumps({"prefill_mode": "interleaved"}))
+    yield from serve(chunked_dir, vllm_root / "structured-device.log", *SERVE_ARGS, *interleaved, env=SERVE_ENV)
 
 
 @pytest.fixture(scope="module")
 def host(full_host_dir, vllm_root):
-    yield from serve(full_host_dir, vllm_root / "structured-host.log", *SERVE_ARGS)
+    yield from serve(full_host_dir, vllm_root / "structured-host.log", *SERVE_ARGS, env=SERVE_ENV)
 
 
 @pytest.fixture(params=["device", "host"])
