@@ -105,15 +105,16 @@ def measure(with_mask: Path, without: Path, args: argparse.Namespace) -> dict:
     grammar = schema_bitmask(with_mask, batch)
     ones = torch.full_like(grammar, -1)
     logits = torch.randn(batch, vocab)
-    results = {
-        "decode": alternate(decode("with", batch, "with"), decode("without", batch, "without"), args.repeats, ("with", "without")),
-        "decode_1": alternate(decode("with", 1, "with_1"), decode("without", 1, "without_1"), args.repeats, ("with", "without")),
-        "chunk_and_decode": alternate(fused("with"), fused("without"), args.repeats, ("with", "without")),
-        "structured_decode": alternate(
+    measures = {
+        "decode": lambda: alternate(decode("with", batch, "with"), decode("without", batch, "without"), args.repeats, ("with", "without")),
+        "decode_1": lambda: alternate(decode("with", 1, "with_1"), decode("without", 1, "without_1"), args.repeats, ("with", "without")),
+        "chunk_and_decode": lambda: alternate(fused("with"), fused("without"), args.repeats, ("with", "without")),
+        "structured_decode": lambda: alternate(
             decode("with", batch, "masked", grammar), decode("with", batch, "ones", ones), args.repeats, ("masked", "ones")
         ),
-        "host_mask": alternate(lambda: host_mask(logits, grammar), decode("without", batch, "without"), args.repeats, ("host_mask", "decode")),
+        "host_mask": lambda: alternate(lambda: host_mask(logits, grammar), decode("without", batch, "without"), args.repeats, ("host_mask", "decode")),
     }  # fmt: skip
+    results = {name: measure() for name, measure in measures.items() if name in args.only.split(",")}
     print(f"[token_bitmask] allowed tokens in the schema's first-token mask: {allowed(grammar[0], vocab)} of {vocab}")
     return results
 
@@ -141,6 +142,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=31)
+    parser.add_argument("--only", default="decode,decode_1,chunk_and_decode,structured_decode,host_mask")
+    parser.add_argument("--out", default="with-vs-without", help="the result file's name after the date")
     args = parser.parse_args()
     model = args.model or default_model()
     torch.set_num_threads(args.threads)
@@ -152,7 +155,7 @@ def main() -> None:
         (first, a), (second, b) = ((k.removesuffix("_ms"), v) for k, v in row.items() if k.endswith("_ms"))
         print(f"[token_bitmask] {key:<18} {first} {a:8.2f} ms   {second} {b:8.2f} ms   ratio {row['ratio']:.3f}x")
     results = {"threads": args.threads, "context": args.context, "compiler": args.compiler, "artifact": name, **figures}
-    path = ROOT / "results" / f"{datetime.date.today():%Y%m%d}-token-bitmask-with-vs-without.json"
+    path = ROOT / "results" / f"{datetime.date.today():%Y%m%d}-token-bitmask-{args.out}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(f"[token_bitmask] wrote {path}")
 
