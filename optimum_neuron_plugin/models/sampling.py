@@ -36,13 +36,13 @@ def mask_disallowed(
     is finite as in the attention mask (models/masks.py): a fully masked row stays a number.
     """
     rows, words = bitmask.shape
-    shifts = torch.arange(BITS_PER_WORD, device=bitmask.device, dtype=torch.int32)
+    shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32, device=bitmask.device)
     bits = torch.bitwise_and(torch.bitwise_right_shift(bitmask[:, :, None], shifts), 1).view(rows, -1)
     local = logits.shape[-1]
     if vocab_offset is None:
         allowed = bits[:, :local]
     else:
-        ids = torch.arange(local, device=logits.device) + vocab_offset
+        ids = torch.arange(local, dtype=torch.int32, device=logits.device) + vocab_offset.to(torch.int32)
         allowed = bits.index_select(-1, ids.clamp(max=bits.shape[-1] - 1)) * (ids < bits.shape[-1])
     return logits.masked_fill(allowed == 0, mask_fill(logits.dtype))
 
