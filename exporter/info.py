@@ -66,7 +66,7 @@ def describe(directory: str | Path) -> list[str]:
     from optimum_neuron_plugin.backends import get_backend
     from optimum_neuron_plugin.graphs import graph_specs
 
-    specs = graph_specs(neuron_config)
+    specs = graph_specs(neuron_config, int(config.get("vocab_size") or 0))
     lines.append(f"graphs ({len(specs)}):")
     for spec in specs:
         shape = f"[{spec.rows} x {spec.tokens}]"

@@ -11,7 +11,8 @@ NEURON_CONFIG_FILE = "neuron_config.json"
 # 3: int32 index inputs; graphs write the new K/V first, then attend their bucket (bucket > last position).
 # 4: chunk_and_decode graphs (a prompt chunk and a decode batch in one call).
 # 5: chunked_prefill graphs per prior bucket (prefill_buckets): a chunk attends the cache before its start and its
-#    own block; chunk_and_decode's chunk likewise.
+#    own block; chunk_and_decode's chunk likewise. On-device sampling graphs take a packed token bitmask
+#    (structured outputs).
 FORMAT_VERSION = 5
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
@@ -58,6 +59,8 @@ class NeuronConfig:
     # Starts with 0 (first chunks attend only themselves), ends with sequence_length. None: default_prefill_buckets().
     # Unchunked exports have none (context_encoding runs per context bucket).
     prefill_buckets: tuple[int, ...] | None = None
+    # On-device sampling graphs take a packed token bitmask input (structured outputs).
+    token_bitmask: bool = True
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -82,8 +85,9 @@ class NeuronConfig:
             )
         if self.target is not None and self.target not in TARGETS:
             _fail("target", self.target, f"one of {', '.join(TARGETS)} or null")
-        if not isinstance(self.on_device_sampling, bool):
-            _fail("on_device_sampling", self.on_device_sampling, "true or false")
+        for name in ("on_device_sampling", "token_bitmask"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, getattr(self, name), "true or false")
         if self.cpu_compiler not in CPU_COMPILERS:
             _fail("cpu_compiler", self.cpu_compiler, f"one of {', '.join(CPU_COMPILERS)}")
         if self.prefill_batch_size > 1 and not self.chunked:

@@ -6,7 +6,9 @@ weights and the KV cache.
                      one chunk of n prompts, no padding rows
 - context_encoding : 1 sequence x S tokens -> logits [1, V] (only when prefill_chunk_size is 0)
 - token_generation : n sequences x 1 token -> token ids [n] (on-device sampling) or logits [n, V], for every n in
-                     decode_batch_sizes (1 and B by default): a decode call runs the smallest n that holds it
+                     decode_batch_sizes (1 and B by default): a decode call runs the smallest n that holds it.
+                     On-device sampling takes a packed token bitmask [n, ceil(V / 32)] int32 too (structured
+                     outputs: models.sampling.mask_disallowed); rows without a grammar are all ones
 - chunk_and_decode : one chunked_prefill chunk and one token_generation batch in a single pass over the
                      weights -> (chunk logits [1, V], token ids [B]) or logits [1 + B, V]. It is how a prompt
                      is prefilled while other requests decode without stalling them or paying for a second
@@ -34,7 +36,7 @@ from .models.args import ModelArgs
 from .models.collectives import SINGLE, Collectives
 from .models.layers import rope_inv_freq
 from .models.llama import groups_logits
-from .models.sampling import sample
+from .models.sampling import bitmask_words, mask_disallowed, sample
 from .models.sharding import VOCAB_OFFSET
 
 CHUNKED_PREFILL = "chunked_prefill"
@@ -55,6 +57,7 @@ class GraphSpec:
     chunk: int = 0  # chunk_and_decode: tokens of the prompt chunk computed with the rows x tokens batch
 
     narrow: bool = False  # token_generation for fewer rows than batch_size
+    bitmask_words: int = 0  # on-device sampling: int32 words of the token bitmask input per row (0: no such input)
 
     @property
     def key(self) -> str:
@@ -74,8 +77,10 @@ class GraphSpec:
         return self.name == CHUNKED_PREFILL and self.rows > 1
 
 
-def graph_specs(neuron_config: NeuronConfig) -> list[GraphSpec]:
+def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]:
+    """Every graph of an export; vocab_size is the model's (the token bitmask input's width)."""
     nc = neuron_config
+    words = bitmask_words(vocab_size) if nc.on_device_sampling and nc.token_bitmask else 0
     specs = []
     for bucket in nc.prefill_buckets:
         for width in range(1, nc.prefill_batch_size + 1):
@@ -85,17 +90,21 @@ def graph_specs(neuron_config: NeuronConfig) -> list[GraphSpec]:
             specs.append(GraphSpec(CONTEXT_ENCODING, 1, nc.prefill_length, samples=False, bucket=bucket))
         for rows in nc.decode_batch_sizes:
             narrow = rows < nc.batch_size
-            specs.append(GraphSpec(TOKEN_GENERATION, rows, 1, nc.on_device_sampling, bucket, narrow=narrow))
-        if nc.chunked and nc.batch_size > 1:
             specs.append(
-                GraphSpec(CHUNK_AND_DECODE, nc.batch_size, 1, nc.on_device_sampling, bucket, chunk=nc.prefill_length)
+                GraphSpec(TOKEN_GENERATION, rows, 1, nc.on_device_sampling, bucket, narrow=narrow, bitmask_words=words)
+            )
+        if nc.chunked and nc.batch_size > 1:
+            chunk = nc.prefill_length
+            specs.append(
+                GraphSpec(CHUNK_AND_DECODE, nc.batch_size, 1, nc.on_device_sampling, bucket, chunk, bitmask_words=words)
             )
     return specs
 
 
 class DecoderGraph(nn.Module):
     """forward(params, caches, [chunk_ids, chunk_positions, chunk_seq_ids,] input_ids, position_ids, seq_ids
-    [, sampling_params, uniform]): the chunk inputs only in chunk_and_decode (spec.chunk > 0).
+    [, sampling_params, uniform[, token_bitmask]]): the chunk inputs only in chunk_and_decode (spec.chunk > 0), the
+    sampling inputs with on-device sampling, the token bitmask when spec.bitmask_words (format 5 exports).
 
     Under tensor parallelism `args` is one rank's shard (models.sharding.local_args) and `cc` names the group:
     the same program serves every rank (rank-specific values such as the vocabulary offset are weights)."""
@@ -114,9 +123,11 @@ class DecoderGraph(nn.Module):
         )
         if not self.spec.samples:
             return self._whole(logits)
-        sampling_params, uniform = inputs[3 * len(groups) :]
+        sampling_params, uniform, *bitmask = inputs[3 * len(groups) :]
         prompt, batch = (logits[:1], logits[1:]) if self.spec.chunk else (None, logits)
         vocab = self.args.vocab_size
+        if bitmask:
+            batch = mask_disallowed(batch, bitmask[0], params.get(VOCAB_OFFSET))
         tokens = sample(batch, sampling_params, uniform, self.max_topk, self.cc, params.get(VOCAB_OFFSET), vocab)
         return tokens if prompt is None else (self._whole(prompt), tokens)
 
@@ -144,7 +155,13 @@ def example_inputs(spec: GraphSpec) -> tuple[torch.Tensor, ...]:
     if not spec.samples:
         return *chunk, *batch
     params = torch.tensor([[1.0, 1.0, 1.0]]).repeat(spec.rows, 1)
-    return *chunk, *batch, params, torch.zeros(spec.rows, 1)
+    bitmask = (all_allowed(spec.rows, spec.bitmask_words),) if spec.bitmask_words else ()
+    return *chunk, *batch, params, torch.zeros(spec.rows, 1), *bitmask
+
+
+def all_allowed(rows: int, words: int) -> torch.Tensor:
+    """A packed token bitmask [rows, words] that allows every token (all bits set)."""
+    return torch.full((rows, words), -1, dtype=torch.int32)
 
 
 def _rows_inputs(rows: int, tokens: int) -> tuple[torch.Tensor, ...]:

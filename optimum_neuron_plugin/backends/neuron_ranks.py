@@ -123,7 +123,8 @@ def _compile_rank(rank: int, job: RankJob, degree: int, messages) -> None:
         args.num_hidden_layers, nc.batch_size, nc.sequence_length, plan.kv_heads, args.head_dim, job.cache_dtype
     )
     cc = Collectives(degree, dist.group.WORLD.group_name)
-    graphs = [DecoderGraph(sharding.local_args(args, plan), spec, nc.max_topk, cc) for spec in graph_specs(nc)]
+    local = sharding.local_args(args, plan)
+    graphs = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in graph_specs(nc, args.vocab_size)]
     progress = (lambda message: messages.put(("progress", rank, message))) if rank == 0 else (lambda message: None)
     backend.compile(graphs, shard, caches, job.directory, progress, peers)
     dist.destroy_process_group()

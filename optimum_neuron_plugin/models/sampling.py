@@ -2,6 +2,9 @@
 
 The graph holds no RNG op: `uniform` [n, 1] is drawn on the host from each request's own
 generator, so a seeded request samples the same tokens on any backend.
+
+Structured outputs: a packed token bitmask (xgrammar's layout, which vLLM's scheduler sends: bit j of int32 word i
+allows token 32 * i + j) masks the logits before sampling (mask_disallowed).
 """
 
 from __future__ import annotations
@@ -11,7 +14,37 @@ from collections.abc import Callable
 import torch
 
 from .collectives import SINGLE, Collectives
-from .masks import MASK_FILL
+from .masks import MASK_FILL, mask_fill
+
+BITS_PER_WORD = 32
+
+
+def bitmask_words(vocab_size: int) -> int:
+    """int32 words of a packed token bitmask row: ceil(vocab / 32)."""
+    return -(-vocab_size // BITS_PER_WORD)
+
+
+def mask_disallowed(
+    logits: torch.Tensor, bitmask: torch.Tensor, vocab_offset: torch.Tensor | None = None
+) -> torch.Tensor:
+    """logits [n, V_local] with every token the packed bitmask [n, W] int32 disallows set to a finite fill.
+
+    Token t is allowed when bit t % 32 of word t // 32 is set; a row of all ones (-1) changes nothing. The words are
+    unpacked whole (a shift by 0..31 and an and: [n, W, 32] bits in token order). Under tensor parallelism the
+    logits are a vocabulary slice starting at global id `vocab_offset`, gathered from the unpacked bits; ids past
+    the bitmask (padded vocabulary rows) are disallowed. Plain integer ops, so the graph compiles on Neuron; the fill
+    is finite as in the attention mask (models/masks.py): a fully masked row stays a number.
+    """
+    rows, words = bitmask.shape
+    shifts = torch.arange(BITS_PER_WORD, dtype=torch.int32, device=bitmask.device)
+    bits = torch.bitwise_and(torch.bitwise_right_shift(bitmask[:, :, None], shifts), 1).view(rows, -1)
+    local = logits.shape[-1]
+    if vocab_offset is None:
+        allowed = bits[:, :local]
+    else:
+        ids = torch.arange(local, dtype=torch.int32, device=logits.device) + vocab_offset.to(torch.int32)
+        allowed = bits.index_select(-1, ids.clamp(max=bits.shape[-1] - 1)) * (ids < bits.shape[-1])
+    return logits.masked_fill(allowed == 0, mask_fill(logits.dtype))
 
 
 def sample(

@@ -82,7 +82,7 @@ def load(
             f"{directory}: tp_degree={neuron_config.tp_degree}: load it in each of {neuron_config.tp_degree} "
             f"processes after torch.distributed.init_process_group(world_size={neuron_config.tp_degree})"
         )
-    for path in make_backend(neuron_config).graph_files(directory, graph_specs(neuron_config)):
+    for path in make_backend(neuron_config).graph_files(directory, graph_specs(neuron_config, args.vocab_size)):
         if not path.is_file():
             raise ArtifactError(f"{path}: missing compiled graph; export the model again")
     params = artifact.load_weights(directory, weight_names(args))
@@ -110,7 +110,7 @@ def compile_graphs(backend, args, plan, neuron_config, params, workdir, progress
     )  # fmt: skip
     local = sharding.local_args(args, plan)
     if nc.tp_degree == 1:
-        graphs = [DecoderGraph(local, spec, nc.max_topk) for spec in graph_specs(nc)]
+        graphs = [DecoderGraph(local, spec, nc.max_topk) for spec in graph_specs(nc, args.vocab_size)]
         backend.compile(graphs, shard, caches, workdir, progress)
         return
     if dist.is_initialized():
@@ -120,7 +120,7 @@ def compile_graphs(backend, args, plan, neuron_config, params, workdir, progress
         )
     with export_world(nc.tp_degree) as group:
         cc = Collectives(nc.tp_degree, group)
-        graphs = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in graph_specs(nc)]
+        graphs = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in graph_specs(nc, args.vocab_size)]
         backend.compile(graphs, shard, caches, workdir, progress)
 
 

@@ -1,17 +1,19 @@
 """One decode step: a token_generation call for up to batch_size sequences, sampled on the device or on the host.
 
 Missing rows are padded by repeating row 0: identical inputs write identical K/V to the same place.
+With on-device sampling every call passes a packed token bitmask (structured outputs): the batch's, or all ones.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..errors import InputError
-from ..graphs import INDEX_DTYPE, TOKEN_GENERATION
+from ..graphs import INDEX_DTYPE, TOKEN_GENERATION, all_allowed
 from ..sampling import GREEDY, SamplingParams, draw_uniform, params_tensor, sample_on_host
 from .graph_set import GraphSet
 from .ranks import from_rank0
@@ -32,6 +34,9 @@ class DecodeBatch:
     positions: list[int]
     sampling: list[SamplingParams]
     generators: list[torch.Generator | None]
+    # Packed allowed-token bitmask [n, ceil(vocab / 32)] int32 (bit j of word i allows token 32 * i + j), a row of
+    # all ones (-1) for a sequence without a grammar; None: every token allowed. On-device sampling only.
+    bitmask: torch.Tensor | None = None
 
 
 def decode(gs: GraphSet, batch: DecodeBatch, rows: int | None = None) -> DecodeResult:
@@ -61,7 +66,23 @@ def batch_inputs(gs: GraphSet, batch: DecodeBatch, rows: int) -> tuple[tuple, tu
         return inputs, ()
     params = params_tensor(batch.sampling + [batch.sampling[0]] * pad, nc.max_topk)
     uniform = from_rank0(gs.group, torch.cat((draw_uniform(batch.generators), torch.zeros(pad, 1))))
-    return inputs, (params, uniform)
+    if not gs.bitmask_words:
+        return inputs, (params, uniform)
+    return inputs, (params, uniform, bitmask_input(gs, batch.bitmask, rows))
+
+
+def bitmask_input(gs: GraphSet, bitmask: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """The graph's token bitmask [rows, words]: the batch's rows, padding rows allowing everything. Unstructured
+    batches share one all-ones tensor per row count (the graphs only read their inputs)."""
+    words = gs.bitmask_words
+    if bitmask is None:
+        return _all_allowed(rows, words)
+    return torch.cat((bitmask, _all_allowed(rows - bitmask.shape[0], words)))
+
+
+@functools.cache
+def _all_allowed(rows: int, words: int) -> torch.Tensor:
+    return all_allowed(rows, words)
 
 
 def decoded(gs: GraphSet, output: torch.Tensor, batch: DecodeBatch) -> DecodeResult:
@@ -81,11 +102,17 @@ def checked_batch(
     positions: Sequence[int],
     sampling: Sequence[SamplingParams] | None,
     generators: Sequence[torch.Generator | None] | None,
+    bitmask: torch.Tensor | None = None,
 ) -> DecodeBatch:
     nc = gs.neuron_config
     n = len(seq_ids)
     batch = DecodeBatch(
-        list(seq_ids), list(token_ids), list(positions), list(sampling or [GREEDY] * n), list(generators or [None] * n)
+        list(seq_ids),
+        list(token_ids),
+        list(positions),
+        list(sampling or [GREEDY] * n),
+        list(generators or [None] * n),
+        bitmask,
     )
     if not 1 <= n <= nc.batch_size:
         raise InputError(f"decode got {n} sequences; the model was compiled for batch_size {nc.batch_size}")
@@ -97,4 +124,19 @@ def checked_batch(
         gs.check_seq_id(seq_id)
     if any(not 0 <= p < nc.sequence_length for p in batch.positions):
         raise InputError(f"decode positions {batch.positions} exceed sequence_length {nc.sequence_length}")
+    if bitmask is not None:
+        check_bitmask(gs, bitmask, n)
     return batch
+
+
+def check_bitmask(gs: GraphSet, bitmask: torch.Tensor, n: int) -> None:
+    if not gs.bitmask_words:
+        on_device = gs.neuron_config.on_device_sampling
+        where = "has no bitmask input" if on_device else "samples on the host: mask the logits there"
+        raise InputError(f"a token bitmask needs on-device sampling graphs that take one; this export {where}")
+    words = gs.bitmask_words
+    if bitmask.dtype != torch.int32 or tuple(bitmask.shape) != (n, words):
+        raise InputError(
+            f"the token bitmask must be int32 [{n}, {words}] (one row per sequence, ceil(vocab / 32) words); "
+            f"got {bitmask.dtype} {list(bitmask.shape)}"
+        )

@@ -31,6 +31,11 @@ class GraphSet:
         """The artifact has chunk_and_decode graphs (chunked, batch_size > 1)."""
         return any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
 
+    @property
+    def bitmask_words(self) -> int:
+        """int32 words per row of the decode graphs' token bitmask input (0: they take none, token_bitmask false)."""
+        return max((spec.bitmask_words for spec in self.specs), default=0)
+
     def graph_for(
         self, name: str, last_positions: Sequence[int], rows: int = 1, starts: Sequence[int] = (0,)
     ) -> GraphSpec:

@@ -54,7 +54,7 @@ class NeuronModelForCausalLM:
     ) -> None:
         self.config, self.neuron_config, self.hf_config = args, neuron_config, hf_config
         self.params, self.tokenizer, self.generation_config = params, tokenizer, generation_config
-        self.specs = graph_specs(neuron_config)
+        self.specs = graph_specs(neuron_config, args.vocab_size)
         self.graphs_dir = Path(graphs_dir)
         nc = neuron_config
         self.backend = make_backend(nc)
@@ -190,10 +190,12 @@ class NeuronModelForCausalLM:
         sampling: Sequence[SamplingParams] | None = None,
         generators: Sequence[torch.Generator | None] | None = None,
         rows: int | None = None,
+        bitmask: torch.Tensor | None = None,
     ) -> DecodeResult:
         """One token_generation call: token_ids[i] at positions[i] of slot seq_ids[i]. It runs the graph of `rows`
-        rows, by default the fewest (of decode_batch_sizes) that hold the batch."""
-        batch = decode_step.checked_batch(self.graph_set, seq_ids, token_ids, positions, sampling, generators)
+        rows, by default the fewest (of decode_batch_sizes) that hold the batch. `bitmask` (on-device sampling):
+        the packed allowed tokens of each row [n, ceil(vocab / 32)] int32 (decode.DecodeBatch)."""
+        batch = decode_step.checked_batch(self.graph_set, seq_ids, token_ids, positions, sampling, generators, bitmask)
         return decode_step.decode(self.graph_set, batch, rows)
 
     def prefill_and_decode(
@@ -206,13 +208,14 @@ class NeuronModelForCausalLM:
         decode_positions: Sequence[int],
         sampling: Sequence[SamplingParams] | None = None,
         generators: Sequence[torch.Generator | None] | None = None,
+        bitmask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, DecodeResult]:
         """prefill(seq_id, token_ids, start) and decode(decode_*) in one chunk_and_decode call where a chunk's bucket
         holds the decode batch (fused.py). Returns the prefill's logits [vocab] of the last token and the decode's
         result."""
         tokens = chunk_loop.checked_prompt(self.graph_set, seq_id, token_ids, start)
         batch = decode_step.checked_batch(
-            self.graph_set, decode_seq_ids, decode_token_ids, decode_positions, sampling, generators
+            self.graph_set, decode_seq_ids, decode_token_ids, decode_positions, sampling, generators, bitmask
         )
         return fused.prefill_and_decode(self.graph_set, seq_id, tokens, start, batch)
 

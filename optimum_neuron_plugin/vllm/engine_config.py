@@ -88,6 +88,7 @@ def fit_to_artifact(vllm_config: VllmConfig, user: UserArgs | None = None) -> Se
         on_device_sampling=neuron_config.on_device_sampling,
         max_topk=neuron_config.max_topk,
         prefill_mode=mode,
+        structured_outputs=not neuron_config.on_device_sampling or neuron_config.token_bitmask,
     )
 
 

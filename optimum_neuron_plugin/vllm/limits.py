@@ -18,3 +18,5 @@ class ServingLimits:
     on_device_sampling: bool
     max_topk: int
     prefill_mode: PrefillMode
+    # Structured outputs can be served: host sampling, or decode graphs with a token bitmask input (format 5).
+    structured_outputs: bool = True

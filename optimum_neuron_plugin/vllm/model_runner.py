@@ -10,6 +10,10 @@ slice run apart, so a bad prompt fails alone, as it would without the fused grap
 complete samples its first token on the host from the prefill logits; later tokens come from decode (sampled on
 device, or on the host when the artifact returns logits). The same code serves both prefill modes: in serial mode
 vLLM schedules whole prompts, in interleaved mode vLLM's scheduler hands out slices.
+
+Structured outputs (grammar.py): a step whose requests sample under a grammar runs once vLLM's bitmask is known. Host
+sampling masks its logits with vLLM's own bitmask application; on-device sampling passes the bitmask to the decode
+graph, which masks before top-k / top-p.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from __future__ import annotations
 import time
 
 from vllm.config import VllmConfig
-from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 
 from ..graphs import CHUNK_AND_DECODE, TOKEN_GENERATION
+from ..models.sampling import bitmask_words
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY, host_topk
+from .grammar import StepGrammar
 from .health import GraphHealth
 from .host_sampling import HostSampler, TokenLogprobs, logprobs_lists, token_logprobs
 from .log import get_logger
@@ -49,6 +55,7 @@ class NeuronModelRunner:
         self.host_sampler = HostSampler(vllm_config, host_topk(nc.on_device_sampling, nc.max_topk))
         self.seeds = SeedSource(vllm_config.model_config.seed)
         self.health = GraphHealth()
+        self.grammar = StepGrammar(SchedulerOutput.make_empty(), None)  # the step's (execute)
 
     # ---- request bookkeeping ------------------------------------------------------------------
 
@@ -107,7 +114,11 @@ class NeuronModelRunner:
             (plan.decodes if is_decode else plan.prefills).append(work)
         return plan
 
-    def execute(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(
+        self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput | None = None
+    ) -> ModelRunnerOutput:
+        """The step's graph calls and sampled tokens; grammar_output: vLLM's bitmask of its structured requests."""
+        self.grammar = StepGrammar(scheduler_output, grammar_output)
         plan = self.plan(scheduler_output)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, TokenLogprobs] = {}
@@ -176,9 +187,13 @@ class NeuronModelRunner:
 
     def _decode(self, work: list[ScheduledSlice], sampled, logprobs, with_prefill: ScheduledSlice | None) -> None:
         states = [self.requests[w.req_id] for w in work]
-        # Rows whose logits need processing (penalties, min_tokens, min_p, ...) are sampled here
-        # afterwards: the runtime treats them as greedy without a generator, so it draws no randomness for them.
-        processed = [s.needs_logits_processing() for s in states]
+        req_ids = [w.req_id for w in work]
+        on_device = self.model.neuron_config.on_device_sampling
+        # Rows whose logits need processing (penalties, min_tokens, min_p, a grammar on host logits, ...) are
+        # sampled here afterwards: the runtime treats them as greedy without a generator, so it draws no randomness
+        # for them. On device a grammar is the graph's bitmask input instead.
+        processed = [s.needs_logits_processing() or (not on_device and s.req_id in self.grammar) for s in states]
+        bitmask = self.grammar.bitmask(req_ids, bitmask_words(self.model.config.vocab_size)) if on_device else None
         batch = (
             [s.slot for s in states],
             [s.all_token_ids[w.start] for s, w in zip(states, work, strict=True)],
@@ -187,11 +202,13 @@ class NeuronModelRunner:
             [None if p else s.generator for s, p in zip(states, processed, strict=True)],
         )
         if with_prefill is None:
-            result = self.model.decode(*batch)
+            result = self.model.decode(*batch, bitmask=bitmask)
         else:
             state, tokens, began = self._prompt_slice(with_prefill)
             try:
-                prefill_logits, result = self.model.prefill_and_decode(state.slot, tokens, with_prefill.start, *batch)
+                prefill_logits, result = self.model.prefill_and_decode(
+                    state.slot, tokens, with_prefill.start, *batch, bitmask=bitmask
+                )
             except Exception as error:
                 raise FusedCallFailed from error
             self._prefilled(with_prefill, prefill_logits, began, True, sampled, logprobs)
@@ -202,6 +219,7 @@ class NeuronModelRunner:
                 raise RuntimeError(
                     "logits processing needs host logits; the platform should have rejected this request"
                 )
+            self.grammar.mask_host_logits(result.logits, req_ids)
             for i, token in zip(
                 rows, self.host_sampler.sample(result.logits[rows], [states[i] for i in rows]), strict=True
             ):
@@ -259,6 +277,7 @@ class NeuronModelRunner:
         state.stats.prefill_steps += 1
         state.stats.interleaved |= interleaved
         if work.start + work.count == state.num_tokens:
+            self.grammar.mask_host_logits(logits[None], [state.req_id])
             self._append(state, self.host_sampler.sample(logits[None], [state])[0], logits, sampled, logprobs)
 
     @staticmethod

@@ -42,6 +42,7 @@ SUPPORTED = frozenset(
         "_watermarking_skipped",
         "_eos_token_id",
         "_all_stop_token_ids",
+        "structured_outputs",  # vLLM compiles the grammar; the runner masks with its bitmask (check_sampling)
     }
 )
 # Honoured only where every token is sampled on the host: vLLM's logits processing needs logits,
@@ -102,9 +103,11 @@ def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
         # vLLM's chat completions set prompt_logprobs = top_logprobs (0 unless given) whenever `echo` is on, even
         # when the client asked for no logprobs at all: that request asks for none.
         params.prompt_logprobs = None
-    if params.structured_outputs is not None:
+    if params.structured_outputs is not None and not limits.structured_outputs:
         raise VLLMValidationError(
-            "structured output (json / regex / choice / grammar) is not supported by the Neuron plugin",
+            "structured output (json / regex / choice / grammar, response_format, tool_choice required or named) "
+            "needs an artifact whose on-device sampling graphs take a token bitmask; this one was exported without "
+            "it (token_bitmask false): export the model again with the default token_bitmask",
             parameter="structured_outputs",
         )
     host_only = HOST_LOGITS_ONLY if limits.on_device_sampling else frozenset()

@@ -9,6 +9,10 @@ Each data-parallel engine has its own workers, artifact instance and cache, plac
 Step protocol of vLLM 0.32: execute_model(scheduler_output) keeps the step's ModelRunnerOutput
 and returns None, then sample_tokens(grammar_output) returns it. A step with no scheduled tokens
 (it may still finish requests) returns the empty output from execute_model directly.
+A step that samples for a structured-output request (vLLM's has_structured_output_requests) runs
+its graph calls in sample_tokens instead: the graphs sample in the same call as the forward, and
+vLLM computes the grammar bitmask between the two calls. Other steps keep running in execute_model,
+where vLLM's multiprocess executor overlaps them with the scheduler's work.
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class NeuronWorker(WorkerBase):
         self.model: NeuronModelForCausalLM | None = None
         self.runner: NeuronModelRunner | None = None
         self._output: ModelRunnerOutput | None = None
+        self._waiting_for_grammar: SchedulerOutput | None = None  # a step that runs in sample_tokens
 
     # ---- startup ------------------------------------------------------------------------------
 
@@ -134,16 +139,18 @@ class NeuronWorker(WorkerBase):
             self.runner.update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
             return EMPTY_MODEL_RUNNER_OUTPUT
+        if scheduler_output.has_structured_output_requests:
+            self._waiting_for_grammar = scheduler_output
+            return None
         with fatal("the step (execute)"):
             self._output = self.runner.execute(scheduler_output)
         return None
 
     def sample_tokens(self, grammar_output: GrammarOutput | None) -> ModelRunnerOutput:
-        with fatal("sample_tokens"):
-            if grammar_output is not None:
-                raise RuntimeError(
-                    "structured output reached the worker; NeuronPlatform.validate_request should reject it"
-                )
+        scheduler_output, self._waiting_for_grammar = self._waiting_for_grammar, None
+        if scheduler_output is not None:
+            with fatal("the step (execute with the grammar bitmask)"):
+                return self.runner.execute(scheduler_output, grammar_output)
         output, self._output = self._output, None
         return output if output is not None else EMPTY_MODEL_RUNNER_OUTPUT
 

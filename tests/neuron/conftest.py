@@ -39,7 +39,7 @@ class TinyModel:
         return _to_params(self.state_dict, self.args, artifact.torch_dtype(config))
 
     def graphs(self, config: NeuronConfig) -> list[DecoderGraph]:
-        return [DecoderGraph(self.args, spec, config.max_topk) for spec in graph_specs(config)]
+        return [DecoderGraph(self.args, spec, config.max_topk) for spec in graph_specs(config, self.args.vocab_size)]
 
     def caches(self, config: NeuronConfig) -> list[torch.Tensor]:
         a = self.args

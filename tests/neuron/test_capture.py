@@ -50,7 +50,7 @@ def test_every_graph_is_one_dynamo_graph(tiny_models, recorded, name, shape):
     model = tiny_models[name]
     backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
     graphs = NeuronGraphs(backend, model.graphs(config), model.params(config), model.caches(config))
-    specs = graph_specs(config)
+    specs = graph_specs(config, model.args.vocab_size)
     # per context bucket token_generation of 1 and 2 rows, and chunk_and_decode if chunked (else context_encoding);
     # chunked_prefill per prefill bucket
     assert len(specs) == 3 * len(config.context_buckets) + len(config.prefill_buckets)

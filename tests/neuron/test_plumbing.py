@@ -26,7 +26,7 @@ def test_each_graph_compiled_once_cached_in_the_artifact_and_reloaded_without_co
     tiny_models, fake_neuron_compiler, tmp_path, caplog
 ):
     config = NeuronConfig(**CONFIG)
-    model, specs = tiny_models["llama"], graph_specs(config)
+    model, specs = tiny_models["llama"], graph_specs(config, tiny_models["llama"].args.vocab_size)
     backend = neuron.NeuronBackend(config, device="cpu")
     backend.check_can_compile()
     workdir = tmp_path / "export"
@@ -58,7 +58,7 @@ def test_each_graph_compiled_once_cached_in_the_artifact_and_reloaded_without_co
 
 def test_outputs_match_the_cpu_backend_and_the_cache_is_updated_in_place(tiny_models, fake_neuron_compiler, tmp_path):
     config = NeuronConfig(**{**CONFIG, "torch_dtype": "float32"})
-    model, specs = tiny_models["qwen3"], graph_specs(config)
+    model, specs = tiny_models["qwen3"], graph_specs(config, tiny_models["qwen3"].args.vocab_size)
     prefill = specs[0]
     device = neuron.NeuronBackend(config, device="cpu").load(
         model.graphs(config), model.params(config), model.caches(config), tmp_path
@@ -130,7 +130,7 @@ def test_a_graph_missing_from_the_artifact_cache_is_reported_at_load(
     tiny_models, fake_neuron_compiler, tmp_path, caplog
 ):
     config = NeuronConfig(**CONFIG)
-    model, spec = tiny_models["mistral"], graph_specs(config)[0]
+    model, spec = tiny_models["mistral"], graph_specs(config, tiny_models["mistral"].args.vocab_size)[0]
     loaded = neuron.NeuronBackend(config, device="cpu").load(
         model.graphs(config), model.params(config), model.caches(config), tmp_path
     )
@@ -171,7 +171,7 @@ def test_a_graph_whose_neff_is_not_in_the_artifact_fails_the_export_naming_it(ti
     torch._dynamo.register_backend(compiler, name="neuron")
     try:
         config = NeuronConfig(**CONFIG)
-        model, specs = tiny_models["llama"], graph_specs(config)
+        model, specs = tiny_models["llama"], graph_specs(config, tiny_models["llama"].args.vocab_size)
         backend = neuron.NeuronBackend(config, device="cpu")
         with pytest.raises(ExportError) as raised:
             backend.compile(model.graphs(config), model.params(config), model.caches(config), tmp_path / "w", print)

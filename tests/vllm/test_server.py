@@ -108,7 +108,3 @@ def test_unsupported_parameters_get_400(server, tokenizer):
     prompt = prompt_of(5, tokenizer)
     status, body = call(server.port, "/v1/completions", completion(server, prompt, logprobs=2))
     assert status == 400 and "logprobs" in body["error"]["message"]
-    status, body = call(
-        server.port, "/v1/chat/completions", chat(server, "hi", response_format={"type": "json_object"})
-    )
-    assert status == 400 and "structured output" in body["error"]["message"]
