@@ -4,7 +4,8 @@ The artifact fixes the shapes: batch_size rows of KV cache, sequence_length posi
 tp_degree inside the graphs. vLLM must never schedule beyond them, so this module defaults
 max_num_seqs / max_model_len from neuron_config.json, refuses explicit values that do not fit,
 and switches off every vLLM feature that would run vLLM's own model code (torch.compile, CUDA
-graphs, prefix caching, async scheduling, multi-process workers). An option the user set that the
+graphs, vLLM's block prefix caching (the plugin caches prefixes in its own slots: prefix_cache.py), async
+scheduling, multi-process workers). An option the user set that the
 plugin cannot honour is refused with what to change (refuse_unsupported); only options the user
 left unset are changed (user_args.py says how explicit values are told from vLLM's defaults).
 """
@@ -28,6 +29,7 @@ from .log import get_logger
 from .options import (
     DATA_PARALLEL_SIZE_KEY,
     PREFILL_MODE_ENV,
+    PREFIX_CACHING_KEY,
     PrefillMode,
     prefill_chunk_budget,
     prefill_mode,
@@ -77,7 +79,7 @@ def fit_to_artifact(vllm_config: VllmConfig, user: UserArgs | None = None) -> Se
     _fit_parallelism(vllm_config, neuron_config)
     _fit_scheduler(vllm_config, neuron_config, mode, user)
     _fit_generation_defaults(vllm_config, neuron_config)
-    _fit_kv_cache(vllm_config)
+    _fit_kv_cache(vllm_config, user)
     _disable_compilation(vllm_config)
     _use_artifact_dtype(vllm_config, neuron_config)
     _prefer_spawn()
@@ -128,10 +130,6 @@ def unsupported_options(
     if envs.VLLM_USE_V2_MODEL_RUNNER:
         problems.append(
             "vLLM's V2 model runner protocol is not supported: unset VLLM_USE_V2_MODEL_RUNNER (or set it to 0)"
-        )
-    if user.enable_prefix_caching:
-        problems.append(
-            "prefix caching is not supported (one cache row per request, no shared blocks): remove --enable-prefix-caching"
         )
     if user.async_scheduling:
         problems.append(
@@ -410,8 +408,13 @@ def kv_blocks_needed(max_num_seqs: int, max_model_len: int, block_size: int) -> 
     return max_num_seqs * -(-max_model_len // block_size) + 1
 
 
-def _fit_kv_cache(vllm_config: VllmConfig) -> None:
+def _fit_kv_cache(vllm_config: VllmConfig, user: UserArgs) -> None:
     cache_config = vllm_config.cache_config
+    # Prefix caching is the plugin's (on unless --no-enable-prefix-caching); vLLM's block caching stays off.
+    # (A configuration fitted before, e.g. the engine process's copy, keeps its recorded choice.)
+    if user.seen or PREFIX_CACHING_KEY not in vllm_config.additional_config:
+        wanted = user.enable_prefix_caching if user.seen else cache_config.enable_prefix_caching
+        vllm_config.additional_config[PREFIX_CACHING_KEY] = wanted is not False
     cache_config.enable_prefix_caching = False
     # The runtime owns the KV cache (batch_size rows); vLLM's blocks are bookkeeping only.
     needed = kv_blocks_needed(

@@ -32,7 +32,7 @@ from .grammar import StepGrammar
 from .health import GraphHealth
 from .host_sampling import HostSampler, TokenLogprobs, logprobs_lists, token_logprobs
 from .log import get_logger
-from .requests import RequestState, SeedSource, SlotPool
+from .requests import RequestState, SeedSource
 from .scheduler import NeuronRunnerOutput
 from .stats import StatsSink
 from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids
@@ -47,7 +47,6 @@ class FusedCallFailed(Exception):
 class NeuronModelRunner:
     def __init__(self, model: NeuronModelForCausalLM, vllm_config: VllmConfig, stats: StatsSink | None = None) -> None:
         self.model = model
-        self.slots = SlotPool(model.neuron_config.batch_size)
         self.requests: dict[str, RequestState] = {}
         self.stats = stats or StatsSink()
         nc = model.neuron_config
@@ -60,6 +59,8 @@ class NeuronModelRunner:
     # ---- request bookkeeping ------------------------------------------------------------------
 
     def update_states(self, scheduler_output: SchedulerOutput) -> None:
+        # The scheduler owns the cache slots (prefix_cache.py): it names the slot of each request it admits.
+        slots = scheduler_output.slots
         finished, preempted = released_ids(scheduler_output)
         for req_id in finished:
             self._finish(req_id)
@@ -69,26 +70,22 @@ class NeuronModelRunner:
             state = RequestState.create(
                 new.req_id, new.prompt_token_ids or [], new.sampling_params, self._default_seed(new.sampling_params)
             )
-            self._admit(state)
+            state.slot = slots[state.req_id]
+            state.stats.cached_tokens = new.num_computed_tokens
+            self.requests[state.req_id] = state
         for req_id, token_ids in resumed_token_ids(scheduler_output).items():
             state = self.requests[req_id]
             if token_ids is not None:
                 state.resync(token_ids)
-            if state.slot is None:
-                state.slot = self.slots.allocate()
+            state.slot = slots[req_id]
 
     def _default_seed(self, params) -> int | None:
         """A seed from --seed for an unseeded request (drawn for every request, so admission order alone decides)."""
         return self.seeds.next_seed() if params.seed is None else None
 
-    def _admit(self, state: RequestState) -> None:
-        state.slot = self.slots.allocate()
-        self.requests[state.req_id] = state
-
     def _release_slot(self, req_id: str) -> None:
         state = self.requests.get(req_id)
-        if state is not None and state.slot is not None:
-            self.slots.release(state.slot)
+        if state is not None:
             state.slot = None
 
     def _finish(self, req_id: str) -> None:

@@ -1,4 +1,4 @@
-"""Per-request state kept by the runner, and the cache slots (KV rows) requests occupy.
+"""Per-request state kept by the runner (the scheduler assigns each request its cache slot: prefix_cache.py).
 
 vLLM's scheduler does not send sampled tokens back to the worker, so the runner keeps each
 request's tokens itself: prompt + every token it sampled.
@@ -25,6 +25,7 @@ class RequestStats:
     prefill_steps: int = 0  # engine steps that prefilled part of this request
     interleaved: bool = False  # a prefill step of this request also decoded other requests
     batched: bool = False  # its prompt was prefilled together with other prompts (runtime.prefill_batch)
+    cached_tokens: int = 0  # prompt tokens its slot already held at admission (prefix cache hit): not prefilled
 
 
 @dataclass
@@ -79,10 +80,6 @@ class RequestState:
         self.output_token_ids = list(all_token_ids[len(self.prompt_token_ids) :])
 
 
-class SlotExhaustedError(RuntimeError):
-    """vLLM scheduled more requests than there are cache rows (a plugin or configuration bug)."""
-
-
 def to_runtime_sampling(params: VllmSamplingParams) -> SamplingParams:
     if params.temperature < _GREEDY_EPS or params.top_k == 1:
         return GREEDY
@@ -105,22 +102,3 @@ class SeedSource:
         if self._generator is None:
             return None
         return int(torch.randint(0, 2**62, (1,), generator=self._generator))
-
-
-class SlotPool:
-    """Cache rows 0..batch_size-1; a request owns one from admission until finished or preempted."""
-
-    def __init__(self, batch_size: int) -> None:
-        self._free = list(range(batch_size - 1, -1, -1))
-
-    def allocate(self) -> int:
-        if not self._free:
-            raise SlotExhaustedError("no free KV cache slot: vLLM scheduled more requests than the compiled batch_size")
-        return self._free.pop()
-
-    def release(self, slot: int) -> None:
-        self._free.append(slot)
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)

@@ -20,7 +20,7 @@ plan (engine_config sets max_num_batched_tokens), so decodes are never cut.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
@@ -31,7 +31,8 @@ from vllm.v1.request import Request, RequestStatus
 
 from .engine_config import load_neuron_config
 from .interleave import Candidate, InterleavePolicy, plan_slices
-from .options import PrefillMode, prefill_chunk_budget, prefill_mode
+from .options import PrefillMode, prefill_chunk_budget, prefill_mode, prefix_caching
+from .prefix_cache import PrefixCache
 
 
 @dataclass
@@ -39,6 +40,22 @@ class NeuronRunnerOutput(ModelRunnerOutput):
     """vLLM's step output plus the requests whose graph call raised (they sampled nothing)."""
 
     failed_req_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class NeuronSchedulerOutput(SchedulerOutput):
+    """vLLM's step output plus the cache slot of every request admitted (new or resumed) this step."""
+
+    slots: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, output: SchedulerOutput, slots: dict[str, int]) -> NeuronSchedulerOutput:
+        return cls(**{f.name: getattr(output, f.name) for f in fields(SchedulerOutput)}, slots=slots)
+
+
+def admitted_ids(output: SchedulerOutput) -> set[str]:
+    """Requests admitted this step: new ones and ones resuming after preemption."""
+    return {new.req_id for new in output.scheduled_new_reqs} | set(output.scheduled_cached_reqs.resumed_req_ids)
 
 
 def prompt_tokens_left(request: Request) -> int:
@@ -50,9 +67,13 @@ def prompt_tokens_left(request: Request) -> int:
 class NeuronScheduler(Scheduler):
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
+        neuron_config = load_neuron_config(vllm_config.model_config.model)
+        # An artifact without prefill chunks runs whole prompts from position 0: no hit is possible.
+        enabled = prefix_caching(vllm_config.additional_config) and neuron_config.chunked
+        self.prefix_cache = PrefixCache(neuron_config.batch_size, neuron_config.prefill_length, enabled)
+        self._claims: dict[str, int] = {}  # this step's claims while super().schedule() runs: req_id -> hit
         self.interleave: InterleavePolicy | None = None
         if prefill_mode(vllm_config.additional_config) is PrefillMode.INTERLEAVED:
-            neuron_config = load_neuron_config(vllm_config.model_config.model)
             self.interleave = InterleavePolicy(
                 chunk=neuron_config.prefill_length, chunk_budget=prefill_chunk_budget(vllm_config.additional_config)
             )
@@ -61,13 +82,24 @@ class NeuronScheduler(Scheduler):
 
     # ---- interleaved prefill ------------------------------------------------------------------
 
-    def schedule(self, *args, **kwargs) -> SchedulerOutput:
-        if self.interleave is None:
-            return super().schedule(*args, **kwargs)
+    def schedule(self, *args, **kwargs) -> NeuronSchedulerOutput:
+        self._claims = {}
+        try:
+            output = (
+                super().schedule(*args, **kwargs)
+                if self.interleave is None
+                else self._schedule_interleaved(*args, **kwargs)
+            )
+        except BaseException:
+            self._settle_claims(admitted=set())
+            raise
+        return NeuronSchedulerOutput.of(output, self._settle_claims(admitted_ids(output)))
+
+    def _schedule_interleaved(self, *args, **kwargs) -> SchedulerOutput:
         running = [r for r in self.running if prompt_tokens_left(r) > 0]
         waiting = self._admittable_waiting()
         candidates = [
-            Candidate(r.request_id, prompt_tokens_left(r), self._passes.get(r.request_id, 0), r.arrival_time)
+            Candidate(r.request_id, self._tokens_to_prefill(r), self._passes.get(r.request_id, 0), r.arrival_time)
             for r in running + waiting
         ]
         decodes = len(self.running) - len(running)
@@ -82,6 +114,12 @@ class NeuronScheduler(Scheduler):
         any_served = any(c.req_id in served for c in candidates)
         self._passes = {c.req_id: 0 if c.req_id in served else c.passes + int(any_served) for c in candidates}
         return output
+
+    def _tokens_to_prefill(self, request: Request) -> int:
+        """Prompt tokens left; for a request not yet admitted, after the prefix-cache hit it would get now."""
+        if request.status == RequestStatus.RUNNING or request.num_computed_tokens or not self._looks_up(request):
+            return prompt_tokens_left(request)
+        return request.num_tokens - self.prefix_cache.peek(list(request.all_token_ids))
 
     def _admittable_waiting(self) -> list[Request]:
         """Waiting requests, in queue order, that this step's free slots could take."""
@@ -105,11 +143,56 @@ class NeuronScheduler(Scheduler):
         # A prefill the plan did not choose (e.g. a request that became ready during this step) waits.
         return min(num_new_tokens, self._slices.get(request.request_id, 0))
 
+    # ---- cache slots and prefix caching ---------------------------------------------------------
+
+    def _looks_up(self, request: Request) -> bool:
+        return self.prefix_cache.enabled and not request.skip_reading_prefix_cache
+
+    def _get_local_prefix_cache_hit(self, request: Request):
+        """vLLM's admission asks for the request's cached prefix: claim its slot (released again if the request is
+        not admitted this step). vLLM starts num_computed_tokens at the hit; no vLLM blocks back it."""
+        claim = self.prefix_cache.claim(request.request_id, list(request.all_token_ids), self._looks_up(request))
+        self._claims[request.request_id] = claim.hit
+        return self.kv_cache_manager.empty_kv_cache_blocks, claim.hit, 0, False
+
+    def _settle_claims(self, admitted: set[str]) -> dict[str, int]:
+        """Keep the claims of admitted requests (their slots, for the runner), undo the others, record the hits."""
+        slots = {}
+        for req_id, hit in self._claims.items():
+            if req_id not in admitted:
+                self.prefix_cache.unclaim(req_id)
+                continue
+            slots[req_id] = self.prefix_cache.slot_of(req_id)
+            request = self.requests[req_id]
+            stats = self.kv_cache_manager.prefix_cache_stats
+            if stats is not None and self._looks_up(request):
+                stats.record(num_tokens=request.num_tokens, num_hits=hit, preempted=request.num_preemptions > 0)
+        self._claims = {}
+        return slots
+
+    def _free_request(self, request: Request, *args, **kwargs):
+        self.prefix_cache.release(request.request_id, list(request.all_token_ids))
+        return super()._free_request(request, *args, **kwargs)
+
+    def _preempt_request(self, request: Request, *args, **kwargs) -> None:
+        self.prefix_cache.release(request.request_id, list(request.all_token_ids))
+        super()._preempt_request(request, *args, **kwargs)
+
+    def reset_prefix_cache(self, *args, **kwargs) -> bool:
+        reset = super().reset_prefix_cache(*args, **kwargs)
+        if reset:
+            self.prefix_cache.forget()
+        return reset
+
     # ---- failures -----------------------------------------------------------------------------
 
     def update_from_output(self, scheduler_output, model_runner_output: ModelRunnerOutput):
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
         failed = getattr(model_runner_output, "failed_req_ids", None)
+        # Before vLLM finishes the requests that stopped: what this step's successful calls wrote.
+        for req_id in scheduler_output.num_scheduled_tokens:
+            if not failed or req_id not in failed:
+                self.prefix_cache.commit(req_id, self.requests[req_id].num_computed_tokens)
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
         if failed:
             for request in self.finish_requests(failed, RequestStatus.FINISHED_ERROR):
                 error = EngineCoreOutput(

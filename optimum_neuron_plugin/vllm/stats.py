@@ -2,8 +2,9 @@
 
 When ONP_STATS_FILE names a file, the runner appends one JSON line per finished request:
 {"req_id", "prompt_tokens", "output_tokens", "prefill_calls", "prefill_seconds", "prefill_steps",
-"interleaved", "batched"}. `interleaved` is true when a step that prefilled this request also decoded others,
-`batched` when its prompt was prefilled together with other prompts (prefill_batch_size > 1).
+"interleaved", "batched", "cached_tokens"}. `interleaved` is true when a step that prefilled this request also decoded others,
+`batched` when its prompt was prefilled together with other prompts (prefill_batch_size > 1), `cached_tokens` the
+prompt tokens its slot already held (the prefix cache hit it started from).
 """
 
 from __future__ import annotations

@@ -62,7 +62,8 @@ def test_defaults_come_from_the_artifact(chunked_dir, usage, monkeypatch):
     assert config.scheduler_config.enable_chunked_prefill is False
     assert config.scheduler_config.max_num_batched_tokens >= SEQUENCE_LENGTH + BATCH_SIZE
     assert config.scheduler_config.async_scheduling is False
-    assert config.cache_config.enable_prefix_caching is False
+    assert config.cache_config.enable_prefix_caching is False  # vLLM's block caching; the plugin's is on:
+    assert config.additional_config["prefix_caching"] is True
     assert config.parallel_config.distributed_executor_backend == "uni"
     assert config.parallel_config.worker_cls == "optimum_neuron_plugin.vllm.worker.NeuronWorker"
     assert config.model_config.enforce_eager is True

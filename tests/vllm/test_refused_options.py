@@ -34,7 +34,6 @@ REFUSED = {
         dict(kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_both"}),
         "KV cache transfer is not supported (the KV cache is the graphs' device state): remove --kv-transfer-config",
     ),
-    "prefix-caching": (dict(enable_prefix_caching=True), "prefix caching is not supported"),
     "async-scheduling": (dict(async_scheduling=True), "async scheduling is not supported"),
     "chunked-prefill-serial": (
         dict(enable_chunked_prefill=True),
@@ -98,5 +97,9 @@ def test_explicit_values_that_fit_are_kept(chunked_dir, monkeypatch):
     assert config.scheduler_config.max_num_batched_tokens == SEQUENCE_LENGTH  # not raised to the plugin's default
     config = engine_config(chunked_dir, enable_prefix_caching=False, async_scheduling=False, dtype="float32")
     assert config.cache_config.enable_prefix_caching is False
+    assert config.additional_config["prefix_caching"] is False  # --no-enable-prefix-caching: the plugin's cache off
+    config = engine_config(chunked_dir, enable_prefix_caching=True)  # accepted: the plugin caches prefixes
+    assert config.additional_config["prefix_caching"] is True
+    assert config.cache_config.enable_prefix_caching is False  # vLLM's blocks stay bookkeeping
     interleaved = engine_config(chunked_dir, enable_chunked_prefill=True, max_num_batched_tokens=40, **INTERLEAVED)
     assert interleaved.scheduler_config.max_num_batched_tokens == 40

@@ -1,0 +1,158 @@
+"""Prefix caching (on by default): a request admitted into a free slot that holds its prompt's first whole chunks
+starts prefilling after them, and generates exactly what transformers (and an engine without the cache) generates.
+
+cached_tokens below is vLLM's RequestOutput.num_cached_tokens (what usage.prompt_tokens_details.cached_tokens
+reports); the runner's own record (ONP_STATS_FILE) says where each request's first prefill call started.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from support.engine import close_llm, make_llm
+from support.references import hf_greedy
+from support.served import BATCH_SIZE, CHUNK, prompt_of
+
+NEW_TOKENS = 6
+
+
+def greedy(max_tokens: int = NEW_TOKENS, **kwargs):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kwargs)
+
+
+class Engine:
+    """An in-process engine, its runner's stats file, and vLLM's cached_tokens of every request it served."""
+
+    def __init__(self, artifact, stats_file, **kwargs) -> None:
+        self.stats_file = stats_file
+        self.cached: dict[str, int] = {}  # vLLM's request id -> num_cached_tokens
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("ONP_STATS_FILE", str(stats_file))
+            self.llm = make_llm(artifact, **kwargs)
+
+    def generate(self, prompts: list[list[int]], params=None):
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params or greedy(), use_tqdm=False)
+        self.cached.update({o.request_id: o.num_cached_tokens for o in outputs})
+        return outputs
+
+    def runner_hits(self) -> dict[str, int]:
+        """The runner's cached_tokens (where its first prefill call started) by vLLM's request id.
+
+        The runner writes a request's record when the next step tells it the request finished.
+        """
+        records = [json.loads(line) for line in self.stats_file.read_text().splitlines()]
+        return {r["req_id"].split("-")[0]: r["cached_tokens"] for r in records}
+
+    def close(self) -> None:
+        close_llm(self.llm)
+
+
+@pytest.fixture(scope="module")
+def engine(chunked_dir, vllm_root):
+    served = Engine(chunked_dir, vllm_root / "prefix-caching-stats.jsonl")
+    yield served
+    served.close()
+
+
+def tokens(output) -> list[int]:
+    return list(output.outputs[0].token_ids)
+
+
+def other_prompts(tokenizer, count: int, length: int = 3 * CHUNK) -> list[list[int]]:
+    """Prompts that share no first token with prompt_of(n, tokenizer, offset=0)."""
+    return [prompt_of(length, tokenizer, offset=5 + i) for i in range(count)]
+
+
+def test_a_resent_prefix_is_a_hit_of_whole_chunks(engine, tokenizer, tiny_hf):
+    first = prompt_of(4 * CHUNK + 6, tokenizer)
+    (out,) = engine.generate([first])
+    assert out.num_cached_tokens == 0
+    longer = first + prompt_of(9, tokenizer, offset=3)
+    (out,) = engine.generate([longer])
+    # The first prompt's 70 tokens are held (and 5 of its outputs): the hit stops at the last whole chunk inside them.
+    assert out.num_cached_tokens == 4 * CHUNK
+    assert tokens(out) == hf_greedy(tiny_hf, longer, NEW_TOKENS)
+
+
+def test_an_exact_resend_prefills_its_last_chunk(engine, tokenizer, tiny_hf):
+    prompt = prompt_of(4 * CHUNK, tokenizer, offset=1)
+    engine.generate([prompt])
+    (out,) = engine.generate([prompt])
+    # The last token must be prefilled for the first token's logits: the whole last chunk is prefilled again.
+    assert out.num_cached_tokens == 3 * CHUNK
+    assert tokens(out) == hf_greedy(tiny_hf, prompt, NEW_TOKENS)
+
+
+def test_a_prompt_diverging_mid_chunk_reuses_only_the_chunks_before(engine, tokenizer, tiny_hf):
+    base = prompt_of(5 * CHUNK, tokenizer, offset=2)
+    engine.generate([base])
+    diverging = base[: 2 * CHUNK + 7] + prompt_of(30, tokenizer, offset=11)
+    assert diverging[2 * CHUNK + 7] != base[2 * CHUNK + 7]
+    (out,) = engine.generate([diverging])
+    assert out.num_cached_tokens == 2 * CHUNK
+    assert tokens(out) == hf_greedy(tiny_hf, diverging, NEW_TOKENS)
+
+
+def test_a_prefix_whose_slot_was_reused_is_a_miss(engine, tokenizer, tiny_hf):
+    prompt = prompt_of(3 * CHUNK + 3, tokenizer, offset=4)
+    engine.generate([prompt])
+    # As many other prompts as slots, at once: every slot is taken and overwritten.
+    others = [prompt_of(3 * CHUNK, tokenizer, offset=8 + i) for i in range(BATCH_SIZE)]
+    assert all(p[0] != prompt[0] for p in others)
+    engine.generate(others)
+    (out,) = engine.generate([prompt])
+    assert out.num_cached_tokens == 0
+    assert tokens(out) == hf_greedy(tiny_hf, prompt, NEW_TOKENS)
+
+
+def test_a_system_prompt_shared_by_concurrent_requests(engine, tokenizer, tiny_hf):
+    system = prompt_of(3 * CHUNK, tokenizer, offset=13)
+    prompts = [system + prompt_of(10, tokenizer, offset=i) for i in range(2 * BATCH_SIZE)]
+    outputs = engine.generate(prompts)
+    assert [tokens(o) for o in outputs] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts]
+    # The first BATCH_SIZE are admitted together (no slot holds the system prompt yet); the next ones find it.
+    assert sorted(o.num_cached_tokens for o in outputs) == [0] * BATCH_SIZE + [3 * CHUNK] * BATCH_SIZE
+
+
+def test_the_turns_of_a_conversation_reuse_the_history(engine, tokenizer, tiny_hf):
+    history = prompt_of(2 * CHUNK + 9, tokenizer, offset=15)
+    held = 0  # tokens whose K/V the previous turn left in its slot
+    for turn in range(3):
+        (out,) = engine.generate([history])
+        assert tokens(out) == hf_greedy(tiny_hf, history, NEW_TOKENS)
+        # The previous turn's prompt and the outputs it fed back (all but its last token) are held.
+        assert out.num_cached_tokens == held // CHUNK * CHUNK
+        held = len(history) + NEW_TOKENS - 1
+        history = history + tokens(out) + prompt_of(7, tokenizer, offset=turn)
+
+
+def test_a_seeded_sampled_request_samples_the_same_with_a_hit(engine, chunked_dir, vllm_root, tokenizer):
+    from vllm import SamplingParams
+
+    prompt = prompt_of(3 * CHUNK + 5, tokenizer, offset=6)
+    params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    engine.generate([prompt])
+    (hit,) = engine.generate([prompt], params)
+    assert hit.num_cached_tokens == 3 * CHUNK
+    fresh = Engine(chunked_dir, vllm_root / "prefix-caching-off.jsonl", enable_prefix_caching=False)
+    try:
+        fresh.generate([prompt])
+        (miss,) = fresh.generate([prompt], params)
+    finally:
+        fresh.close()
+    assert miss.num_cached_tokens == 0
+    assert set(fresh.runner_hits().values()) == {0}
+    assert tokens(hit) == tokens(miss)
+
+
+def test_vllm_reports_exactly_the_hits_the_runner_used(engine, tokenizer):
+    """Every request of this module: vLLM's cached_tokens equals where the runner started prefilling it."""
+    engine.generate([prompt_of(2, tokenizer)], greedy(1))  # the runner records the previous requests' stats
+    runner = engine.runner_hits()
+    served = {req_id: hit for req_id, hit in engine.cached.items() if req_id in runner}
+    assert len(served) == len(engine.cached) - 1
+    assert served == {req_id: runner[req_id] for req_id in served}
+    assert sum(served.values()) > 0
