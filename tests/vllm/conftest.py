@@ -16,7 +16,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from support.served import CHUNK, SHAPE, save_served_tiny  # noqa: E402
+from support.served import BATCH_SIZE, CHUNK, SHAPE, save_served_tiny  # noqa: E402
 from support.tiny_models import export  # noqa: E402
 from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
@@ -51,3 +51,11 @@ def chunked_dir(vllm_root, tiny_hf_dir) -> Path:
 def full_host_dir(vllm_root, tiny_hf_dir) -> Path:
     """One context_encoding graph (no chunks); token_generation returns logits (host sampling, logprobs)."""
     return export(tiny_hf_dir, vllm_root / "full-host", **SHAPE, prefill_chunk_size=0, on_device_sampling=False)
+
+
+@pytest.fixture(scope="session")
+def batched_dir(vllm_root, tiny_hf_dir) -> Path:
+    """chunked_dir's shape with prefill_batch_size = batch size: a step's prompt chunks go in one call."""
+    return export(
+        tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE
+    )

@@ -9,18 +9,11 @@ import pytest
 from support.engine import close_llm, make_llm
 from support.references import hf_greedy
 from support.served import BATCH_SIZE, CHUNK, SHAPE, prompt_of
-from support.tiny_models import export, export_chain_model
+from support.tiny_models import export_chain_model
 
 NEW_TOKENS = 6
 # More prompts than slots; below one chunk, several chunks, a rest.
 LENGTHS = [3 * CHUNK + 5, 7, 2 * CHUNK, CHUNK + 1, 40, 2]
-
-
-@pytest.fixture(scope="module")
-def batched_dir(vllm_root, tiny_hf_dir):
-    return export(
-        tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE
-    )
 
 
 @pytest.mark.parametrize("mode", ["serial", "interleaved"])

@@ -148,6 +148,55 @@ def test_a_seeded_sampled_request_samples_the_same_with_a_hit(engine, chunked_di
     assert tokens(hit) == tokens(miss)
 
 
+@pytest.fixture(scope="module")
+def interleaved(chunked_dir, vllm_root):
+    served = Engine(
+        chunked_dir, vllm_root / "prefix-interleaved.jsonl", additional_config={"prefill_mode": "interleaved"}
+    )
+    yield served
+    served.close()
+
+
+def test_an_aborted_prefill_is_a_hit_only_for_what_it_wrote(interleaved, tokenizer, tiny_hf):
+    from vllm.sampling_params import RequestOutputKind
+
+    engine = interleaved.llm.llm_engine
+    prompt = prompt_of(6 * CHUNK + 4, tokenizer, offset=3)
+    engine.add_request("aborted", {"prompt_token_ids": prompt}, greedy(output_kind=RequestOutputKind.DELTA))
+    engine.step()  # the first slice: two chunk calls (the default budget per step)
+    engine.abort_request(["aborted"])
+    while engine.has_unfinished_requests():
+        engine.step()
+    (out,) = interleaved.generate([prompt])
+    assert out.num_cached_tokens == 2 * CHUNK
+    assert tokens(out) == hf_greedy(tiny_hf, prompt, NEW_TOKENS)
+
+
+def test_a_hit_prefills_next_to_decoding_requests(interleaved, tokenizer, tiny_hf):
+    """Interleaved slices from the hit on, one of them riding in a chunk_and_decode call with the decodes."""
+    system = prompt_of(2 * CHUNK, tokenizer, offset=9)
+    prompts = [system + prompt_of(3 * CHUNK + i, tokenizer, offset=i) for i in range(2 * BATCH_SIZE + 1)]
+    outputs = interleaved.generate(prompts, greedy(12))
+    assert [tokens(o) for o in outputs] == [hf_greedy(tiny_hf, p, 12) for p in prompts]
+    assert sum(o.num_cached_tokens == 2 * CHUNK for o in outputs) >= BATCH_SIZE
+
+
+def test_hits_prefilled_together(batched_dir, vllm_root, tokenizer, tiny_hf):
+    """prefill_batch_size > 1: the prompts of a step start their chunk loops at their own hits in one call."""
+    served = Engine(batched_dir, vllm_root / "prefix-batched.jsonl")
+    try:
+        system = prompt_of(3 * CHUNK, tokenizer, offset=13)
+        prompts = [system + prompt_of(20 + i, tokenizer, offset=i) for i in range(2 * BATCH_SIZE)]
+        outputs = served.generate(prompts)
+        served.generate([prompt_of(2, tokenizer)], greedy(1))  # the runner records the previous requests' stats
+    finally:
+        served.close()
+    assert [tokens(o) for o in outputs] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts]
+    records = [json.loads(line) for line in served.stats_file.read_text().splitlines()]
+    hits = [r for r in records if r["cached_tokens"] == 3 * CHUNK]
+    assert len(hits) == BATCH_SIZE and all(r["batched"] for r in hits), records
+
+
 def test_vllm_reports_exactly_the_hits_the_runner_used(engine, tokenizer):
     """Every request of this module: vLLM's cached_tokens equals where the runner started prefilling it."""
     engine.generate([prompt_of(2, tokenizer)], greedy(1))  # the runner records the previous requests' stats

@@ -5,10 +5,12 @@ Started once for the module, called over plain HTTP (streamed and not), stopped 
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from support.client import call, stream
+from support.client import call, stream, wait_idle
 from support.references import runtime_greedy
-from support.served import SEQUENCE_LENGTH, prompt_of
+from support.served import CHUNK, SEQUENCE_LENGTH, prompt_of
 from support.server import Server
 
 from optimum_neuron_plugin import NeuronModelForCausalLM
@@ -20,7 +22,12 @@ NEW_TOKENS = 8
 
 @pytest.fixture(scope="module")
 def server(chunked_dir, vllm_root):
-    server = Server(chunked_dir, vllm_root / "server.log")
+    server = Server(
+        chunked_dir,
+        vllm_root / "server.log",
+        "--enable-prompt-tokens-details",
+        env={"ONP_STATS_FILE": str(vllm_root / "server-stats.jsonl")},
+    )
     try:
         server.wait_ready()
         yield server
@@ -108,3 +115,26 @@ def test_unsupported_parameters_get_400(server, tokenizer):
     prompt = prompt_of(5, tokenizer)
     status, body = call(server.port, "/v1/completions", completion(server, prompt, logprobs=2))
     assert status == 400 and "logprobs" in body["error"]["message"]
+
+
+def test_cached_tokens_and_metrics_report_the_runners_hits(server, tokenizer, vllm_root):
+    """Prefix caching is on by default: vLLM's cached_tokens and prefix-cache counters count the hits the runner
+    started from (its ONP_STATS_FILE record), no more."""
+    prompt = prompt_of(3 * CHUNK + 5, tokenizer, offset=17)
+    follow_up = prompt + prompt_of(6, tokenizer, offset=2)
+    before = wait_idle(server.port)
+    bodies = [call(server.port, "/v1/completions", completion(server, p))[1] for p in (prompt, follow_up)]
+    # Another request tells the runner the previous ones finished: it writes their records.
+    call(server.port, "/v1/completions", completion(server, prompt_of(2, tokenizer, offset=3), max_tokens=1))
+    after = wait_idle(server.port)
+    cached = [(b["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0) for b in bodies]
+    assert cached == [0, 3 * CHUNK]
+    records = [json.loads(line) for line in (vllm_root / "server-stats.jsonl").read_text().splitlines()]
+    runner = [next(r["cached_tokens"] for r in records if r["req_id"].startswith(b["id"])) for b in bodies]
+    assert runner == cached
+
+    def delta(name: str) -> float:
+        return sum(after.get(n, 0) - before.get(n, 0) for n in (f"vllm:{name}", f"vllm:{name}_total"))
+
+    assert delta("prefix_cache_hits") == 3 * CHUNK
+    assert delta("prefix_cache_queries") == len(prompt) + len(follow_up) + 2
