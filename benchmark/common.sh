@@ -45,6 +45,9 @@ SEED=${SEED:-0}
 # Sampling temperature of the benchmark requests: 0 = greedy (vllm bench's default would leave it
 # to the server, i.e. 1.0 with full-vocabulary sampling).
 TEMPERATURE=${TEMPERATURE:-0}
+# Prefix caching of every server (plugin and vLLM CPU): off (default) = --no-enable-prefix-caching, since vllm bench
+# replays its warm-up prompt and the same seeded prompts at every level; on = the servers' default (caching on).
+PREFIX_CACHING=${PREFIX_CACHING:-off}
 CONFIGS=${CONFIGS:-ce-ods ce-host chunked-host chunked-hybrid chunked-interleaved}
 PEERS=${PEERS-vllm-cpu hf-generate}
 PORT=${PORT:-8200}
@@ -67,7 +70,7 @@ ARTIFACTS=${ARTIFACTS:-$RESULTS_ROOT/artifacts}
 # Where serve.sh / drive.sh put PID files, logs and raw results; matrix.sh sets a timestamped one.
 RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/manual}
 
-export MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE DECODE_BATCH_SIZES TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
+export PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE DECODE_BATCH_SIZES TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
   NUM_WARMUPS SEED TEMPERATURE THREADS CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 

@@ -28,10 +28,7 @@ variant_dir() { echo "$RUN_DIR/$1"; }
 variant_port() { if [ "$1" = on ]; then echo "$BASE_PORT"; else echo $((BASE_PORT + 1)); fi; }
 
 serve() {
-  local variant=$1 args=""
-  [ "$variant" = on ] || args="--no-enable-prefix-caching"
-  RUN_DIR=$(variant_dir "$variant") PORT=$(variant_port "$variant") VLLM_SERVE_ARGS="$args ${VLLM_SERVE_ARGS:-}" \
-    "$BENCH_DIR/serve.sh" "$CONFIG"
+  RUN_DIR=$(variant_dir "$1") PORT=$(variant_port "$1") PREFIX_CACHING=$1 "$BENCH_DIR/serve.sh" "$CONFIG"
 }
 
 stop_all() {

@@ -109,12 +109,12 @@ start_server() {
     # Plugin off: vLLM's own CPU backend runs the original model.
     envs+=(ONP_BACKEND=off VLLM_CPU_KVCACHE_SPACE="$VLLM_CPU_KVCACHE_SPACE"
       VLLM_CPU_OMP_THREADS_BIND="$VLLM_CPU_OMP_THREADS_BIND")
-    # No prefix cache: the plugin has none, and vllm bench replays its first prompt as the warm-up and
-    # the same seeded prompts at every concurrency level, which a cache would turn into skipped prefill.
-    cmd+=("$dir" --max-model-len "$SEQUENCE_LENGTH" --max-num-seqs "$BATCH_SIZE" --dtype "$VLLM_CPU_DTYPE"
-      --no-enable-prefix-caching)
+    cmd+=("$dir" --max-model-len "$SEQUENCE_LENGTH" --max-num-seqs "$BATCH_SIZE" --dtype "$VLLM_CPU_DTYPE")
     if [ "$name" = vllm-cpu-eager ]; then cmd+=(--enforce-eager); fi
   fi
+  # PREFIX_CACHING=off (default): vllm bench replays its first prompt as the warm-up and the same seeded prompts at
+  # every concurrency level, which a prefix cache would turn into skipped prefill.
+  [ "$PREFIX_CACHING" = on ] || cmd+=(--no-enable-prefix-caching)
   local extra=()
   read -ra extra <<<"${VLLM_SERVE_ARGS:-}"
   cmd+=(--host "$HOST" --port "$PORT" --seed "$SEED" "${extra[@]}")
