@@ -55,9 +55,11 @@ def window_index(cache: torch.Tensor, seq_ids: torch.Tensor, starts: torch.Tenso
     """The flat cache rows of positions [starts[i], starts[i] + span) of rows seq_ids[i], every head:
     [n * kv_heads * span], in the order read_window returns them."""
     _, kv_heads, length, _ = cache.shape
-    heads = torch.arange(kv_heads, device=cache.device)[None, :, None]
-    positions = starts[:, None, None] + torch.arange(span, device=cache.device)
-    return ((seq_ids.long()[:, None, None] * kv_heads + heads) * length + positions).reshape(-1)
+    # int32 (int64 is emulated on NeuronCores): index_select takes int32 indices, and the flat index stays below
+    # the cache's rows x heads x positions.
+    heads = torch.arange(kv_heads, dtype=torch.int32, device=cache.device)[None, :, None]
+    positions = starts.to(torch.int32)[:, None, None] + torch.arange(span, dtype=torch.int32, device=cache.device)
+    return ((seq_ids.to(torch.int32)[:, None, None] * kv_heads + heads) * length + positions).reshape(-1)
 
 
 def read_window(cache: torch.Tensor, index: torch.Tensor, span: int) -> torch.Tensor:

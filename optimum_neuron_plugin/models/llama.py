@@ -184,7 +184,7 @@ class _AttentionCall:
         starts = masks.window_starts(position_ids, window, span, bucket)
         sliding = slots(masks.attention_bias(position_ids, span, kv_groups, dtype, window, starts))
         if rows.in_slot_order:
-            starts, seq_ids = slots(starts), torch.arange(cache.shape[0], device=cache.device)
+            starts, seq_ids = slots(starts), torch.arange(cache.shape[0], dtype=torch.int32, device=cache.device)
         return cls(rows, bias, tuple(position_ids.shape), sliding, kv_cache.window_index(cache, seq_ids, starts, span))
 
 

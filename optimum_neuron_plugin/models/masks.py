@@ -70,10 +70,11 @@ def chunk_mask(position_ids: torch.Tensor, prior: int, window: int | None = None
 
 
 def window_starts(position_ids: torch.Tensor, window: int, span: int, bucket: int) -> torch.Tensor:
-    """[n] int64: the first cache position of each row's sliding-window read of `span` positions, within [0, bucket).
+    """[n], the positions' dtype: the first cache position of each row's sliding-window read of `span` positions,
+    within [0, bucket).
 
     Row i's queries (positions position_ids[i, 0] onwards) attend keys after position_ids[i, 0] - window."""
-    return (position_ids[:, 0].long() - (window - 1)).clamp(0, bucket - span)
+    return (position_ids[:, 0] - (window - 1)).clamp(0, bucket - span)
 
 
 def attention_bias(
