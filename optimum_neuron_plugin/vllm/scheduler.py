@@ -190,8 +190,9 @@ class NeuronScheduler(Scheduler):
         failed = getattr(model_runner_output, "failed_req_ids", None)
         # Before vLLM finishes the requests that stopped: what this step's successful calls wrote.
         for req_id in scheduler_output.num_scheduled_tokens:
-            if not failed or req_id not in failed:
-                self.prefix_cache.commit(req_id, self.requests[req_id].num_computed_tokens)
+            request = self.requests.get(req_id)  # None: aborted while the step ran (its slot is already released)
+            if request is not None and (not failed or req_id not in failed):
+                self.prefix_cache.commit(req_id, request.num_computed_tokens)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if failed:
             for request in self.finish_requests(failed, RequestStatus.FINISHED_ERROR):
