@@ -5,7 +5,8 @@
 - decode.py      one decode step (token_generation), on-device or host sampling
 - fused.py       a prompt chunk and the decode batch in one chunk_and_decode call
 - generate.py    Hugging Face style generate()
-- artifact_io.py export, save_pretrained, from_pretrained
+- graph_set.py   GraphSet: the loaded graphs and which one a call runs (what the host loops take)
+- artifact_io.py export and from_pretrained (save_pretrained is model.py's)
 - ranks.py       tensor-parallel groups and rank 0's host values
 """
 
