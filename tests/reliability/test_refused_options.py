@@ -13,15 +13,15 @@ from .helpers import Refusals
 
 @pytest.fixture(scope="module")
 def refused(chunked_dir, rel_root):
-    runner = Refusals({"prefix-caching": (chunked_dir, ["--enable-prefix-caching"])}, rel_root / "refused-logs", 1)
+    runner = Refusals({"async-scheduling": (chunked_dir, ["--async-scheduling"])}, rel_root / "refused-logs", 1)
     yield runner
     runner.close()
 
 
-def test_explicit_prefix_caching_stops_vllm_serve(refused):
-    result = refused.result("prefix-caching")
+def test_explicit_async_scheduling_stops_vllm_serve(refused):
+    result = refused.result("async-scheduling")
     assert not result.timed_out, result.output[-3000:]
     assert result.returncode != 0, result.output[-3000:]
-    assert "prefix caching is not supported (one cache row per request, no shared blocks)" in result.output
-    assert "remove --enable-prefix-caching" in result.output
+    assert "async scheduling is not supported (the runner keeps each request's tokens between steps)" in result.output
+    assert "remove --async-scheduling" in result.output
     assert "Starting vLLM server" not in result.output
