@@ -8,24 +8,51 @@ import shutil
 import tempfile
 
 import pytest
+import torch
 from support.smollm2 import SmolLM2, export_smollm2
 
 from optimum_neuron_plugin.backends.program_cache import CACHE_ENV
 
-# One CPU compile cache for the session, inherited by every optimum-cli and vllm subprocess: a graph that an
-# earlier test already compiled (same model shape, graph and options) is copied, not traced again. It starts
-# empty, so every distinct program is still exported by this run (tests/core/test_program_cache.py covers reuse).
+# One CPU compile cache for the run, inherited by every xdist worker and every optimum-cli and vllm subprocess: a
+# graph that an earlier test already compiled (same model shape, graph and options) is copied, not traced again.
+# It starts empty, so every distinct program is still exported by this run (tests/core/test_program_cache.py
+# covers reuse). The process that made it (the xdist controller, or pytest without workers) removes it.
 if CACHE_ENV not in os.environ:
     os.environ[CACHE_ENV] = _SESSION_CACHE = tempfile.mkdtemp(prefix="onp-compile-cache-")
 else:
     _SESSION_CACHE = None
 
+# xdist workers (scripts/test.sh runs two) compute with one intra-op thread each: two workers of two OpenMP
+# threads on two cores wait on each other's spinning threads, which makes small graph calls many times slower.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
-@pytest.fixture(scope="session", autouse=True)
-def _remove_session_compile_cache():
-    yield
+# Test files that share a costly session fixture run in one xdist worker (scripts/test.sh runs two); every other
+# file is a unit of its own, so no module-scoped server or export is built twice.
+SHARED_FIXTURE_GROUPS = {
+    "smollm2": ("tests/cli/test_export.py", "tests/core/test_smollm2.py", "tests/vllm/test_smollm2_engine.py"),
+    "reliability servers": ("tests/reliability/",),
+}
+
+
+def pytest_unconfigure(config):
     if _SESSION_CACHE is not None:
         shutil.rmtree(_SESSION_CACHE, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        """xdist's module scheduling (largest units first), with the groups above as single units."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return next((name for name, files in SHARED_FIXTURE_GROUPS.items() if path.startswith(files)), path)
+
+    return SharedFixtureScheduling(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -107,12 +107,12 @@ TINY_ARGS = ["--batch-size", "2", "--sequence-length", "64", "--backend", "cpu"]
 
 @pytest.fixture(scope="module")
 def llama_export(tiny_models, tmp_path_factory) -> tuple[Path, object]:
-    """One chunked export of the tiny Llama, compiled to C++ (AOTInductor) for two context buckets and two prefill
-    buckets, shared by several tests (the slow part of this module)."""
+    """One chunked export of the tiny Llama for two context buckets and two prefill buckets, shared by several
+    tests."""
     output = tmp_path_factory.mktemp("llama") / "exported"
     result = run_export(
         "--model", tiny_models["llama"], *TINY_ARGS, "--prefill-chunk-size", "16", "--context-buckets", "32,64",
-        "--prefill-buckets", "0,64", "--decode-batch-sizes", "2", "--cpu-compiler", "inductor", output,
+        "--prefill-buckets", "0,64", "--decode-batch-sizes", "2", output,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return output, result
@@ -125,8 +125,8 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
         assert name in files, sorted(files)
     graphs = sorted(f for f in files if f.startswith("graphs/"))
     kinds = ("chunk_and_decode", "token_generation")
-    expected = [f"{graph}_{bucket}.aoti.pt2" for graph in kinds for bucket in (32, 64)]
-    expected = sorted(expected + ["chunked_prefill_0.aoti.pt2", "chunked_prefill_64.aoti.pt2"])
+    expected = [f"{graph}_{bucket}.pt2" for graph in kinds for bucket in (32, 64)]
+    expected = sorted(expected + ["chunked_prefill_0.pt2", "chunked_prefill_64.pt2"])
     assert [Path(g).name for g in graphs] == expected, graphs
     assert [f for f in files if f.endswith(".safetensors")] == ["model.safetensors"]  # weights once
     # progress and summary
@@ -138,7 +138,7 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     assert config["batch_size"] == 2 and config["sequence_length"] == 64 and config["prefill_chunk_size"] == 16
     assert config["backend"] == "cpu" and config["torch_dtype"] == "float32" and config["tp_degree"] == 1
     assert config["on_device_sampling"] is True and config["max_topk"] == 256 and config["target"] is None
-    assert config["context_buckets"] == [32, 64] and config["cpu_compiler"] == "inductor"
+    assert config["context_buckets"] == [32, 64] and config["cpu_compiler"] == "export"
     assert config["prefill_buckets"] == [0, 64]
     assert config["decode_batch_sizes"] == [2]  # no one-row token_generation: as asked
     assert config["optimum_neuron_plugin_version"]
@@ -147,6 +147,22 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     ids = prompt_ids(tiny_models["llama"])
     assert len(ids) > 2 * 16  # several chunks
     assert_same_greedy(output, load_hf(tiny_models["llama"]), ids, eos=set())
+
+
+def test_inductor_export_is_cpp_programs_that_match_hf(tiny_models, tmp_path):
+    """--cpu-compiler inductor (AOTInductor, minutes per graph): the fewest graphs a chunked export has (one row,
+    one context bucket), each a C++ package that generates HF's greedy tokens."""
+    output = tmp_path / "inductor"
+    result = run_export(
+        "--model", tiny_models["llama"], "--batch-size", "1", "--sequence-length", "64", "--backend", "cpu",
+        "--prefill-chunk-size", "16", "--context-buckets", "64", "--prefill-buckets", "0,64",
+        "--cpu-compiler", "inductor", output,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    graphs = sorted(p.name for p in (output / "graphs").iterdir())
+    assert graphs == ["chunked_prefill_0.aoti.pt2", "chunked_prefill_64.aoti.pt2", "token_generation_64.aoti.pt2"]
+    assert neuron_config(output)["cpu_compiler"] == "inductor"
+    assert_same_greedy(output, load_hf(tiny_models["llama"]), prompt_ids(tiny_models["llama"]), eos=set())
 
 
 def test_export_is_deterministic(tiny_models, tmp_path):

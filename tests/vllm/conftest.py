@@ -59,3 +59,9 @@ def batched_dir(vllm_root, tiny_hf_dir) -> Path:
     return export(
         tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE
     )
+
+
+@pytest.fixture(scope="session")
+def tp2_dir(vllm_root, tiny_hf_dir) -> Path:
+    """chunked_dir's shape split over 2 ranks (tp_degree 2): vLLM runs one worker per rank."""
+    return export(tiny_hf_dir, vllm_root / "chunked-tp2", **SHAPE, prefill_chunk_size=CHUNK, tp_degree=2)

@@ -1,8 +1,8 @@
-"""`vllm serve --data-parallel-size 2` on SmolLM2-135M-Instruct: two engines behind vLLM's front end.
+"""`vllm serve --data-parallel-size 2` on the served tiny Llama: two engines behind vLLM's front end.
 
 vLLM's own data parallelism: two engine processes (EngineCore_DP0/1), each with its own artifact instance,
-cache slots and KV cache, and vLLM's internal load balancing (its DP coordinator) between them. Eight
-concurrent greedy requests on engines of batch 2 (so requests queue on both) must each equal the same
+cache slots and KV cache, and vLLM's internal load balancing (its DP coordinator) between them. Twelve
+concurrent greedy requests on engines of batch 4 (so requests queue on both) must each equal the same
 request served alone and Hugging Face's greedy tokens; vLLM's per-engine metrics show both engines served.
 The server's two threads (OMP_NUM_THREADS=2) are split, one per engine.
 """
@@ -14,34 +14,25 @@ import re
 import pytest
 from support.client import completion_tokens, concurrently, greedy, metrics_text
 from support.references import hf_greedy
+from support.served import prompt_of
 from support.server import serve
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # SmolLM2 and a live `vllm serve`
+pytestmark = pytest.mark.slow  # a live `vllm serve`
 
 NEW_TOKENS = 8
-QUESTIONS = [
-    "What is the capital of France?",
-    "Name a color.",
-    "How many legs does a spider have?",
-    "Write one word that rhymes with cat.",
-    "What is 2 + 3?",
-    "The Seine flows through Paris and reaches the English Channel at Le Havre. The Loire is the longest river in "
-    "France. Which river flows through Paris?",
-    "Say hello in Spanish.",
-    "What do bees make?",
-]
+# Three chunks or less, each its own length and words: 12 requests for 2 engines of 4 slots.
+PROMPT_LENGTHS = [5, 17, 33, 9, 40, 12, 3, 28, 21, 45, 7, 30]
 
 
 @pytest.fixture(scope="module")
-def prompts(smollm2) -> list[list[int]]:
-    return [smollm2.chat_ids(question) for question in QUESTIONS]
+def prompts(tokenizer) -> list[list[int]]:
+    return [prompt_of(n, tokenizer, offset=i) for i, n in enumerate(PROMPT_LENGTHS)]
 
 
 @pytest.fixture(scope="module")
-def server(smollm2, tmp_path_factory):
-    exported = smollm2.directory
+def server(chunked_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("dp-server") / "server.log"
-    yield from serve(exported, log, "--data-parallel-size", "2", env={"OMP_NUM_THREADS": "2"}, timeout=900)
+    yield from serve(chunked_dir, log, "--data-parallel-size", "2", env={"OMP_NUM_THREADS": "2"}, timeout=900)
 
 
 def requests_finished_by_engine(port: int) -> dict[str, float]:
@@ -53,13 +44,12 @@ def requests_finished_by_engine(port: int) -> dict[str, float]:
     return counts
 
 
-def test_concurrent_requests_equal_their_solo_outputs_and_transformers(smollm2, prompts, server):
-    hf = smollm2.hf
+def test_concurrent_requests_equal_their_solo_outputs_and_transformers(tiny_hf, prompts, server):
     body = lambda prompt: greedy(server.model, prompt, NEW_TOKENS)  # noqa: E731
     solo = [completion_tokens(server.port, body(p)) for p in prompts]
     together = concurrently(lambda p: completion_tokens(server.port, body(p)), prompts, workers=len(prompts))
     assert together == solo
-    assert solo == [hf_greedy(hf, p, NEW_TOKENS) for p in prompts]
+    assert solo == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts]
 
 
 def test_both_engines_served_requests_with_their_share_of_threads(prompts, server):

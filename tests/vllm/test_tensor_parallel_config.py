@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, SHAPE
-from support.tiny_models import export
+from support.served import BATCH_SIZE, SEQUENCE_LENGTH
 
 
 def engine_config(model, usage="LLM_CLASS", **kwargs):
@@ -14,11 +11,6 @@ def engine_config(model, usage="LLM_CLASS", **kwargs):
     from vllm.usage.usage_lib import UsageContext
 
     return EngineArgs(model=str(model), **kwargs).create_engine_config(UsageContext(usage))
-
-
-@pytest.fixture(scope="module")
-def tp2_dir(vllm_root, tiny_hf_dir) -> Path:
-    return export(tiny_hf_dir, vllm_root / "chunked-tp2", **SHAPE, prefill_chunk_size=CHUNK, tp_degree=2)
 
 
 @pytest.mark.parametrize("tp", [None, 2], ids=["omitted", "explicit"])
