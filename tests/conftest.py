@@ -61,3 +61,12 @@ def smollm2(tmp_path_factory) -> SmolLM2:
     exported = export_smollm2(tmp_path_factory.mktemp("smollm2") / "artifact")
     assert exported.export.returncode == 0, exported.export.stderr
     return exported
+
+
+@pytest.fixture(scope="session")
+def smollm2_runtime(smollm2):
+    """The session's SmolLM2 export loaded once with from_pretrained (loading warms up every graph: tens of
+    seconds for a real model)."""
+    from optimum_neuron_plugin import NeuronModelForCausalLM
+
+    return NeuronModelForCausalLM.from_pretrained(smollm2.directory)

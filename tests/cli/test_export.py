@@ -40,12 +40,13 @@ def hf_greedy(model, prompt_ids: list[int], new_tokens: int) -> list[int]:
     return ids[0, len(prompt_ids) :].tolist()
 
 
-def plugin_greedy(directory: Path, prompt_ids: list[int], new_tokens: int) -> list[int]:
+def plugin_greedy(exported, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    """Greedy tokens of an export directory (loaded here) or of a loaded model."""
     import torch
 
     from optimum_neuron_plugin.runtime import NeuronModelForCausalLM
 
-    model = NeuronModelForCausalLM.from_pretrained(directory)
+    model = NeuronModelForCausalLM.from_pretrained(exported) if isinstance(exported, Path) else exported
     out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=new_tokens, do_sample=False, eos_token_id=[])
     return out[0, len(prompt_ids) :].tolist()
 
@@ -57,7 +58,7 @@ def until_eos(tokens: list[int], eos: set[int]) -> list[int]:
     return tokens
 
 
-def assert_same_greedy(exported: Path, hf_model, prompt_ids: list[int], eos: set[int], new_tokens=NEW_TOKENS):
+def assert_same_greedy(exported, hf_model, prompt_ids: list[int], eos: set[int], new_tokens=NEW_TOKENS):
     expected = until_eos(hf_greedy(hf_model, prompt_ids, new_tokens), eos)
     actual = until_eos(plugin_greedy(exported, prompt_ids, new_tokens), eos)
     assert actual == expected
@@ -234,7 +235,7 @@ def test_info_command_describes_an_export(llama_export, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
-def test_export_smollm2_gguf_matches_hf(smollm2):
+def test_export_smollm2_gguf_matches_hf(smollm2, smollm2_runtime):
     """The session's SmolLM2 export: the CLI run from the GGUF (tests/conftest.py)."""
     output = smollm2.directory
     assert smollm2.export.returncode == 0, smollm2.export.stderr
@@ -243,7 +244,7 @@ def test_export_smollm2_gguf_matches_hf(smollm2):
     assert tokenizer_config.get("chat_template") or (output / "chat_template.jinja").is_file()
     ids = smollm2.tokenizer(PROMPT)["input_ids"]
     eos = {smollm2.hf.config.eos_token_id} - {None}
-    assert_same_greedy(output, smollm2.hf, ids, eos=eos, new_tokens=16)
+    assert_same_greedy(smollm2_runtime, smollm2.hf, ids, eos=eos, new_tokens=16)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -10,8 +10,6 @@ import pytest
 import torch
 from support.smollm2 import SHAPE
 
-from optimum_neuron_plugin import NeuronModelForCausalLM
-
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
 CHUNK = SHAPE["prefill_chunk_size"]
@@ -26,8 +24,8 @@ LONG_QUESTION = (
 
 
 @pytest.fixture(scope="module")
-def loaded(smollm2):
-    return smollm2.hf, smollm2.tokenizer, NeuronModelForCausalLM.from_pretrained(smollm2.directory)
+def loaded(smollm2, smollm2_runtime):
+    return smollm2.hf, smollm2.tokenizer, smollm2_runtime
 
 
 def chat_ids(tokenizer, question: str) -> list[int]:
