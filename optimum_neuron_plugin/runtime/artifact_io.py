@@ -59,7 +59,7 @@ def export(
         raise
     model_ = cls(
         args, neuron_config, hf_config, params, workdir, source.tokenizer, source.generation_config,
-        make_backend=make_backend,
+        make_backend=make_backend, load_graphs_on_first_call=True,
     )  # fmt: skip
     # The compiled graphs live in workdir until save_pretrained copies them; removed with the model.
     weakref.finalize(model_, shutil.rmtree, workdir, True)

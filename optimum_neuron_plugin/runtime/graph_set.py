@@ -15,6 +15,26 @@ from ..graphs import CHUNK_AND_DECODE, GraphSpec, call_bucket
 GraphCall = Callable[..., torch.Tensor]  # graphs(spec, *inputs): runs the compiled graph of spec
 
 
+class LoadedOnFirstCall:
+    """The graphs of a fresh export, loaded when first used: an export that is only saved (the CLI) never reads
+    its programs back, which costs about as much as tracing them."""
+
+    def __init__(self, load: Callable[[], GraphCall]) -> None:
+        self._load, self._graphs = load, None
+
+    @property
+    def loaded(self) -> GraphCall:
+        if self._graphs is None:
+            self._graphs = self._load()
+        return self._graphs
+
+    def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.loaded(spec, *inputs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.loaded, name)
+
+
 @dataclass
 class GraphSet:
     neuron_config: NeuronConfig

@@ -26,7 +26,7 @@ from . import artifact_io, chunk_loop, fused
 from . import decode as decode_step
 from . import generate as hf_generate
 from .decode import DecodeResult
-from .graph_set import GraphCall, GraphSet
+from .graph_set import GraphCall, GraphSet, LoadedOnFirstCall
 from .ranks import NoRanks, tp_group
 
 
@@ -51,6 +51,7 @@ class NeuronModelForCausalLM:
         generation_config: object | None = None,
         group: dist.ProcessGroup | None = None,
         make_backend: BackendFactory = backends.get_backend,
+        load_graphs_on_first_call: bool = False,
     ) -> None:
         self.config, self.neuron_config, self.hf_config = args, neuron_config, hf_config
         self.params, self.tokenizer, self.generation_config = params, tokenizer, generation_config
@@ -73,7 +74,8 @@ class NeuronModelForCausalLM:
         cc = Collectives(nc.tp_degree, self.group.group_name if self.group is not None else None)
         local = sharding.local_args(args, self.plan)
         modules = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in self.specs]
-        self.graphs = self.backend.load(modules, self.params, self.caches, self.graphs_dir)
+        load = lambda: self.backend.load(modules, self.params, self.caches, self.graphs_dir)  # noqa: E731
+        self.graphs = LoadedOnFirstCall(load) if load_graphs_on_first_call else load()
 
     @property
     def graphs(self) -> GraphCall:
