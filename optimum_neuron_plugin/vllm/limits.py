@@ -20,3 +20,5 @@ class ServingLimits:
     prefill_mode: PrefillMode
     # Structured outputs can be served: host sampling, or decode graphs with a token bitmask input (format 5).
     structured_outputs: bool = True
+    # On-device sampling: top logprobs the decode graphs return (0: none); None: host sampling, any count.
+    device_logprobs: int | None = None

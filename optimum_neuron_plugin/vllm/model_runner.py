@@ -30,7 +30,7 @@ from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY, host_topk
 from .grammar import StepGrammar
 from .health import GraphHealth
-from .host_sampling import HostSampler, TokenLogprobs, logprobs_lists, token_logprobs
+from .host_sampling import HostSampler, TokenLogprobs, device_token_logprobs, logprobs_lists, token_logprobs
 from .log import get_logger
 from .requests import RequestState, SeedSource
 from .scheduler import NeuronRunnerOutput
@@ -222,6 +222,8 @@ class NeuronModelRunner:
             ):
                 tokens[i] = token
         for i, state in enumerate(states):
+            if state.wants_logprobs and result.logprobs is not None:
+                logprobs[state.req_id] = device_token_logprobs(result.logprobs, i, state.params.logprobs)
             self._append(state, tokens[i], None if result.logits is None else result.logits[i], sampled, logprobs)
 
     def _prefill_slices(self, prefills: list[ScheduledSlice], interleaved: bool, sampled, logprobs) -> list[str]:

@@ -43,6 +43,7 @@ SUPPORTED = frozenset(
         "_eos_token_id",
         "_all_stop_token_ids",
         "structured_outputs",  # vLLM compiles the grammar; the runner masks with its bitmask (check_sampling)
+        "logprobs",  # host logits, or the decode graphs' top max_logprobs (check_logprobs)
     }
 )
 # Honoured only where every token is sampled on the host: vLLM's logits processing needs logits,
@@ -54,7 +55,6 @@ HOST_LOGITS_ONLY = frozenset(
         "repetition_penalty",
         "min_p",
         "min_tokens",
-        "logprobs",
         "logit_bias",
         "allowed_token_ids",
         "bad_words",
@@ -119,6 +119,7 @@ def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
             public = name.lstrip("_").removesuffix("_token_ids") if name.startswith("_") else name
             where = ON_DEVICE_HINT if name in host_only else "by the Neuron plugin: remove it from the request"
             raise VLLMValidationError(f"{public} is not supported {where}", parameter=public, value=value)
+    check_logprobs(limits, params)
     if limits.on_device_sampling and params.top_k > limits.max_topk:
         raise VLLMValidationError(
             f"top_k={params.top_k} exceeds the artifact's on-device max_topk={limits.max_topk}: use top_k <= "
@@ -126,6 +127,24 @@ def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
             parameter="top_k",
             value=params.top_k,
         )
+
+
+def check_logprobs(limits: ServingLimits, params: SamplingParams) -> None:
+    """On-device sampling returns the top max_logprobs of each token (vLLM's --max-logprobs is fitted to it, so vLLM
+    refuses larger counts first; this names the export option)."""
+    compiled, asked = limits.device_logprobs, params.logprobs
+    if compiled is None or asked is None or 0 <= asked <= compiled and compiled > 0:
+        return
+    wanted = "the whole vocabulary's" if asked < 0 else f"the top {asked}"
+    returns = f"returns the top {compiled}" if compiled else "return none (exported with --max-logprobs 0)"
+    raise VLLMValidationError(
+        f"logprobs={asked} asks for {wanted} logprobs, but this artifact's decode graphs sample on device and "
+        f"{returns}: ask for logprobs <= {compiled}"
+        + (" " if compiled else " (omit logprobs) ")
+        + "or export the model again with a larger --max-logprobs (at most --max-topk) or --no-on-device-sampling",
+        parameter="logprobs",
+        value=asked,
+    )
 
 
 def _is_default(value: object, default: object) -> bool:
