@@ -413,7 +413,7 @@ def _fit_max_logprobs(model_config: ModelConfig, neuron_config: NeuronConfig) ->
         model_config.max_logprobs = compiled
         return
     raise ConfigMismatchError(
-        f"max_logprobs={model_config.max_logprobs} exceeds the artifact's compiled max_logprobs={compiled} (its "
+        f"max_logprobs={model_config.max_logprobs}{' (the whole vocabulary)' if model_config.max_logprobs < 0 else ''} exceeds the artifact's compiled max_logprobs={compiled} (its "
         f"decode graphs sample on device and return the top {compiled} logprobs): pass --max-logprobs {compiled} or "
         "less (or omit it), or export the model again with a larger --max-logprobs (at most --max-topk) or with "
         "--no-on-device-sampling"

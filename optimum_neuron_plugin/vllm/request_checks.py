@@ -136,7 +136,7 @@ def check_logprobs(limits: ServingLimits, params: SamplingParams) -> None:
     if compiled is None or asked is None or 0 <= asked <= compiled and compiled > 0:
         return
     wanted = "the whole vocabulary's" if asked < 0 else f"the top {asked}"
-    returns = f"returns the top {compiled}" if compiled else "return none (exported with --max-logprobs 0)"
+    returns = f"return the top {compiled}" if compiled else "return none (exported with --max-logprobs 0)"
     raise VLLMValidationError(
         f"logprobs={asked} asks for {wanted} logprobs, but this artifact's decode graphs sample on device and "
         f"{returns}: ask for logprobs <= {compiled}"
