@@ -54,13 +54,11 @@ HOST_LOGITS_ONLY = frozenset(
         "frequency_penalty",
         "repetition_penalty",
         "min_p",
-        "min_tokens",
         "logit_bias",
-        "allowed_token_ids",
-        "bad_words",
-        "_bad_words_token_ids",
     }
 )
+# Honoured on the host, and on the device through the decode graphs' token bitmask (token_constraints.py).
+TOKEN_MASK = frozenset({"min_tokens", "allowed_token_ids", "bad_words", "_bad_words_token_ids"})
 DEFAULTS = SamplingParams()
 FIELDS = tuple(field.name for field in msgspec.structs.fields(SamplingParams))
 ON_DEVICE_HINT = "(this artifact samples on device; export it with --no-on-device-sampling to get host logits)"
@@ -111,13 +109,17 @@ def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
             parameter="structured_outputs",
         )
     host_only = HOST_LOGITS_ONLY if limits.on_device_sampling else frozenset()
+    no_mask = TOKEN_MASK if not limits.structured_outputs else frozenset()
     for name in FIELDS:
-        if name in SUPPORTED or (name in HOST_LOGITS_ONLY and name not in host_only):
+        if name in SUPPORTED or (name in HOST_LOGITS_ONLY | TOKEN_MASK and name not in host_only | no_mask):
             continue
         value = getattr(params, name)
         if not _is_default(value, getattr(DEFAULTS, name)):
             public = name.lstrip("_").removesuffix("_token_ids") if name.startswith("_") else name
-            where = ON_DEVICE_HINT if name in host_only else "by the Neuron plugin: remove it from the request"
+            if name in no_mask:
+                where = "(this artifact's decode graphs have no token bitmask input: export it again)"
+            else:
+                where = ON_DEVICE_HINT if name in host_only else "by the Neuron plugin: remove it from the request"
             raise VLLMValidationError(f"{public} is not supported {where}", parameter=public, value=value)
     check_logprobs(limits, params)
     if limits.on_device_sampling and params.top_k > limits.max_topk:

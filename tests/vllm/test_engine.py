@@ -95,7 +95,6 @@ def test_a_prompt_may_fill_the_whole_sequence(llm, tokenizer):
     [
         (dict(logprobs=21), "Requested sample logprobs of 21, which is greater than max allowed: 20"),
         (dict(logprobs=-1), r"Requested sample logprobs of \d+, which is greater than max allowed: 20"),
-        (dict(min_tokens=2), "min_tokens is not supported"),
         (dict(min_p=0.1), "min_p is not supported"),
         (dict(top_k=1000), "top_k=1000 exceeds"),
         (dict(presence_penalty=0.5), "presence_penalty is not supported"),
@@ -141,6 +140,26 @@ def test_device_logprobs_are_hf_log_softmax_with_vllm_ranks(llm, prompts, tiny_h
             sum(float(expected[i, t]) for i, t in enumerate(tokens)), abs=1e-2
         )
     assert max(ranks) > 1  # hot sampling drew tokens other than the argmax
+
+
+def test_min_tokens_and_allowed_token_ids_hold_on_device(llm, prompts):
+    """Tokens after the first are sampled by the decode graphs: their bitmask rows ban the stop token until
+    min_tokens is reached and allow only allowed_token_ids."""
+    from vllm import SamplingParams
+
+    reference = generate(llm, prompts[:1], greedy(6))[0]
+    stop = reference[1]  # the first token the device samples
+    assert stop not in reference[:1]
+    assert generate(llm, prompts[:1], greedy(6, stop_token_ids=[stop]))[0] == reference[:2]
+    tokens = generate(llm, prompts[:1], greedy(6, stop_token_ids=[stop], min_tokens=4))[0]
+    assert len(tokens) >= 4 and stop not in tokens[:4] and tokens[:1] == reference[:1]
+    allowed = sorted({*reference[2:], 17, 300, 4095})
+    for params in (
+        greedy(6, allowed_token_ids=allowed),
+        SamplingParams(max_tokens=6, ignore_eos=True, allowed_token_ids=allowed, temperature=1.5, seed=3),
+    ):
+        tokens = generate(llm, prompts[:2], params)
+        assert all(len(t) == 6 and set(t) <= set(allowed) for t in tokens)
 
 
 def test_too_long_prompt_is_rejected_and_the_engine_keeps_serving(llm, tokenizer, prompts):
