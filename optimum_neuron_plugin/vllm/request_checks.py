@@ -59,6 +59,13 @@ HOST_LOGITS_ONLY = frozenset(
 )
 # Honoured on the host, and on the device through the decode graphs' token bitmask (token_constraints.py).
 TOKEN_MASK = frozenset({"min_tokens", "allowed_token_ids", "bad_words", "_bad_words_token_ids"})
+# Why a field is refused, where it is not obvious.
+WHY = {
+    "prompt_logprobs": "the prefill graphs return the logits of a chunk's last token only",
+    "prompt_logprob_token_ids": "the prefill graphs return the logits of a chunk's last token only",
+    "logprob_token_ids": "the runner returns the sampled token's and the most likely tokens' logprobs, not chosen "
+    "ids' (the on-device sampler computes only its top max_logprobs): use logprobs",
+}
 DEFAULTS = SamplingParams()
 FIELDS = tuple(field.name for field in msgspec.structs.fields(SamplingParams))
 ON_DEVICE_HINT = "(this artifact samples on device; export it with --no-on-device-sampling to get host logits)"
@@ -120,6 +127,7 @@ def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
                 where = "(this artifact's decode graphs have no token bitmask input: export it again)"
             else:
                 where = ON_DEVICE_HINT if name in host_only else "by the Neuron plugin: remove it from the request"
+                where += f" ({WHY[name]})" if name in WHY else ""
             raise VLLMValidationError(f"{public} is not supported {where}", parameter=public, value=value)
     check_logprobs(limits, params)
     if limits.on_device_sampling and params.top_k > limits.max_topk:

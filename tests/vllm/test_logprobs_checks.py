@@ -43,3 +43,22 @@ def test_logprobs_within_the_limit_or_on_host_are_served():
         check_sampling(limits(5), SamplingParams(logprobs=asked))
     check_sampling(limits(0), SamplingParams())
     check_sampling(limits(None), SamplingParams(logprobs=-1))
+
+
+def test_logprob_token_ids_and_prompt_logprobs_are_refused_saying_why():
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+
+    for params, why in (
+        (
+            SamplingParams(logprob_token_ids=[3, 4]),
+            "not chosen ids' (the on-device sampler computes only its top max_logprobs): use logprobs",
+        ),
+        (SamplingParams(prompt_logprobs=2), "the prefill graphs return the logits of a chunk's last token only"),
+    ):
+        for device_logprobs in (20, None):
+            with pytest.raises(VLLMValidationError, match="is not supported by the Neuron plugin: remove it") as error:
+                check_sampling(limits(device_logprobs), params)
+            assert why in str(error.value)
