@@ -142,6 +142,23 @@ def test_device_logprobs_are_hf_log_softmax_with_vllm_ranks(llm, prompts, tiny_h
     assert max(ranks) > 1  # hot sampling drew tokens other than the argmax
 
 
+def test_beam_search_scores_beams_with_hf_logprobs(llm, prompts, tiny_hf):
+    """vLLM's beam search asks 2 * beam_width logprobs of one token per beam and step."""
+    import torch
+    from vllm.sampling_params import BeamSearchParams
+
+    prompt = prompts[0]
+    beams = llm.beam_search([{"prompt_token_ids": prompt}], BeamSearchParams(beam_width=2, max_tokens=3))[0].sequences
+    assert len(beams) == 2
+    for beam in beams:
+        new = beam.tokens[len(prompt) :]
+        assert len(new) == 3
+        with torch.no_grad():
+            logits = tiny_hf(torch.tensor([beam.tokens])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, torch.tensor(new)[:, None]).sum()
+        assert beam.cum_logprob == pytest.approx(float(expected), abs=1e-3)
+
+
 def test_min_tokens_and_allowed_token_ids_hold_on_device(llm, prompts):
     """Tokens after the first are sampled by the decode graphs: their bitmask rows ban the stop token until
     min_tokens is reached and allow only allowed_token_ids."""
