@@ -7,11 +7,16 @@ least the sampled token's).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from support.references import hf_last_logits
+from support.tensor_parallel import run_ranks
 
 from optimum_neuron_plugin.config import NeuronConfig, NeuronConfigError
+from optimum_neuron_plugin.models.collectives import Collectives
+from optimum_neuron_plugin.models.sampling import sample_with_logprobs
 from optimum_neuron_plugin.sampling import SamplingParams, make_generator
 
 from .helpers import CHUNK, CHUNKED, prompt
@@ -86,3 +91,39 @@ def test_max_logprobs_is_bounded_by_max_topk_and_zero_compiles_tokens_only(zoo):
     result = tokens_only.model.decode([0], firsts, [len(sequences[0]) - 1])
     assert result.logprobs is None
     assert result.tokens == [int(hf_last_logits(tokens_only.hf, sequences[0]).argmax())]
+
+
+TP_VOCAB, TP_LOCAL = 301, 151  # two ranks' slices; the second padded with one masked column
+
+
+def tp_inputs() -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, TP_VOCAB, generator=generator) * 3
+    params = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 2.0], [5.0, 0.8, 0.7]])  # greedy, hot, top-k 5 / top-p
+    return logits, params, torch.rand(3, 1, generator=generator)
+
+
+def tp_worker(rank: int, out: Path) -> None:
+    import torch.distributed as dist
+
+    logits, params, uniform = tp_inputs()
+    local = torch.full((3, TP_LOCAL), -1e9)
+    part = logits[:, rank * TP_LOCAL : (rank + 1) * TP_LOCAL]
+    local[:, : part.shape[1]] = part
+    cc = Collectives(2, dist.group.WORLD.group_name)
+    offset = torch.tensor([rank * TP_LOCAL], dtype=torch.int32)
+    torch.save(sample_with_logprobs(local, params, uniform, 16, 4, cc, offset, TP_VOCAB), out / f"rank{rank}.pt")
+
+
+def test_tensor_parallel_logprobs_combine_the_ranks_slices(tmp_path):
+    """Each rank holds a vocabulary slice: the log-sum-exp, the rank and the top candidates are combined over the
+    ranks, so every rank returns what one rank holding the whole vocabulary returns."""
+    logits, params, uniform = tp_inputs()
+    want = sample_with_logprobs(logits, params, uniform, 16, 4)
+    run_ranks(tp_worker, 2, tmp_path)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
+        assert torch.allclose(got[1], want[1], atol=1e-5)
+    expected = logits.log_softmax(-1)
+    assert torch.allclose(want[1][:, 1:], expected.topk(4).values, atol=1e-5)
