@@ -152,6 +152,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"largest top_k the on-device sampler supports (default: {DEFAULT_MAX_TOPK})",
     )
     optional.add_argument(
+        *_spellings("max-logprobs"),
+        dest="max_logprobs",
+        metavar="N",
+        type=int,
+        default=None,
+        help="top logprobs the on-device sampler returns per token, at most max_topk; 0: none, requests asking for "
+        "logprobs are refused (default: 20, or max_topk if smaller)",
+    )
+    optional.add_argument(
         *_spellings("instance-type"),
         dest="instance_type",
         metavar="{" + ",".join(INSTANCE_TYPES) + "}",
@@ -256,6 +265,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         torch_dtype=resolve_dtype(args.torch_dtype, backend),
         on_device_sampling=args.on_device_sampling,
         max_topk=args.max_topk,
+        max_logprobs=args.max_logprobs,
         target=args.instance_type,
         backend=backend,
         context_buckets=args.context_buckets,

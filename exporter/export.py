@@ -238,7 +238,11 @@ def describe_config(config) -> str:
         if config.chunked
         else f"context_encoding ({config.sequence_length} tokens)"
     )
-    sampling = f"on device (max_topk {config.max_topk})" if config.on_device_sampling else "on host"
+    sampling = (
+        f"on device (max_topk {config.max_topk}, max_logprobs {config.max_logprobs})"
+        if config.on_device_sampling
+        else "on host"
+    )
     target = f", target {config.target}" if config.target else ""
     return (
         f"backend {config.backend}{target}, {config.torch_dtype}, batch size {config.batch_size}, "

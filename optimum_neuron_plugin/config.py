@@ -13,7 +13,10 @@ NEURON_CONFIG_FILE = "neuron_config.json"
 # 5: chunked_prefill graphs per prior bucket (prefill_buckets): a chunk attends the cache before its start and its
 #    own block; chunk_and_decode's chunk likewise. On-device sampling graphs take a packed token bitmask
 #    (structured outputs).
-FORMAT_VERSION = 5
+# 6: on-device sampling graphs return, next to each sampled token, its logprob, rank and the top max_logprobs.
+FORMAT_VERSION = 6
+# Default max_logprobs: vLLM's own default (--max-logprobs 20), capped at max_topk.
+DEFAULT_MAX_LOGPROBS = 20
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
 TARGETS = ("trn2", "trn3")
@@ -61,6 +64,9 @@ class NeuronConfig:
     prefill_buckets: tuple[int, ...] | None = None
     # On-device sampling graphs take a packed token bitmask input (structured outputs).
     token_bitmask: bool = True
+    # On-device sampling: top logprobs the decode graphs return per row (vLLM's raw logprobs of the top candidates,
+    # at most max_topk). 0: the graphs return tokens only. None: min(DEFAULT_MAX_LOGPROBS, max_topk).
+    max_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -94,9 +100,17 @@ class NeuronConfig:
             _fail("prefill_batch_size", self.prefill_batch_size, "1 without chunked prefill (prefill_chunk_size 0)")
         if self.prefill_batch_size > self.batch_size:
             _fail("prefill_batch_size", self.prefill_batch_size, f"at most batch_size ({self.batch_size})")
+        object.__setattr__(self, "max_logprobs", self._checked_max_logprobs())
         object.__setattr__(self, "context_buckets", self._checked_buckets())
         object.__setattr__(self, "decode_batch_sizes", self._checked_decode_batch_sizes())
         object.__setattr__(self, "prefill_buckets", self._checked_prefill_buckets())
+
+    def _checked_max_logprobs(self) -> int:
+        if self.max_logprobs is None:
+            return min(DEFAULT_MAX_LOGPROBS, self.max_topk)
+        if type(self.max_logprobs) is not int or not 0 <= self.max_logprobs <= self.max_topk:
+            _fail("max_logprobs", self.max_logprobs, f"an integer in [0, max_topk={self.max_topk}]")
+        return self.max_logprobs
 
     def _checked_prefill_buckets(self) -> tuple[int, ...]:
         if not self.chunked:
@@ -213,7 +227,7 @@ class NeuronConfig:
         if version < FORMAT_VERSION:
             raise NeuronConfigError(
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
-                f"{FORMAT_VERSION}: chunks attend their prior context and their own block); export the model again"
+                f"{FORMAT_VERSION}: the decode graphs return logprobs); export the model again"
             )
         missing = [f.name for f in fields(cls) if f.name not in data]
         if missing:

@@ -8,9 +8,13 @@ weights and the KV cache.
 - token_generation : n sequences x 1 token -> token ids [n] (on-device sampling) or logits [n, V], for every n in
                      decode_batch_sizes (1 and B by default): a decode call runs the smallest n that holds it.
                      On-device sampling takes a packed token bitmask [n, ceil(V / 32)] int32 too (structured
-                     outputs: models.sampling.mask_disallowed); rows without a grammar are all ones
+                     outputs: models.sampling.mask_disallowed); rows without a grammar are all ones. With
+                     max_logprobs > 0 it returns, instead of token ids, vLLM's LogprobsTensors of the sampled
+                     tokens: ids [n, 1 + max_logprobs] int32 (the sampled token first, then the top max_logprobs),
+                     their raw logprobs [n, 1 + max_logprobs] fp32 and the sampled token's rank [n] int32
 - chunk_and_decode : one chunked_prefill chunk and one token_generation batch in a single pass over the
-                     weights -> (chunk logits [1, V], token ids [B]) or logits [1 + B, V]. It is how a prompt
+                     weights -> (chunk logits [1, V], token ids [B] or the 3 logprobs tensors) or logits
+                     [1 + B, V]. It is how a prompt
                      is prefilled while other requests decode without stalling them or paying for a second
                      call (chunked exports with batch_size > 1)
 
@@ -36,7 +40,7 @@ from .models.args import ModelArgs
 from .models.collectives import SINGLE, Collectives
 from .models.layers import rope_inv_freq
 from .models.llama import groups_logits
-from .models.sampling import bitmask_words, mask_disallowed, sample
+from .models.sampling import bitmask_words, mask_disallowed, sample, sample_with_logprobs
 from .models.sharding import VOCAB_OFFSET
 
 CHUNKED_PREFILL = "chunked_prefill"
@@ -58,6 +62,7 @@ class GraphSpec:
 
     narrow: bool = False  # token_generation for fewer rows than batch_size
     bitmask_words: int = 0  # on-device sampling: int32 words of the token bitmask input per row (0: no such input)
+    logprobs: int = 0  # on-device sampling: top logprobs returned per row next to the sampled token's (0: tokens only)
 
     @property
     def key(self) -> str:
@@ -81,6 +86,7 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
     """Every graph of an export; vocab_size is the model's (the token bitmask input's width)."""
     nc = neuron_config
     words = bitmask_words(vocab_size) if nc.on_device_sampling and nc.token_bitmask else 0
+    logprobs = nc.max_logprobs if nc.on_device_sampling else 0
     specs = []
     for bucket in nc.prefill_buckets:
         for width in range(1, nc.prefill_batch_size + 1):
@@ -91,13 +97,19 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
         for rows in nc.decode_batch_sizes:
             narrow = rows < nc.batch_size
             specs.append(
-                GraphSpec(TOKEN_GENERATION, rows, 1, nc.on_device_sampling, bucket, narrow=narrow, bitmask_words=words)
-            )
+                GraphSpec(
+                    TOKEN_GENERATION, rows, 1, nc.on_device_sampling, bucket, narrow=narrow, bitmask_words=words,
+                    logprobs=logprobs,
+                )
+            )  # fmt: skip
         if nc.chunked and nc.batch_size > 1:
             chunk = nc.prefill_length
             specs.append(
-                GraphSpec(CHUNK_AND_DECODE, nc.batch_size, 1, nc.on_device_sampling, bucket, chunk, bitmask_words=words)
-            )
+                GraphSpec(
+                    CHUNK_AND_DECODE, nc.batch_size, 1, nc.on_device_sampling, bucket, chunk, bitmask_words=words,
+                    logprobs=logprobs,
+                )
+            )  # fmt: skip
     return specs
 
 
@@ -105,6 +117,8 @@ class DecoderGraph(nn.Module):
     """forward(params, caches, [chunk_ids, chunk_positions, chunk_seq_ids,] input_ids, position_ids, seq_ids
     [, sampling_params, uniform[, token_bitmask]]): the chunk inputs only in chunk_and_decode (spec.chunk > 0), the
     sampling inputs with on-device sampling, the token bitmask when spec.bitmask_words (format 5 exports).
+    Returns logits, or with on-device sampling the token ids (spec.logprobs 0) or the (ids, logprobs, ranks) tensors,
+    after chunk_and_decode's chunk logits.
 
     Under tensor parallelism `args` is one rank's shard (models.sharding.local_args) and `cc` names the group:
     the same program serves every rank (rank-specific values such as the vocabulary offset are weights)."""
@@ -125,11 +139,18 @@ class DecoderGraph(nn.Module):
             return self._whole(logits)
         sampling_params, uniform, *bitmask = inputs[3 * len(groups) :]
         prompt, batch = (logits[:1], logits[1:]) if self.spec.chunk else (None, logits)
-        vocab = self.args.vocab_size
+        vocab, offset = self.args.vocab_size, params.get(VOCAB_OFFSET)
         if bitmask:
-            batch = mask_disallowed(batch, bitmask[0], params.get(VOCAB_OFFSET))
-        tokens = sample(batch, sampling_params, uniform, self.max_topk, self.cc, params.get(VOCAB_OFFSET), vocab)
-        return tokens if prompt is None else (self._whole(prompt), tokens)
+            batch = mask_disallowed(batch, bitmask[0], offset)
+        if self.spec.logprobs:
+            sampled = sample_with_logprobs(
+                batch, sampling_params, uniform, self.max_topk, self.spec.logprobs, self.cc, offset, vocab
+            )
+        else:
+            sampled = sample(batch, sampling_params, uniform, self.max_topk, self.cc, offset, vocab)
+        if prompt is None:
+            return sampled
+        return (self._whole(prompt), *sampled) if self.spec.logprobs else (self._whole(prompt), sampled)
 
     def _whole(self, logits: torch.Tensor) -> torch.Tensor:
         """Every rank returns the whole logits (host sampling, prefill)."""

@@ -66,16 +66,71 @@ def sample(
     `running_sum` (default: triangular_running_sum(k), for the graphs) computes the running sums of the
     candidates' probabilities; the host sampler passes a torch.cumsum.
     """
-    k = min(max_topk, logits.shape[-1])
-    top_values, top_ids = torch.topk(logits.float(), k, dim=-1)
+    top_values, top_ids = top_candidates(logits.float(), max_topk, cc, vocab_offset, vocab_size)
+    running_sum = running_sum or triangular_running_sum(top_values.shape[-1], top_values.device)
+    choice = _choose(top_values, params, uniform, running_sum)
+    return top_ids.gather(-1, choice).squeeze(-1)
+
+
+def sample_with_logprobs(
+    logits: torch.Tensor,
+    params: torch.Tensor,
+    uniform: torch.Tensor,
+    max_topk: int,
+    num_logprobs: int,
+    cc: Collectives = SINGLE,
+    vocab_offset: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """sample(), with vLLM's raw logprobs (log-softmax of `logits` before temperature / top-k / top-p), laid out as
+    vLLM's LogprobsTensors: token ids [n, 1 + num_logprobs] int32 (the sampled token, then the top num_logprobs),
+    their logprobs [n, 1 + num_logprobs] fp32, and the sampled token's rank [n] int32 (tokens whose logprob is at
+    least its own: 1 for the most likely).
+
+    The top num_logprobs are the sampler's first candidates (num_logprobs <= max_topk), so they cost a slice; the
+    log-sum-exp and the rank are one pass over the vocabulary each. Under tensor parallelism each rank's partial max,
+    sum and count are all-gathered and combined.
+    """
+    values = logits.float()
+    top_values, top_ids = top_candidates(values, max_topk, cc, vocab_offset, vocab_size)
+    choice = _choose(top_values, params, uniform, triangular_running_sum(top_values.shape[-1], values.device))
+    chosen = top_values.gather(-1, choice)
+    ids = torch.cat((top_ids.gather(-1, choice), top_ids[:, :num_logprobs]), dim=-1).to(torch.int32)
+    logprobs = torch.cat((chosen, top_values[:, :num_logprobs]), dim=-1) - log_sum_exp(values, cc)
+    at_least = (values >= chosen).float().sum(dim=-1, keepdim=True)
+    ranks = cc.all_gather_last(at_least).sum(dim=-1).to(torch.int32)
+    return ids, logprobs, ranks
+
+
+def log_sum_exp(values: torch.Tensor, cc: Collectives = SINGLE) -> torch.Tensor:
+    """values [n, V_local] fp32 -> log(sum(exp(values))) over the whole vocabulary [n, 1], from each rank's max and
+    shifted sum."""
+    local_max = values.max(dim=-1, keepdim=True).values
+    local_sum = torch.exp(values - local_max).sum(dim=-1, keepdim=True)
+    if cc.degree == 1:
+        return local_max + torch.log(local_sum)
+    maxes, sums = cc.all_gather_last(local_max), cc.all_gather_last(local_sum)
+    top = maxes.max(dim=-1, keepdim=True).values
+    return top + torch.log((sums * torch.exp(maxes - top)).sum(dim=-1, keepdim=True))
+
+
+def top_candidates(
+    values: torch.Tensor,
+    max_topk: int,
+    cc: Collectives = SINGLE,
+    vocab_offset: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The max_topk largest logits [n, k] fp32 in decreasing order and their (global) token ids [n, k]."""
+    k = min(max_topk, values.shape[-1])
+    top_values, top_ids = torch.topk(values, k, dim=-1)
     if cc.degree > 1:
         global_ids = (top_ids + vocab_offset).to(torch.int32)
         top_values, global_ids = cc.all_gather_last(top_values), cc.all_gather_last(global_ids)
         k = min(max_topk, vocab_size)
         top_values, order = torch.topk(top_values, k, dim=-1)
         top_ids = global_ids.gather(-1, order).long()
-    running_sum = running_sum or triangular_running_sum(k, top_values.device)
-    return _sample_sorted(top_values, top_ids, params, uniform, running_sum)
+    return top_values, top_ids
 
 
 def triangular_running_sum(k: int, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -87,8 +142,8 @@ def triangular_running_sum(k: int, device: torch.device) -> Callable[[torch.Tens
     return lambda probs: probs @ upper
 
 
-def _sample_sorted(top_values, top_ids, params, uniform, running_sum) -> torch.Tensor:
-    """Samples among candidates sorted by decreasing logit: values and ids [n, k]."""
+def _choose(top_values, params, uniform, running_sum) -> torch.Tensor:
+    """The index [n, 1] of the sampled candidate among candidates sorted by decreasing logit: values [n, k]."""
     k = top_values.shape[-1]
     top_k, top_p, temperature = params[:, 0:1], params[:, 1:2], params[:, 2:3]
     ranks = torch.arange(k, dtype=torch.int32, device=top_values.device)[None, :]
@@ -98,5 +153,4 @@ def _sample_sorted(top_values, top_ids, params, uniform, running_sum) -> torch.T
     keep = (running_sum(probs) - probs) < top_p
     probs = probs * keep
     cdf = running_sum(probs)
-    choice = (cdf < uniform * cdf[:, -1:]).sum(dim=-1, keepdim=True).clamp(max=k - 1)
-    return top_ids.gather(-1, choice).squeeze(-1)
+    return (cdf < uniform * cdf[:, -1:]).sum(dim=-1, keepdim=True).clamp(max=k - 1)

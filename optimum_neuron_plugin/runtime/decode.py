@@ -20,9 +20,20 @@ from .ranks import from_rank0
 
 
 @dataclass
+class SampledLogprobs:
+    """Raw logprobs (log-softmax of the model's logits) of tokens sampled on the device, in vLLM's LogprobsTensors
+    layout, one row per sequence."""
+
+    token_ids: torch.Tensor  # [n, 1 + max_logprobs] int32: the sampled token, then the most likely max_logprobs
+    logprobs: torch.Tensor  # [n, 1 + max_logprobs] fp32
+    ranks: torch.Tensor  # [n] int32: tokens at least as likely as the sampled one (1: the most likely)
+
+
+@dataclass
 class DecodeResult:
     tokens: list[int]
     logits: torch.Tensor | None  # [n, vocab] fp32, cloned; only when sampled on the host
+    logprobs: SampledLogprobs | None = None  # sampled on the device by graphs that return logprobs (max_logprobs > 0)
 
 
 @dataclass
@@ -85,9 +96,13 @@ def _all_allowed(rows: int, words: int) -> torch.Tensor:
     return all_allowed(rows, words)
 
 
-def decoded(gs: GraphSet, output: torch.Tensor, batch: DecodeBatch) -> DecodeResult:
-    """The graph's token ids (on-device sampling), or its logits sampled on the host."""
+def decoded(gs: GraphSet, output: torch.Tensor | tuple[torch.Tensor, ...], batch: DecodeBatch) -> DecodeResult:
+    """The graph's token ids (on-device sampling; with their logprobs when it returns them), or its logits sampled
+    on the host."""
     n = len(batch.seq_ids)
+    if isinstance(output, tuple):
+        token_ids, logprobs, ranks = (x[:n] for x in output)
+        return DecodeResult(token_ids[:, 0].tolist(), None, SampledLogprobs(token_ids, logprobs, ranks))
     if gs.neuron_config.on_device_sampling:
         return DecodeResult(output[:n].tolist(), None)
     logits = output[:n].clone()

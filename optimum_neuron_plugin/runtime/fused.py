@@ -50,7 +50,8 @@ def fused(
     spec = gs.graph_for(CHUNK_AND_DECODE, batch.positions, nc.batch_size, starts=positions[:1])
     output = gs.graphs(spec, *chunk, *inputs, *sampling_inputs)
     if nc.on_device_sampling:
-        chunk_logits, tokens_out = output
+        chunk_logits, *sampled = output
+        tokens_out = tuple(sampled) if len(sampled) > 1 else sampled[0]
     else:
         chunk_logits, tokens_out = output[:1], output[1:]
     result = decoded(gs, tokens_out, batch)

@@ -18,7 +18,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 import vllm.envs as envs
-from vllm.config import CompilationMode, VllmConfig
+from vllm.config import CompilationMode, ModelConfig, VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 
 from ..backends.neuron import neuron_core_count
@@ -79,6 +79,7 @@ def fit_to_artifact(vllm_config: VllmConfig, user: UserArgs | None = None) -> Se
     _fit_parallelism(vllm_config, neuron_config)
     _fit_scheduler(vllm_config, neuron_config, mode, user)
     _fit_generation_defaults(vllm_config, neuron_config)
+    _fit_max_logprobs(vllm_config.model_config, neuron_config)
     _fit_kv_cache(vllm_config, user)
     _disable_compilation(vllm_config)
     _use_artifact_dtype(vllm_config, neuron_config)
@@ -91,6 +92,7 @@ def fit_to_artifact(vllm_config: VllmConfig, user: UserArgs | None = None) -> Se
         max_topk=neuron_config.max_topk,
         prefill_mode=mode,
         structured_outputs=not neuron_config.on_device_sampling or neuron_config.token_bitmask,
+        device_logprobs=neuron_config.max_logprobs if neuron_config.on_device_sampling else None,
     )
 
 
@@ -396,6 +398,25 @@ def _fit_generation_defaults(vllm_config: VllmConfig, neuron_config: NeuronConfi
         "requests are served without them (a request that sets them gets a 400); export the model again with "
         "--no-on-device-sampling to apply them, or pass --generation-config vllm to ignore the model's defaults",
         ", ".join(f"{name}={value}" for name, value in dropped.items()),
+    )
+
+
+def _fit_max_logprobs(model_config: ModelConfig, neuron_config: NeuronConfig) -> None:
+    """On-device sampling: the decode graphs return the top max_logprobs, so vLLM's --max-logprobs (the largest
+    `logprobs` a request may ask, which vLLM enforces) must not exceed it. vLLM's default (20) is lowered to the
+    compiled count, as vLLM records no difference between its default and an explicit 20; any other larger value is
+    refused."""
+    compiled = neuron_config.max_logprobs
+    if not neuron_config.on_device_sampling or 0 <= model_config.max_logprobs <= compiled:
+        return
+    if model_config.max_logprobs == ModelConfig.max_logprobs:
+        model_config.max_logprobs = compiled
+        return
+    raise ConfigMismatchError(
+        f"max_logprobs={model_config.max_logprobs}{' (the whole vocabulary)' if model_config.max_logprobs < 0 else ''} exceeds the artifact's compiled max_logprobs={compiled} (its "
+        f"decode graphs sample on device and return the top {compiled} logprobs): pass --max-logprobs {compiled} or "
+        "less (or omit it), or export the model again with a larger --max-logprobs (at most --max-topk) or with "
+        "--no-on-device-sampling"
     )
 
 

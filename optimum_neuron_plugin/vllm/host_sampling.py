@@ -7,7 +7,8 @@ repetition / frequency / presence penalties (vllm/v1/sample/ops/penalties.py), t
 temperature-scaled logits. The draw itself stays the plugin's top-k / top-p sampler
 (sampling.sample_on_host), the same algorithm as the on-device sampler, so a seeded request draws
 the same tokens whether a step runs on the host or on the device. Logprobs are vLLM's default
-"raw_logprobs" (log_softmax of the model's logits before any processing), gathered by vLLM's Sampler.
+"raw_logprobs" (log_softmax of the model's logits before any processing), gathered by vLLM's Sampler; tokens
+sampled on the device come with the same logprobs from the decode graph (device_token_logprobs).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from vllm.v1.sample.logits_processor import BatchUpdate, build_logitsprocs
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 
+from ..runtime.decode import SampledLogprobs
 from ..sampling import sample_on_host
 from .requests import RequestState
 
@@ -125,6 +127,15 @@ def token_logprobs(logits: torch.Tensor, token: int, num_logprobs: int) -> Token
     gathered = Sampler.gather_logprobs(logprobs, n, torch.tensor([token]))
     return TokenLogprobs(
         gathered.logprob_token_ids[0].tolist(), gathered.logprobs[0].tolist(), int(gathered.selected_token_ranks[0])
+    )
+
+
+def device_token_logprobs(sampled: SampledLogprobs, row: int, num_logprobs: int) -> TokenLogprobs:
+    """The decode graph's raw logprobs of one row, cut to the request's num_logprobs (request_checks: at most the
+    graph's max_logprobs)."""
+    width = 1 + num_logprobs
+    return TokenLogprobs(
+        sampled.token_ids[row, :width].tolist(), sampled.logprobs[row, :width].tolist(), int(sampled.ranks[row])
     )
 
 

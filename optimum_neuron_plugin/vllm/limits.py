@@ -18,5 +18,8 @@ class ServingLimits:
     on_device_sampling: bool
     max_topk: int
     prefill_mode: PrefillMode
-    # Structured outputs can be served: host sampling, or decode graphs with a token bitmask input (format 5).
+    # Structured outputs (and on device min_tokens, allowed_token_ids, bad_words) can be served: host sampling, or
+    # decode graphs with a token bitmask input.
     structured_outputs: bool = True
+    # On-device sampling: top logprobs the decode graphs return (0: none); None: host sampling, any count.
+    device_logprobs: int | None = None

@@ -30,12 +30,13 @@ from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY, host_topk
 from .grammar import StepGrammar
 from .health import GraphHealth
-from .host_sampling import HostSampler, TokenLogprobs, logprobs_lists, token_logprobs
+from .host_sampling import HostSampler, TokenLogprobs, device_token_logprobs, logprobs_lists, token_logprobs
 from .log import get_logger
 from .requests import RequestState, SeedSource
 from .scheduler import NeuronRunnerOutput
 from .stats import StatsSink
 from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids
+from .token_constraints import constrained_bitmask
 
 logger = get_logger(__name__)
 
@@ -188,9 +189,13 @@ class NeuronModelRunner:
         on_device = self.model.neuron_config.on_device_sampling
         # Rows whose logits need processing (penalties, min_tokens, min_p, a grammar on host logits, ...) are
         # sampled here afterwards: the runtime treats them as greedy without a generator, so it draws no randomness
-        # for them. On device a grammar is the graph's bitmask input instead.
-        processed = [s.needs_logits_processing() or (not on_device and s.req_id in self.grammar) for s in states]
-        bitmask = self.grammar.bitmask(req_ids, bitmask_words(self.model.config.vocab_size)) if on_device else None
+        # for them. On device a grammar, min_tokens, allowed_token_ids and bad_words are the graph's bitmask instead.
+        processed = [
+            s.needs_host_logits() or (not on_device and (s.has_token_constraints() or s.req_id in self.grammar))
+            for s in states
+        ]
+        words = bitmask_words(self.model.config.vocab_size)
+        bitmask = constrained_bitmask(self.grammar.bitmask(req_ids, words), states, words) if on_device else None
         batch = (
             [s.slot for s in states],
             [s.all_token_ids[w.start] for s, w in zip(states, work, strict=True)],
@@ -222,6 +227,8 @@ class NeuronModelRunner:
             ):
                 tokens[i] = token
         for i, state in enumerate(states):
+            if state.wants_logprobs and result.logprobs is not None:
+                logprobs[state.req_id] = device_token_logprobs(result.logprobs, i, state.params.logprobs)
             self._append(state, tokens[i], None if result.logits is None else result.logits[i], sampled, logprobs)
 
     def _prefill_slices(self, prefills: list[ScheduledSlice], interleaved: bool, sampled, logprobs) -> list[str]:

@@ -43,6 +43,7 @@ SUPPORTED = frozenset(
         "_eos_token_id",
         "_all_stop_token_ids",
         "structured_outputs",  # vLLM compiles the grammar; the runner masks with its bitmask (check_sampling)
+        "logprobs",  # host logits, or the decode graphs' top max_logprobs (check_logprobs)
     }
 )
 # Honoured only where every token is sampled on the host: vLLM's logits processing needs logits,
@@ -53,14 +54,18 @@ HOST_LOGITS_ONLY = frozenset(
         "frequency_penalty",
         "repetition_penalty",
         "min_p",
-        "min_tokens",
-        "logprobs",
         "logit_bias",
-        "allowed_token_ids",
-        "bad_words",
-        "_bad_words_token_ids",
     }
 )
+# Honoured on the host, and on the device through the decode graphs' token bitmask (token_constraints.py).
+TOKEN_MASK = frozenset({"min_tokens", "allowed_token_ids", "bad_words", "_bad_words_token_ids"})
+# Why a field is refused, where it is not obvious.
+WHY = {
+    "prompt_logprobs": "the prefill graphs return the logits of a chunk's last token only",
+    "prompt_logprob_token_ids": "the prefill graphs return the logits of a chunk's last token only",
+    "logprob_token_ids": "the runner returns the sampled token's and the most likely tokens' logprobs, not chosen "
+    "ids' (the on-device sampler computes only its top max_logprobs): use logprobs",
+}
 DEFAULTS = SamplingParams()
 FIELDS = tuple(field.name for field in msgspec.structs.fields(SamplingParams))
 ON_DEVICE_HINT = "(this artifact samples on device; export it with --no-on-device-sampling to get host logits)"
@@ -111,14 +116,20 @@ def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
             parameter="structured_outputs",
         )
     host_only = HOST_LOGITS_ONLY if limits.on_device_sampling else frozenset()
+    no_mask = TOKEN_MASK if not limits.structured_outputs else frozenset()
     for name in FIELDS:
-        if name in SUPPORTED or (name in HOST_LOGITS_ONLY and name not in host_only):
+        if name in SUPPORTED or (name in HOST_LOGITS_ONLY | TOKEN_MASK and name not in host_only | no_mask):
             continue
         value = getattr(params, name)
         if not _is_default(value, getattr(DEFAULTS, name)):
             public = name.lstrip("_").removesuffix("_token_ids") if name.startswith("_") else name
-            where = ON_DEVICE_HINT if name in host_only else "by the Neuron plugin: remove it from the request"
+            if name in no_mask:
+                where = "(this artifact's decode graphs have no token bitmask input: export it again)"
+            else:
+                where = ON_DEVICE_HINT if name in host_only else "by the Neuron plugin: remove it from the request"
+                where += f" ({WHY[name]})" if name in WHY else ""
             raise VLLMValidationError(f"{public} is not supported {where}", parameter=public, value=value)
+    check_logprobs(limits, params)
     if limits.on_device_sampling and params.top_k > limits.max_topk:
         raise VLLMValidationError(
             f"top_k={params.top_k} exceeds the artifact's on-device max_topk={limits.max_topk}: use top_k <= "
@@ -126,6 +137,24 @@ def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
             parameter="top_k",
             value=params.top_k,
         )
+
+
+def check_logprobs(limits: ServingLimits, params: SamplingParams) -> None:
+    """On-device sampling returns the top max_logprobs of each token (vLLM's --max-logprobs is fitted to it, so vLLM
+    refuses larger counts first; this names the export option)."""
+    compiled, asked = limits.device_logprobs, params.logprobs
+    if compiled is None or asked is None or 0 <= asked <= compiled and compiled > 0:
+        return
+    wanted = "the whole vocabulary's" if asked < 0 else f"the top {asked}"
+    returns = f"return the top {compiled}" if compiled else "return none (exported with --max-logprobs 0)"
+    raise VLLMValidationError(
+        f"logprobs={asked} asks for {wanted} logprobs, but this artifact's decode graphs sample on device and "
+        f"{returns}: ask for logprobs <= {compiled}"
+        + (" " if compiled else " (omit logprobs) ")
+        + "or export the model again with a larger --max-logprobs (at most --max-topk) or --no-on-device-sampling",
+        parameter="logprobs",
+        value=asked,
+    )
 
 
 def _is_default(value: object, default: object) -> bool:

@@ -63,16 +63,22 @@ class RequestState:
 
     def needs_logits_processing(self) -> bool:
         """Anything vLLM's sampler would change in this request's logits (host_sampling.HostSampler)."""
+        return self.has_token_constraints() or self.needs_host_logits()
+
+    def has_token_constraints(self) -> bool:
+        """Tokens banned or allowed this step: a token bitmask row can carry them (token_constraints.py)."""
+        p = self.params
+        return len(self.output_token_ids) < p.min_tokens or bool(p.allowed_token_ids) or bool(p.bad_words_token_ids)
+
+    def needs_host_logits(self) -> bool:
+        """Processing that changes logit values (penalties, min_p, logit_bias): host logits only."""
         p = self.params
         return (
-            len(self.output_token_ids) < p.min_tokens
-            or p.min_p > 0.0
+            p.min_p > 0.0
             or p.presence_penalty != 0.0
             or p.frequency_penalty != 0.0
             or p.repetition_penalty != 1.0
             or bool(p.logit_bias)
-            or bool(p.allowed_token_ids)
-            or bool(p.bad_words_token_ids)
         )
 
     def resync(self, all_token_ids: list[int]) -> None:

@@ -93,8 +93,8 @@ def test_a_prompt_may_fill_the_whole_sequence(llm, tokenizer):
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        (dict(logprobs=2), r"logprobs is not supported \(this artifact samples on device"),
-        (dict(min_tokens=2), "min_tokens is not supported"),
+        (dict(logprobs=21), "Requested sample logprobs of 21, which is greater than max allowed: 20"),
+        (dict(logprobs=-1), r"Requested sample logprobs of \d+, which is greater than max allowed: 20"),
         (dict(min_p=0.1), "min_p is not supported"),
         (dict(top_k=1000), "top_k=1000 exceeds"),
         (dict(presence_penalty=0.5), "presence_penalty is not supported"),
@@ -105,6 +105,78 @@ def test_unsupported_parameters_are_rejected(llm, prompts, params, message):
 
     with pytest.raises(VLLMValidationError, match=message):
         llm.generate([{"prompt_token_ids": prompts[0]}], SamplingParams(max_tokens=2, **params), use_tqdm=False)
+
+
+def test_device_logprobs_are_hf_log_softmax_with_vllm_ranks(llm, prompts, tiny_hf):
+    """Sampled tokens (the first from host logits, the rest from the decode graphs, some riding in chunk_and_decode
+    next to a longer prompt) carry vLLM's raw logprobs: the sampled token's, its rank, and the top `logprobs`."""
+    import torch
+    from vllm import SamplingParams
+
+    chosen = [prompts[0], prompts[2], prompts[5]]
+    params = [
+        SamplingParams(max_tokens=6, temperature=2.0, seed=i, ignore_eos=True, logprobs=num)
+        for i, num in enumerate((3, 0, 20))
+    ]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in chosen], params, use_tqdm=False)
+    ranks = []
+    for prompt, param, output in zip(chosen, params, outputs, strict=True):
+        out = output.outputs[0]
+        tokens = list(out.token_ids)
+        assert len(out.logprobs) == len(tokens) == 6
+        with torch.no_grad():
+            logits = tiny_hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits.float(), dim=-1)
+        for position, (token, entry) in enumerate(zip(tokens, out.logprobs, strict=True)):
+            row = expected[position]
+            top = torch.topk(row, param.logprobs).indices.tolist()
+            assert set(entry) == {token, *top}  # logprobs=0: the sampled token's only
+            assert entry[token].rank == int((row >= row[token]).sum())
+            ranks.append(entry[token].rank)
+            for token_id, logprob in entry.items():
+                assert logprob.logprob == pytest.approx(float(row[token_id]), abs=1e-3)
+            assert [entry[t].rank for t in top] == list(range(1, len(top) + 1))
+        assert out.cumulative_logprob == pytest.approx(
+            sum(float(expected[i, t]) for i, t in enumerate(tokens)), abs=1e-2
+        )
+    assert max(ranks) > 1  # hot sampling drew tokens other than the argmax
+
+
+def test_beam_search_scores_beams_with_hf_logprobs(llm, prompts, tiny_hf):
+    """vLLM's beam search asks 2 * beam_width logprobs of one token per beam and step."""
+    import torch
+    from vllm.sampling_params import BeamSearchParams
+
+    prompt = prompts[0]
+    beams = llm.beam_search([{"prompt_token_ids": prompt}], BeamSearchParams(beam_width=2, max_tokens=3))[0].sequences
+    assert len(beams) == 2
+    for beam in beams:
+        new = beam.tokens[len(prompt) :]
+        assert len(new) == 3
+        with torch.no_grad():
+            logits = tiny_hf(torch.tensor([beam.tokens])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits.float(), dim=-1).gather(-1, torch.tensor(new)[:, None]).sum()
+        assert beam.cum_logprob == pytest.approx(float(expected), abs=1e-3)
+
+
+def test_min_tokens_and_allowed_token_ids_hold_on_device(llm, prompts):
+    """Tokens after the first are sampled by the decode graphs: their bitmask rows ban the stop token until
+    min_tokens is reached and allow only allowed_token_ids."""
+    from vllm import SamplingParams
+
+    reference = generate(llm, prompts[:1], greedy(6))[0]
+    stop = reference[1]  # the first token the device samples
+    assert stop not in reference[:1]
+    assert generate(llm, prompts[:1], greedy(6, stop_token_ids=[stop]))[0] == reference[:2]
+    tokens = generate(llm, prompts[:1], greedy(6, stop_token_ids=[stop], min_tokens=4))[0]
+    assert len(tokens) >= 4 and stop not in tokens[:4] and tokens[:1] == reference[:1]
+    allowed = sorted({*reference[2:], 17, 300, 4095})
+    for params in (
+        greedy(6, allowed_token_ids=allowed),
+        SamplingParams(max_tokens=6, ignore_eos=True, allowed_token_ids=allowed, temperature=1.5, seed=3),
+    ):
+        tokens = generate(llm, prompts[:2], params)
+        assert all(len(t) == 6 and set(t) <= set(allowed) for t in tokens)
 
 
 def test_too_long_prompt_is_rejected_and_the_engine_keeps_serving(llm, tokenizer, prompts):

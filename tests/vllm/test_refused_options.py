@@ -54,6 +54,12 @@ REFUSED = {
     "kv-cache-dtype": (dict(kv_cache_dtype="fp8"), "remove --kv-cache-dtype"),
     "dtype": (dict(dtype="bfloat16"), "dtype=bfloat16 does not match the artifact's compiled dtype float32"),
     "executor": (dict(distributed_executor_backend="mp"), "remove --distributed-executor-backend"),
+    "max-logprobs": (
+        dict(max_logprobs=21),
+        "max_logprobs=21 exceeds the artifact's compiled max_logprobs=20 (its decode graphs sample on device and "
+        "return the top 20 logprobs): pass --max-logprobs 20 or less",
+    ),
+    "max-logprobs-vocabulary": (dict(max_logprobs=-1), "max_logprobs=-1 (the whole vocabulary) exceeds"),
 }
 
 
@@ -95,6 +101,7 @@ def test_explicit_values_that_fit_are_kept(chunked_dir, monkeypatch):
         chunked_dir, max_num_batched_tokens=SEQUENCE_LENGTH, max_model_len=SEQUENCE_LENGTH, enable_chunked_prefill=False
     )
     assert config.scheduler_config.max_num_batched_tokens == SEQUENCE_LENGTH  # not raised to the plugin's default
+    assert engine_config(chunked_dir, max_logprobs=5).model_config.max_logprobs == 5
     config = engine_config(chunked_dir, enable_prefix_caching=False, async_scheduling=False, dtype="float32")
     assert config.cache_config.enable_prefix_caching is False
     assert config.additional_config["prefix_caching"] is False  # --no-enable-prefix-caching: the plugin's cache off

@@ -111,10 +111,29 @@ def test_too_long_prompt_gets_400_and_the_server_keeps_serving(server, tokenizer
     assert status == 200 and body["usage"]["completion_tokens"] == NEW_TOKENS
 
 
-def test_unsupported_parameters_get_400(server, tokenizer):
+def test_logprobs_are_served_within_the_compiled_limit(server, tokenizer):
+    """The on-device artifact returns logprobs for every token (the first from host logits, the rest from the decode
+    graphs); beyond its max_logprobs (20) and for prompt logprobs the answer is a 400 saying what to change."""
     prompt = prompt_of(5, tokenizer)
     status, body = call(server.port, "/v1/completions", completion(server, prompt, logprobs=2))
-    assert status == 400 and "logprobs" in body["error"]["message"]
+    assert status == 200, body
+    logprobs = body["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == len(logprobs["top_logprobs"]) == NEW_TOKENS
+    assert all(2 <= len(top) <= 3 and max(top.values()) <= 0 for top in logprobs["top_logprobs"])
+    assert all(
+        lp == max(top.values()) for lp, top in zip(logprobs["token_logprobs"], logprobs["top_logprobs"], strict=True)
+    )  # greedy
+    status, body = call(server.port, "/v1/chat/completions", chat(server, "hi", logprobs=True, top_logprobs=3))
+    assert status == 200, body
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == NEW_TOKENS and all(len(token["top_logprobs"]) == 3 for token in content)
+    for request, path, message in (
+        (completion(server, prompt, logprobs=21), "/v1/completions", "greater than max allowed: 20"),
+        (completion(server, prompt, logprobs=1, echo=True), "/v1/completions", "prompt_logprobs is not supported"),
+        (chat(server, "hi", logprobs=True, echo=True), "/v1/chat/completions", "prompt_logprobs is not supported"),
+    ):
+        status, body = call(server.port, path, request)
+        assert status == 400 and message in body["error"]["message"], body
 
 
 def test_cached_tokens_and_metrics_report_the_runners_hits(server, tokenizer, vllm_root):

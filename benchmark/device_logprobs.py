@@ -1,0 +1,120 @@
+"""What on-device logprobs cost: the decode graphs that return vLLM's raw logprobs (the sampled token's logprob and
+rank, the top max_logprobs) against the same graphs returning tokens only (max_logprobs 0). Same process, same
+threads, timings alternated, ratios printed (below 1.0: faster with logprobs).
+
+    .venv/bin/python benchmark/device_logprobs.py [--threads 1] [--context 300] [--compiler export]
+
+Exports SmolLM2 twice (cached under benchmark/results/artifacts/), then measures at --context positions:
+- decode / decode_1: a token_generation call of batch_size rows / one row, with logprobs against without;
+- chunk_and_decode: the fused call with logprobs against without.
+The graphs compute the logprobs on every call (a request that asks for none ignores them), so these ratios are also
+the cost when unused. Writes benchmark/results/<date>-device-logprobs/device_logprobs.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+from graphs import ARTIFACTS, alternate, default_model  # noqa: E402
+
+
+def export(model: Path, out: Path, args: argparse.Namespace, max_logprobs: int) -> Path:
+    from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+    from optimum_neuron_plugin.config import NeuronConfigError
+
+    try:
+        if NeuronConfig.load(out).max_logprobs == max_logprobs:
+            return out
+    except NeuronConfigError:
+        pass
+    config = NeuronConfig(
+        batch_size=args.batch_size, sequence_length=args.sequence_length, prefill_chunk_size=args.chunk,
+        context_buckets=tuple(int(b) for b in args.context_buckets.split(",")), cpu_compiler=args.compiler,
+        max_logprobs=max_logprobs,
+    )  # fmt: skip
+    NeuronModelForCausalLM.export(str(model), config).save_pretrained(out)
+    return out
+
+
+def measure(with_logprobs: Path, without: Path, args: argparse.Namespace) -> dict:
+    from optimum_neuron_plugin import NeuronModelForCausalLM
+
+    models = {
+        "with": NeuronModelForCausalLM.from_pretrained(with_logprobs),
+        "without": NeuronModelForCausalLM.from_pretrained(without),
+    }
+    batch = args.batch_size
+    vocab = models["with"].config.vocab_size
+    tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(2 * args.chunk)]
+    for model in models.values():
+        for slot in range(batch):
+            model.prefill(slot, tokens[: args.context])
+    step = {name: args.context for name in ("with", "without", "with_1", "without_1")}
+
+    def decode(name: str, rows: int, at: str):
+        def call():
+            models[name].decode(list(range(batch))[-rows:], [7] * rows, [step[at]] * rows)
+            step[at] += 1
+
+        return call
+
+    decoding, positions = list(range(batch - 1)), [args.context] * (batch - 1)
+
+    def fused(name: str):
+        def call():
+            models[name].prefill_and_decode(
+                batch - 1, tokens[args.chunk : 2 * args.chunk], args.chunk, decoding, [7] * len(decoding), positions
+            )
+
+        return call
+
+    pair = ("with", "without")
+    return {
+        "decode": alternate(decode("with", batch, "with"), decode("without", batch, "without"), args.repeats, pair),
+        "decode_1": alternate(decode("with", 1, "with_1"), decode("without", 1, "without_1"), args.repeats, pair),
+        "chunk_and_decode": alternate(fused("with"), fused("without"), args.repeats, pair),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None, help="a .gguf (default: the bundled SmolLM2)")
+    parser.add_argument("--compiler", default="export")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--sequence-length", type=int, default=512)
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--context-buckets", default="512")
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=31)
+    parser.add_argument("--max-logprobs", type=int, default=20)
+    args = parser.parse_args()
+    model = args.model or default_model()
+    torch.set_num_threads(args.threads)
+    name = f"smollm2-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}-l{args.context_buckets.replace(',', '_')}"
+    with_logprobs = export(model, ARTIFACTS / f"{name}-{args.compiler}-logprobs", args, args.max_logprobs)
+    without = export(model, ARTIFACTS / f"{name}-{args.compiler}-no-logprobs", args, 0)
+    figures = measure(with_logprobs, without, args)
+    for key, row in figures.items():
+        print(f"[device_logprobs] {key:<17} with {row['with_ms']:8.2f} ms   without {row['without_ms']:8.2f} ms   "
+              f"ratio {row['ratio']:.3f}x")  # fmt: skip
+    results = {
+        "threads": args.threads, "context": args.context, "compiler": args.compiler, "artifact": name,
+        "max_logprobs": args.max_logprobs, **figures,
+    }  # fmt: skip
+    path = ROOT / "results" / f"{datetime.date.today():%Y%m%d}-device-logprobs" / "device_logprobs.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"[device_logprobs] wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Per-request logprobs limits: an on-device-sampling artifact returns the top max_logprobs of each token, so a request
+asking for more (or the whole vocabulary) gets a 400 naming the compiled limit; host sampling has none."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def limits(device_logprobs: int | None):
+    from optimum_neuron_plugin.vllm.limits import ServingLimits
+    from optimum_neuron_plugin.vllm.options import PrefillMode
+
+    on_device = device_logprobs is not None
+    return ServingLimits(128, 128, 4, on_device, 256, PrefillMode.SERIAL, device_logprobs=device_logprobs)
+
+
+@pytest.mark.parametrize(
+    ("compiled", "asked", "message"),
+    [
+        (5, 6, "logprobs=6 asks for the top 6 logprobs, but this artifact's decode graphs sample on device and "
+         "return the top 5: ask for logprobs <= 5 or export the model again with a larger --max-logprobs"),
+        (5, -1, "logprobs=-1 asks for the whole vocabulary's logprobs"),
+        (0, 0, "return none (exported with --max-logprobs 0): ask for logprobs <= 0 (omit logprobs) or export"),
+    ],
+)  # fmt: skip
+def test_a_request_beyond_the_compiled_logprobs_is_refused(compiled, asked, message):
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+
+    with pytest.raises(VLLMValidationError) as error:
+        check_sampling(limits(compiled), SamplingParams(logprobs=asked))
+    assert message in str(error.value)
+
+
+def test_logprobs_within_the_limit_or_on_host_are_served():
+    from vllm.sampling_params import SamplingParams
+
+    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+
+    for asked in (0, 3, 5):
+        check_sampling(limits(5), SamplingParams(logprobs=asked))
+    check_sampling(limits(0), SamplingParams())
+    check_sampling(limits(None), SamplingParams(logprobs=-1))
+
+
+def test_logprob_token_ids_and_prompt_logprobs_are_refused_saying_why():
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+
+    for params, why in (
+        (
+            SamplingParams(logprob_token_ids=[3, 4]),
+            "not chosen ids' (the on-device sampler computes only its top max_logprobs): use logprobs",
+        ),
+        (SamplingParams(prompt_logprobs=2), "the prefill graphs return the logits of a chunk's last token only"),
+    ):
+        for device_logprobs in (20, None):
+            with pytest.raises(VLLMValidationError, match="is not supported by the Neuron plugin: remove it") as error:
+                check_sampling(limits(device_logprobs), params)
+            assert why in str(error.value)
