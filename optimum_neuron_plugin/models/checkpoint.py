@@ -1,4 +1,5 @@
-"""Checkpoint weights under the decoder's names: fused projections (Phi-3's qkv_proj, gate_up_proj) split on load.
+"""Checkpoint weights under the decoder's names: fused projections (Phi-3's qkv_proj, gate_up_proj, the MoE experts'
+stacked gate_up_proj) split on load.
 
 The artifact stores the split weights: the graphs and the tensor-parallel plan see one layout for every family.
 """
@@ -23,4 +24,8 @@ def decoder_weights(state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dic
         prefix = name.removesuffix("gate_up_proj.weight")
         gate, up = out.pop(name).chunk(2)  # Phi-3: gate rows first, then up
         out |= {prefix + "gate_proj.weight": gate.contiguous(), prefix + "up_proj.weight": up.contiguous()}
+    for name in [n for n in state_dict if n.endswith("mlp.experts.gate_up_proj")]:
+        prefix = name.removesuffix("gate_up_proj")
+        gate, up = out.pop(name).chunk(2, dim=1)  # [E, 2I, hidden]: each expert's gate rows, then its up rows
+        out |= {prefix + "gate_proj": gate.contiguous(), prefix + "up_proj": up.contiguous()}
     return out

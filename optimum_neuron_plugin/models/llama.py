@@ -21,6 +21,7 @@ from .attention import attend, attend_chunk, to_slots
 from .collectives import SINGLE, Collectives
 from .layers import apply_rope, linear, mlp, rms_norm, rope_cos_sin, rope_inv_freq
 from .masks import MASK_FILL
+from .moe import moe, moe_weight_names
 from .sharding import VOCAB_OFFSET
 
 Params = dict[str, torch.Tensor]
@@ -36,7 +37,7 @@ def weight_names(args: ModelArgs) -> list[str]:
         if args.sandwich_norms:
             names += [p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"]
         names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
-        names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+        names += moe_weight_names(args, p + "mlp.") if args.is_moe(i) else dense_mlp_names(p + "mlp.")
         if args.qkv_bias:
             names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
         if args.o_bias:
@@ -44,6 +45,10 @@ def weight_names(args: ModelArgs) -> list[str]:
         if args.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
     return names
+
+
+def dense_mlp_names(prefix: str) -> list[str]:
+    return [prefix + f"{x}_proj.weight" for x in ("gate", "up", "down")]
 
 
 Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # input_ids, position_ids [n, T]; seq_ids [n]
@@ -114,9 +119,7 @@ def groups_logits(
         h = norm(
             x, p + ("pre_feedforward_layernorm.weight" if args.sandwich_norms else "post_attention_layernorm.weight")
         )
-        h = cc.all_reduce(
-            mlp(h, *(params[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down")), args.hidden_act)
-        )
+        h = _mlp(args, params, p + "mlp.", h, cc, i)
         x = x + _residual(args, norm(h, p + "post_feedforward_layernorm.weight") if args.sandwich_norms else h)
     last = norm(_last_columns(x[0], groups), "model.norm.weight")
     head = params["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"]
@@ -130,6 +133,12 @@ def groups_logits(
         return logits
     vocab_ids = params[VOCAB_OFFSET] + torch.arange(head.shape[0], dtype=torch.int32, device=logits.device)
     return logits.masked_fill(vocab_ids >= args.vocab_size, MASK_FILL)
+
+
+def _mlp(args: ModelArgs, params: Params, prefix: str, h: torch.Tensor, cc: Collectives, layer: int) -> torch.Tensor:
+    if args.is_moe(layer):
+        return moe(args, params, prefix, h, cc)
+    return cc.all_reduce(mlp(h, *(params[n] for n in dense_mlp_names(prefix)), args.hidden_act))
 
 
 def _residual(args: ModelArgs, h: torch.Tensor) -> torch.Tensor:

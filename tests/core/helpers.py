@@ -31,6 +31,8 @@ SEEDS = {
     "granite": 6,
     "phi3": 7,
     "smollm3": 8,
+    "qwen3_moe": 9,
+    "mixtral": 10,
 }
 
 # The artifact shapes the tests share (each one exported once per model and session).

@@ -25,6 +25,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     PretrainedConfig,
@@ -33,6 +35,8 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
 )
@@ -75,6 +79,10 @@ GRANITE = dict(
     embedding_multiplier=3.0, attention_multiplier=0.3, residual_multiplier=0.5, logits_scaling=2.0,
     tie_word_embeddings=True,
 )  # fmt: skip
+# Mixture of experts: 8 experts of MLP size 32, 2 per token (k = 1 and k = 8 are tested by overriding it).
+MOE = dict(num_local_experts=8, num_experts_per_tok=2)
+QWEN3_MOE = dict(MOE, moe_intermediate_size=32, norm_topk_prob=True, head_dim=32, tie_word_embeddings=False)
+MIXTRAL = dict(MOE, intermediate_size=32, tie_word_embeddings=False)
 # Architecture name -> (config class, model class, what differs from COMMON).
 ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], dict]] = {
     "llama": (LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=True, rms_norm_eps=1e-5)),
@@ -90,6 +98,8 @@ ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], di
     "phi3": (Phi3Config, Phi3ForCausalLM, dict(tie_word_embeddings=False)),
     # No rope on every second layer (every 4th in the real models: 2 layers here).
     "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, dict(no_rope_layer_interval=2, tie_word_embeddings=True)),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(QWEN3_MOE)),
+    "mixtral": (MixtralConfig, MixtralForCausalLM, dict(MIXTRAL)),
 }
 
 
