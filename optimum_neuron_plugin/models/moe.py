@@ -61,7 +61,7 @@ def moe(args: ModelArgs, params: Params, prefix: str, h: torch.Tensor, cc: Colle
     x = h.reshape(-1, shape[-1])
     weights, index = route(args, params, prefix, x)
     e = prefix + "experts."
-    run = _gathered if gathers_experts(x.shape[0], args) else _dense
+    run = gathered_experts if gathers_experts(x.shape[0], args) else dense_experts
     out = cc.all_reduce(run(args, params, e, x, weights, index))
     bias = params.get(e + "down_proj_bias")
     if bias is not None:  # after the all-reduce: once, not once per rank
@@ -69,7 +69,7 @@ def moe(args: ModelArgs, params: Params, prefix: str, h: torch.Tensor, cc: Colle
     return out.reshape(shape)
 
 
-def _gathered(args, params, e, x, weights, index) -> torch.Tensor:
+def gathered_experts(args, params, e, x, weights, index) -> torch.Tensor:
     """Each token through its own k experts: weights gathered into [T, k, ...], then batched matmuls."""
     t, k = index.shape
     flat = index.reshape(-1)
@@ -87,7 +87,7 @@ def _gathered(args, params, e, x, weights, index) -> torch.Tensor:
     return mixed.sum(dim=1).to(x.dtype)
 
 
-def _dense(args, params, e, x, weights, index) -> torch.Tensor:
+def dense_experts(args, params, e, x, weights, index) -> torch.Tensor:
     """Every expert on every token, summed with the routing weights (zero for experts a token did not pick)."""
 
     def project(name: str, inputs: torch.Tensor) -> torch.Tensor:  # inputs [E or 1, T, in] -> [E, T, out]
