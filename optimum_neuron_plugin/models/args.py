@@ -15,6 +15,7 @@ SUPPORTED_ARCHITECTURES = (
     "SmolLM3ForCausalLM",
     "Qwen3MoeForCausalLM",
     "MixtralForCausalLM",
+    "GptOssForCausalLM",
 )
 
 
@@ -29,6 +30,7 @@ _BY_MODEL_TYPE = {
     "smollm3": "SmolLM3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 SLIDING, FULL = "sliding_attention", "full_attention"
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
@@ -85,6 +87,7 @@ class ModelArgs:
     expert_bias: bool = False  # the experts' projections have biases (gpt-oss)
     swiglu_limit: float | None = None  # gpt-oss's clamped SwiGLU: gate and up clamped to the limit
     swiglu_alpha: float = 1.702  # ... and gate * sigmoid(alpha * gate) * (up + 1)
+    attention_sinks: bool = False  # a learned per-head logit joins each softmax with a zero value (gpt-oss)
 
     def is_sliding(self, layer: int) -> bool:
         """Whether layer `layer` attends only the last sliding_window positions."""
@@ -213,6 +216,20 @@ def _mixtral(config: dict) -> dict:
     )
 
 
+def _gpt_oss(config: dict) -> dict:
+    return dict(
+        num_experts=int(config["num_local_experts"]),
+        num_experts_per_tok=int(config["num_experts_per_tok"]),
+        moe_intermediate_size=int(config["intermediate_size"]),
+        router="topk_softmax",
+        router_bias=True,
+        expert_bias=True,
+        swiglu_limit=float(config["swiglu_limit"]),
+        swiglu_alpha=float(config["swiglu_alpha"]),
+        attention_sinks=True,
+    )
+
+
 _FAMILIES = {
     "Gemma3ForCausalLM": _gemma3,
     "GraniteForCausalLM": _granite,
@@ -220,6 +237,7 @@ _FAMILIES = {
     "SmolLM3ForCausalLM": _smollm3,
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "MixtralForCausalLM": _mixtral,
+    "GptOssForCausalLM": _gpt_oss,
 }
 
 
@@ -236,7 +254,7 @@ def _rope_theta(config: dict) -> float:
     return float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
 
 
-_ROPE_SCALINGS = ("default", "llama3", "linear")
+_ROPE_SCALINGS = ("default", "llama3", "linear", "yarn")
 
 
 def _rope_scaling(scaling: dict) -> dict | None:

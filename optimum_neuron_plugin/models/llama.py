@@ -2,8 +2,8 @@
 
 One decoder, parametrized by ModelArgs: what differs between families (sliding-window layers with their own rope
 base, Gemma's (1 + w) norms and sandwich norms, scaled embeddings, attention scale, activation, logit softcapping,
-Granite's residual and logits scaling, SmolLM3's layers without rope) is a field of ModelArgs, not a copy of this
-code. Checkpoints with fused projections (Phi-3) are split on load (models/checkpoint.py).
+Granite's residual and logits scaling, SmolLM3's layers without rope, gpt-oss's attention sinks and YaRN rope, the
+mixture-of-experts block in place of the MLP (models/moe.py)) is a field of ModelArgs, not a copy of this code. Checkpoints with fused projections (Phi-3) are split on load (models/checkpoint.py).
 
 Weights are a flat dict named like the Hugging Face checkpoint, passed to every graph call
 as inputs: compiled programs hold no weights, the artifact stores them once.
@@ -19,7 +19,7 @@ from . import kv_cache, masks
 from .args import ModelArgs
 from .attention import attend, attend_chunk, to_slots
 from .collectives import SINGLE, Collectives
-from .layers import apply_rope, linear, mlp, rms_norm, rope_cos_sin, rope_inv_freq
+from .layers import apply_rope, linear, mlp, rms_norm, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from .masks import MASK_FILL
 from .moe import moe, moe_weight_names
 from .sharding import VOCAB_OFFSET
@@ -44,6 +44,8 @@ def weight_names(args: ModelArgs) -> list[str]:
             names.append(p + "self_attn.o_proj.bias")
         if args.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        if args.attention_sinks:
+            names.append(p + "self_attn.sinks")
     return names
 
 
@@ -97,7 +99,7 @@ def groups_logits(
     `chunks` groups are prompt chunks (decoder_logits' `chunk`)."""
     x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
     positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
-    rope = {False: rope_cos_sin(positions, inv_freq, x.dtype)}
+    rope = {False: rope_cos_sin(positions, inv_freq, x.dtype, rope_attention_factor(args))}
     if args.has_sliding_layers:
         local = rope_inv_freq(args, sliding=True) if sliding_inv_freq is None else sliding_inv_freq
         rope[True] = rope_cos_sin(positions, local, x.dtype) if args.sliding_rope_theta else rope[False]
@@ -233,10 +235,11 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
         group = slice(start, start + n * t)
         qg, kg, vg = (x[:, group].reshape(n, t, *x.shape[2:]) for x in (q, k, v))
         bias, window = (call.sliding_bias, call.window) if sliding else (call.bias, None)
+        sinks = params.get(a + "sinks")
         if call.chunk:
-            out = attend_chunk(qg, kg, vg, k_cache, v_cache, call.rows, bias, args.attention_scale)
+            out = attend_chunk(qg, kg, vg, k_cache, v_cache, call.rows, bias, args.attention_scale, sinks)
         else:
-            out = attend(qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale)
+            out = attend(qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale, sinks)
         outs.append(out.reshape(1, n * t, -1))
         start += n * t
     out = _cat(outs, dim=1)

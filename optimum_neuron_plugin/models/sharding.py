@@ -6,7 +6,7 @@
   the one its query heads use (each KV head replicated on tp / kv_heads ranks); anything else is refused.
 - The vocabulary (embedding and lm_head, tied or not) is split in equal slices of ceil(V / tp) rows, the last
   one padded with zero rows; the graphs mask padded logits and offset token ids by VOCAB_OFFSET.
-- Norms (Qwen3's q/k norms included) are replicated; biases follow their rows (q/k/v) or are added once after
+- Attention sinks (gpt-oss) follow their query heads. Norms (Qwen3's q/k norms included) are replicated; biases follow their rows (q/k/v) or are added once after
   the all-reduce (o).
 - MoE layers: every expert is sharded like the dense MLP (its gate/up rows and down columns, stacked [E, ...]),
   the router replicated. Each rank reads 1/tp of each selected expert, so a decode step's weight reads are
@@ -108,6 +108,8 @@ def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, plan: ShardPl
             shard = _expert_shard(name.rsplit(".", 1)[-1], tensor, expert_rows)
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             shard = _vocab_rows(tensor, plan, rank)
+        elif name.endswith("self_attn.sinks"):
+            shard = tensor[rank * plan.heads : (rank + 1) * plan.heads]
         elif kind == "q_proj":
             shard = tensor[q_rows]
         elif kind in ("k_proj", "v_proj"):

@@ -33,6 +33,7 @@ SEEDS = {
     "smollm3": 8,
     "qwen3_moe": 9,
     "mixtral": 10,
+    "gpt_oss": 11,
 }
 
 # The artifact shapes the tests share (each one exported once per model and session).
