@@ -90,7 +90,7 @@ def main() -> None:
     dense_hf = Qwen3ForCausalLM(Qwen3Config(**COMMON, intermediate_size=args.top_k * args.expert_size))
     shape = dict(
         batch_size=args.batch_size, sequence_length=2 * args.chunk, prefill_chunk_size=args.chunk,
-        context_buckets=(2 * args.chunk,), prefill_buckets=(0, args.chunk), on_device_sampling=False,
+        context_buckets=(2 * args.chunk,), prefill_buckets=(0, 2 * args.chunk), on_device_sampling=False,
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from .args import ModelArgs
-from .collectives import Collectives
+from .collectives import SINGLE, Collectives
 from .layers import activation
 
 Params = dict[str, torch.Tensor]
@@ -55,13 +55,17 @@ def route(args: ModelArgs, params: Params, prefix: str, h: torch.Tensor) -> tupl
     return (top if args.router_weights_fp32 else top.to(h.dtype)), index
 
 
-def moe(args: ModelArgs, params: Params, prefix: str, h: torch.Tensor, cc: Collectives) -> torch.Tensor:
-    """The MoE block of layer `prefix` ("model.layers.i.mlp.") on h [..., hidden]; summed over the TP ranks."""
+def moe(
+    args: ModelArgs, params: Params, prefix: str, h: torch.Tensor, cc: Collectives = SINGLE, gather: bool | None = None
+) -> torch.Tensor:
+    """The MoE block of layer `prefix` ("model.layers.i.mlp.") on h [..., hidden]; summed over the TP ranks.
+    `gather`: gather the tokens' experts or run every expert; None: whichever reads fewer weights (gathers_experts)."""
     shape = h.shape
     x = h.reshape(-1, shape[-1])
     weights, index = route(args, params, prefix, x)
     e = prefix + "experts."
-    run = gathered_experts if gathers_experts(x.shape[0], args) else dense_experts
+    gather = gathers_experts(x.shape[0], args) if gather is None else gather
+    run = gathered_experts if gather else dense_experts
     out = cc.all_reduce(run(args, params, e, x, weights, index))
     bias = params.get(e + "down_proj_bias")
     if bias is not None:  # after the all-reduce: once, not once per rank

@@ -1,4 +1,4 @@
-"""The mixture-of-experts block (models/moe.py) against Hugging Face's sparse MoE block, for Qwen3-MoE and Mixtral:
+"""The mixture-of-experts block (models/moe.py) against Hugging Face's, for Qwen3-MoE, Mixtral and gpt-oss:
 both ways of running the experts (gathered by the router's indices, as a decode step does; every expert densely
 weighted, as a prefill chunk does) on the routings that matter: k = 2, k = 1, k = every expert, ties between
 experts' logits, every token picking the same expert. Then the tiny MoE models end to end: greedy tokens equal HF's
@@ -17,8 +17,8 @@ from optimum_neuron_plugin.models.checkpoint import decoder_weights
 
 from .helpers import CHUNKED_LOGITS_LIGHT, SEEDS, prompt
 
-FAMILIES = ("qwen3_moe", "mixtral")
-STRATEGIES = {"gathered": moe.gathered_experts, "dense": moe.dense_experts}
+FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss")
+STRATEGIES = {"gathered": True, "dense": False}  # moe.moe's `gather`
 TOKENS = 6
 PREFIX = "model.layers.0.mlp."
 
@@ -31,13 +31,24 @@ def block_case(name: str, **overrides) -> tuple[ModelArgs, dict, torch.nn.Module
 
 
 def run_block(args, params, strategy: str, x: torch.Tensor) -> torch.Tensor:
-    weights, index = moe.route(args, params, PREFIX, x)
-    return STRATEGIES[strategy](args, params, PREFIX + "experts.", x, weights, index)
+    return moe.moe(args, params, PREFIX, x, gather=STRATEGIES[strategy])
 
 
 def hf_block(block: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return block(x[None])[0]
+        out = block(x[None])
+    return (out[0] if isinstance(out, tuple) else out)[0]  # gpt-oss returns (hidden, router scores)
+
+
+def router(block: torch.nn.Module) -> torch.nn.Module:
+    return block.gate if hasattr(block, "gate") else block.router  # gpt-oss: `router`, with a bias
+
+
+def sync_router(block: torch.nn.Module, params: dict) -> None:
+    """Our router weights := HF's (after a test changed them)."""
+    params[PREFIX + "gate.weight"] = router(block).weight.detach().clone()
+    if getattr(router(block), "bias", None) is not None:
+        params[PREFIX + "gate.bias"] = router(block).bias.detach().clone()
 
 
 def hidden(seed: int, positive: bool = False) -> torch.Tensor:
@@ -60,9 +71,12 @@ def test_tied_router_logits_pick_hf_experts(name, strategy):
     """Experts 0 and 1 have the same router row, so their logits tie for every token; scaled up, they are the top
     two and with k = 1 the tie decides which expert runs (their weights differ): the pick must be HF's."""
     args, params, block = block_case(name, num_experts_per_tok=1)
+    gate = router(block)
     with torch.no_grad():
-        block.gate.weight[0] = block.gate.weight[1] = 3.0 * block.gate.weight[1]
-    params[PREFIX + "gate.weight"] = block.gate.weight.detach().clone()
+        gate.weight[0] = gate.weight[1] = 3.0 * gate.weight[1]
+        if getattr(gate, "bias", None) is not None:
+            gate.bias[0] = gate.bias[1]
+    sync_router(block, params)
     x = hidden(2)
     _, index = moe.route(args, params, PREFIX, x)
     assert set(index[:, 0].tolist()) & {0, 1}, "no token's logits tie"
@@ -76,8 +90,8 @@ def test_every_token_picking_one_expert(name, strategy):
     """A chunk whose tokens all route to expert 3 first (positive inputs, a large positive router row)."""
     args, params, block = block_case(name)
     with torch.no_grad():
-        block.gate.weight[3] = 1.0
-    params[PREFIX + "gate.weight"] = block.gate.weight.detach().clone()
+        router(block).weight[3] = 1.0
+    sync_router(block, params)
     x = hidden(3, positive=True)
     _, index = moe.route(args, params, PREFIX, x)
     assert index[:, 0].tolist() == [3] * TOKENS
