@@ -66,6 +66,7 @@ def interleaved(calls: dict, repeats: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--experts", type=int, default=16)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--expert-size", type=int, default=512)
@@ -77,6 +78,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    COMMON["hidden_size"] = args.hidden
     moe_hf = Qwen3MoeForCausalLM(
         Qwen3MoeConfig(
             **COMMON,

@@ -1,9 +1,9 @@
-"""Granite, Phi-3, SmolLM3, Qwen3-MoE, Mixtral and gpt-oss equal Hugging Face eager at every step of a teacher-forced sequence: prefill calls
-that cross the context buckets (8, 16, 32), then decode steps. What each family adds to the shared decoder:
-Granite's embedding, attention, residual and logits multipliers (all away from 1 in the tiny model), Phi-3's fused
-qkv_proj and gate_up_proj (split on load), SmolLM3's layers without rope, the MoE block (its experts run densely in
-the chunks and gathered by the router's indices in the decode steps), gpt-oss's attention sinks, YaRN rope, clamped
-SwiGLU and biases, with a sliding layer (window 6) next to a full one."""
+"""Granite, Phi-3, SmolLM3, Qwen3-MoE, Mixtral and gpt-oss equal Hugging Face eager at every step of a teacher-forced
+sequence: prefill calls that cross the context buckets (8, 16, 32; the MoE families: 16), then decode steps. What each
+family adds to the shared decoder: Granite's embedding, attention, residual and logits multipliers (all away from 1
+in the tiny model), Phi-3's fused qkv_proj and gate_up_proj (split on load), SmolLM3's layers without rope, the MoE
+block (its experts run densely in the chunks and gathered by the router's indices in the decode steps), gpt-oss's
+attention sinks, YaRN rope, clamped SwiGLU and biases, with a sliding layer (window 6) next to a full one."""
 
 from __future__ import annotations
 
