@@ -41,13 +41,10 @@ def _gpt_oss_experts(out: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         fused, bias = out.pop(name), out.pop(prefix + "gate_up_proj_bias")  # [E, hidden, 2I], [E, 2I]
         out[prefix + "gate_proj"] = fused[..., ::2].transpose(1, 2).contiguous()
         out[prefix + "up_proj"] = fused[..., 1::2].transpose(1, 2).contiguous()
-        out[prefix + "gate_proj_bias"], out[prefix + "up_proj_bias"] = (
-            bias[:, ::2].contiguous(),
-            bias[:, 1::2].contiguous(),
-        )
-        out[prefix + "down_proj"] = (
-            out[prefix + "down_proj"].transpose(1, 2).contiguous()
-        )  # [E, I, hidden] -> [E, hidden, I]
+        out[prefix + "gate_proj_bias"] = bias[:, ::2].contiguous()
+        out[prefix + "up_proj_bias"] = bias[:, 1::2].contiguous()
+        down = out[prefix + "down_proj"]  # [E, I, hidden]
+        out[prefix + "down_proj"] = down.transpose(1, 2).contiguous()
     for name in [n for n in out if ".mlp.router." in n]:
         out[name.replace(".mlp.router.", ".mlp.gate.")] = out.pop(name)
     return out
