@@ -13,6 +13,9 @@ SUPPORTED_ARCHITECTURES = (
     "GraniteForCausalLM",
     "Phi3ForCausalLM",
     "SmolLM3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "MixtralForCausalLM",
+    "GptOssForCausalLM",
 )
 
 
@@ -25,9 +28,14 @@ _BY_MODEL_TYPE = {
     "granite": "GraniteForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "smollm3": "SmolLM3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 SLIDING, FULL = "sliding_attention", "full_attention"
 _ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+# How a MoE router turns its logits into k routing weights (models/moe.py).
+ROUTERS = ("softmax_topk", "topk_softmax")
 
 
 class UnsupportedModelError(ValueError):
@@ -67,6 +75,19 @@ class ModelArgs:
     residual_multiplier: float = 1.0  # each block's output is scaled before the residual add (Granite)
     logits_scaling: float = 1.0  # logits are divided by it (Granite)
     rope_layers: tuple[bool, ...] = ()  # per layer, whether it rotates q/k (SmolLM3: no rope on every 4th); empty: all
+    # Mixture of experts (models/moe.py); num_experts 0: every layer has the dense MLP.
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # each expert's MLP size
+    moe_layers: tuple[bool, ...] = ()  # per layer, whether its MLP is the MoE block; empty: every layer's is
+    router: str = "softmax_topk"  # one of ROUTERS
+    norm_topk_prob: bool = False  # softmax_topk: renormalise the k weights to sum to 1
+    router_weights_fp32: bool = False  # the routing weights stay fp32 (Mixtral) instead of the model dtype
+    router_bias: bool = False  # the router's logits have a bias (gpt-oss)
+    expert_bias: bool = False  # the experts' projections have biases (gpt-oss)
+    swiglu_limit: float | None = None  # gpt-oss's clamped SwiGLU: gate and up clamped to the limit
+    swiglu_alpha: float = 1.702  # ... and gate * sigmoid(alpha * gate) * (up + 1)
+    attention_sinks: bool = False  # a learned per-head logit joins each softmax with a zero value (gpt-oss)
 
     def is_sliding(self, layer: int) -> bool:
         """Whether layer `layer` attends only the last sliding_window positions."""
@@ -76,6 +97,12 @@ class ModelArgs:
 
     def uses_rope(self, layer: int) -> bool:
         return self.rope_layers[layer] if self.rope_layers else True
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is the mixture-of-experts block."""
+        if not self.num_experts:
+            return False
+        return self.moe_layers[layer] if self.moe_layers else True
 
     @property
     def has_sliding_layers(self) -> bool:
@@ -112,7 +139,7 @@ class ModelArgs:
             qkv_bias=is_qwen2 or bool(config.get("attention_bias", False)),
             o_bias=not is_qwen2 and bool(config.get("attention_bias", False)),
             mlp_bias=bool(config.get("mlp_bias", False)),
-            qk_norm=architecture in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
+            qk_norm=architecture in ("Qwen3ForCausalLM", "Gemma3ForCausalLM", "Qwen3MoeForCausalLM"),
             sliding_window=_sliding_window(config),
             eos_token_ids=_as_list(config.get("eos_token_id")),
             layer_types=tuple(config.get("layer_types") or ()),
@@ -166,11 +193,51 @@ def _smollm3(config: dict) -> dict:
     return dict(rope_layers=tuple(bool(x) for x in config.get("no_rope_layers") or ()))
 
 
+def _qwen3_moe(config: dict) -> dict:
+    layers, step = config["num_hidden_layers"], config.get("decoder_sparse_step") or 1
+    dense = set(config.get("mlp_only_layers") or ())
+    experts = int(config.get("num_local_experts") or config.get("num_experts") or 0)
+    return dict(
+        num_experts=experts,
+        num_experts_per_tok=int(config["num_experts_per_tok"]),
+        moe_intermediate_size=int(config["moe_intermediate_size"]),
+        moe_layers=tuple(experts > 0 and i not in dense and (i + 1) % step == 0 for i in range(layers)),
+        norm_topk_prob=bool(config.get("norm_topk_prob", False)),
+    )
+
+
+def _mixtral(config: dict) -> dict:
+    return dict(
+        num_experts=int(config["num_local_experts"]),
+        num_experts_per_tok=int(config["num_experts_per_tok"]),
+        moe_intermediate_size=int(config["intermediate_size"]),
+        norm_topk_prob=True,
+        router_weights_fp32=True,
+    )
+
+
+def _gpt_oss(config: dict) -> dict:
+    return dict(
+        num_experts=int(config["num_local_experts"]),
+        num_experts_per_tok=int(config["num_experts_per_tok"]),
+        moe_intermediate_size=int(config["intermediate_size"]),
+        router="topk_softmax",
+        router_bias=True,
+        expert_bias=True,
+        swiglu_limit=float(config["swiglu_limit"]),
+        swiglu_alpha=float(config["swiglu_alpha"]),
+        attention_sinks=True,
+    )
+
+
 _FAMILIES = {
     "Gemma3ForCausalLM": _gemma3,
     "GraniteForCausalLM": _granite,
     "Phi3ForCausalLM": _phi3,
     "SmolLM3ForCausalLM": _smollm3,
+    "Qwen3MoeForCausalLM": _qwen3_moe,
+    "MixtralForCausalLM": _mixtral,
+    "GptOssForCausalLM": _gpt_oss,
 }
 
 
@@ -187,7 +254,7 @@ def _rope_theta(config: dict) -> float:
     return float(params.get("rope_theta") or config.get("rope_theta") or 10000.0)
 
 
-_ROPE_SCALINGS = ("default", "llama3", "linear")
+_ROPE_SCALINGS = ("default", "llama3", "linear", "yarn")
 
 
 def _rope_scaling(scaling: dict) -> dict | None:

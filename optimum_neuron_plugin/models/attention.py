@@ -26,8 +26,9 @@ def attend(
     bias: torch.Tensor,
     window: torch.Tensor | None = None,
     scale: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D].
+    """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D]. `sinks` [H]: attention sinks (_attend_rows).
 
     Writes k/v into the cache at the call's rows and positions, then attends cache positions [0, L) of
     those rows under `bias` [n, 1, G*T, L] (masks.attention_bias; L: the graph's context bucket), or, given
@@ -45,8 +46,9 @@ def attend(
     else:
         keys, values = kv_cache.read(k_cache, rows.seq_ids, length), kv_cache.read(v_cache, rows.seq_ids, length)
     if rows.in_slot_order:
-        return _attend_rows(to_slots(q, rows.seq_ids), bias, keys, values, scale).index_select(0, rows.seq_ids)
-    return _attend_rows(q, bias, keys, values, scale)
+        out = _attend_rows(to_slots(q, rows.seq_ids), bias, keys, values, scale, sinks)
+        return out.index_select(0, rows.seq_ids)
+    return _attend_rows(q, bias, keys, values, scale, sinks)
 
 
 def attend_chunk(
@@ -58,6 +60,7 @@ def attend_chunk(
     rows: kv_cache.CallRows,
     bias: torch.Tensor,
     scale: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D], for n prompt chunks (rows of distinct cache rows).
 
@@ -72,7 +75,17 @@ def attend_chunk(
         values = torch.cat((kv_cache.read(v_cache, rows.seq_ids, prior), values), dim=2)
     else:  # the CPU kernel runs ~25% slower on the transposed views
         keys, values = keys.contiguous(), values.contiguous()
-    return _attend_rows(q, bias, keys, values, scale)
+    return _attend_rows(q, bias, keys, values, scale, sinks)
+
+
+def _with_sinks(keys, values, bias, sinks: torch.Tensor, tokens: int):
+    """Attention sinks as one more key: a zero key and value, its logit the head's sink through the bias. It joins
+    every query's softmax (its exp adds to the sum) and adds nothing to the output; no fill value is involved."""
+    n, kv_heads, _, dim = keys.shape
+    zero = keys.new_zeros(n, kv_heads, 1, dim)
+    column = sinks.to(bias.dtype).view(1, kv_heads, -1, 1).repeat_interleave(tokens, dim=2).expand(n, -1, -1, -1)
+    bias = torch.cat((bias.expand(n, kv_heads, -1, -1), column), dim=-1)
+    return torch.cat((keys, zero), dim=2), torch.cat((values, zero), dim=2), bias
 
 
 def to_slots(x: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
@@ -82,12 +95,19 @@ def to_slots(x: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
 
 
 def _attend_rows(
-    q: torch.Tensor, bias: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float | None
+    q: torch.Tensor,
+    bias: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scale: float | None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     n, t, heads, dim = q.shape
     kv_heads = keys.shape[1]
     groups = heads // kv_heads
     # GQA without repeating K/V: queries as [n, KVH, G*T, D] against keys [n, KVH, L, D].
     qg = q.view(n, t, kv_heads, groups, dim).permute(0, 2, 3, 1, 4).reshape(n, kv_heads, groups * t, dim)
+    if sinks is not None:
+        keys, values, bias = _with_sinks(keys, values, bias, sinks, t)
     out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias, scale=scale)  # [n, KVH, G*T, D]
     return out.view(n, kv_heads, groups, t, dim).permute(0, 3, 1, 2, 4).reshape(n, t, heads * dim)

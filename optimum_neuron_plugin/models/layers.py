@@ -43,6 +43,8 @@ def rope_inv_freq(args: ModelArgs, sliding: bool = False) -> torch.Tensor:
         return inv_freq
     if args.rope_scaling and args.rope_scaling["rope_type"] == "linear":
         return inv_freq / args.rope_scaling["factor"]
+    if args.rope_scaling and args.rope_scaling["rope_type"] == "yarn":
+        return _yarn_scaled(inv_freq, args.rope_scaling, dim, theta)
     if args.rope_scaling:
         inv_freq = _llama3_scaled(inv_freq, args.rope_scaling)
     return inv_freq
@@ -61,11 +63,50 @@ def _llama3_scaled(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def rope_cos_sin(position_ids: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    """cos/sin of shape [n, T, 1, head_dim], computed in the graph from position_ids."""
+def _yarn_scaled(inv_freq: torch.Tensor, scaling: dict, dim: int, theta: float) -> torch.Tensor:
+    """YaRN: frequencies interpolated by `factor` below the correction range, kept above it, ramped between."""
+    factor, old_context = scaling["factor"], scaling["original_max_position_embeddings"]
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(old_context / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+    low, high = correction_dim(fast), correction_dim(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+
+
+def rope_attention_factor(args: ModelArgs) -> float:
+    """YaRN's scale of cos/sin (1 for every other rope)."""
+    scaling = args.rope_scaling
+    if not scaling or scaling["rope_type"] != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor, mscale, mscale_all_dim = scaling["factor"], scaling.get("mscale"), scaling.get("mscale_all_dim")
+
+    def get_mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if mscale and mscale_all_dim:
+        return get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+    return get_mscale(factor)
+
+
+def rope_cos_sin(
+    position_ids: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype, scale: float = 1.0
+) -> tuple[torch.Tensor, ...]:
+    """cos/sin of shape [n, T, 1, head_dim] (times `scale`: YaRN's attention factor), computed in the graph."""
     freqs = position_ids.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)[:, :, None, :]
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = emb.cos(), emb.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

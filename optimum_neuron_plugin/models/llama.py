@@ -2,8 +2,8 @@
 
 One decoder, parametrized by ModelArgs: what differs between families (sliding-window layers with their own rope
 base, Gemma's (1 + w) norms and sandwich norms, scaled embeddings, attention scale, activation, logit softcapping,
-Granite's residual and logits scaling, SmolLM3's layers without rope) is a field of ModelArgs, not a copy of this
-code. Checkpoints with fused projections (Phi-3) are split on load (models/checkpoint.py).
+Granite's residual and logits scaling, SmolLM3's layers without rope, gpt-oss's attention sinks and YaRN rope, the
+mixture-of-experts block in place of the MLP (models/moe.py)) is a field of ModelArgs, not a copy of this code. Checkpoints with fused projections (Phi-3) are split on load (models/checkpoint.py).
 
 Weights are a flat dict named like the Hugging Face checkpoint, passed to every graph call
 as inputs: compiled programs hold no weights, the artifact stores them once.
@@ -19,8 +19,9 @@ from . import kv_cache, masks
 from .args import ModelArgs
 from .attention import attend, attend_chunk, to_slots
 from .collectives import SINGLE, Collectives
-from .layers import apply_rope, linear, mlp, rms_norm, rope_cos_sin, rope_inv_freq
+from .layers import apply_rope, linear, mlp, rms_norm, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from .masks import MASK_FILL
+from .moe import moe, moe_weight_names
 from .sharding import VOCAB_OFFSET
 
 Params = dict[str, torch.Tensor]
@@ -36,14 +37,20 @@ def weight_names(args: ModelArgs) -> list[str]:
         if args.sandwich_norms:
             names += [p + "pre_feedforward_layernorm.weight", p + "post_feedforward_layernorm.weight"]
         names += [p + f"self_attn.{x}_proj.weight" for x in "qkvo"]
-        names += [p + f"mlp.{x}_proj.weight" for x in ("gate", "up", "down")]
+        names += moe_weight_names(args, p + "mlp.") if args.is_moe(i) else dense_mlp_names(p + "mlp.")
         if args.qkv_bias:
             names += [p + f"self_attn.{x}_proj.bias" for x in "qkv"]
         if args.o_bias:
             names.append(p + "self_attn.o_proj.bias")
         if args.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        if args.attention_sinks:
+            names.append(p + "self_attn.sinks")
     return names
+
+
+def dense_mlp_names(prefix: str) -> list[str]:
+    return [prefix + f"{x}_proj.weight" for x in ("gate", "up", "down")]
 
 
 Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # input_ids, position_ids [n, T]; seq_ids [n]
@@ -92,7 +99,7 @@ def groups_logits(
     `chunks` groups are prompt chunks (decoder_logits' `chunk`)."""
     x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
     positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
-    rope = {False: rope_cos_sin(positions, inv_freq, x.dtype)}
+    rope = {False: rope_cos_sin(positions, inv_freq, x.dtype, rope_attention_factor(args))}
     if args.has_sliding_layers:
         local = rope_inv_freq(args, sliding=True) if sliding_inv_freq is None else sliding_inv_freq
         rope[True] = rope_cos_sin(positions, local, x.dtype) if args.sliding_rope_theta else rope[False]
@@ -114,9 +121,7 @@ def groups_logits(
         h = norm(
             x, p + ("pre_feedforward_layernorm.weight" if args.sandwich_norms else "post_attention_layernorm.weight")
         )
-        h = cc.all_reduce(
-            mlp(h, *(params[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down")), args.hidden_act)
-        )
+        h = _mlp(args, params, p + "mlp.", h, cc, i)
         x = x + _residual(args, norm(h, p + "post_feedforward_layernorm.weight") if args.sandwich_norms else h)
     last = norm(_last_columns(x[0], groups), "model.norm.weight")
     head = params["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"]
@@ -130,6 +135,12 @@ def groups_logits(
         return logits
     vocab_ids = params[VOCAB_OFFSET] + torch.arange(head.shape[0], dtype=torch.int32, device=logits.device)
     return logits.masked_fill(vocab_ids >= args.vocab_size, MASK_FILL)
+
+
+def _mlp(args: ModelArgs, params: Params, prefix: str, h: torch.Tensor, cc: Collectives, layer: int) -> torch.Tensor:
+    if args.is_moe(layer):
+        return moe(args, params, prefix, h, cc)
+    return cc.all_reduce(mlp(h, *(params[n] for n in dense_mlp_names(prefix)), args.hidden_act))
 
 
 def _residual(args: ModelArgs, h: torch.Tensor) -> torch.Tensor:
@@ -224,10 +235,11 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
         group = slice(start, start + n * t)
         qg, kg, vg = (x[:, group].reshape(n, t, *x.shape[2:]) for x in (q, k, v))
         bias, window = (call.sliding_bias, call.window) if sliding else (call.bias, None)
+        sinks = params.get(a + "sinks")
         if call.chunk:
-            out = attend_chunk(qg, kg, vg, k_cache, v_cache, call.rows, bias, args.attention_scale)
+            out = attend_chunk(qg, kg, vg, k_cache, v_cache, call.rows, bias, args.attention_scale, sinks)
         else:
-            out = attend(qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale)
+            out = attend(qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale, sinks)
         outs.append(out.reshape(1, n * t, -1))
         start += n * t
     out = _cat(outs, dim=1)

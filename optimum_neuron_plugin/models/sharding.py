@@ -6,8 +6,12 @@
   the one its query heads use (each KV head replicated on tp / kv_heads ranks); anything else is refused.
 - The vocabulary (embedding and lm_head, tied or not) is split in equal slices of ceil(V / tp) rows, the last
   one padded with zero rows; the graphs mask padded logits and offset token ids by VOCAB_OFFSET.
-- Norms (Qwen3's q/k norms included) are replicated; biases follow their rows (q/k/v) or are added once after
+- Attention sinks (gpt-oss) follow their query heads. Norms (Qwen3's q/k norms included) are replicated; biases follow their rows (q/k/v) or are added once after
   the all-reduce (o).
+- MoE layers: every expert is sharded like the dense MLP (its gate/up rows and down columns, stacked [E, ...]),
+  the router replicated. Each rank reads 1/tp of each selected expert, so a decode step's weight reads are
+  spread evenly whatever the router picks (expert parallelism would leave the ranks holding no selected expert
+  idle), and the block needs the dense MLP's one all-reduce.
 
 The artifact stores the full weights once; each rank slices its shard at load (shard_params).
 """
@@ -36,6 +40,7 @@ class ShardPlan:
     kv_heads: int  # KV heads per rank
     kv_replicas: int  # ranks holding each KV head (1: sharded)
     intermediate: int  # MLP columns per rank
+    moe_intermediate: int  # each expert's MLP columns per rank
     vocab: int  # the model's vocabulary
     local_vocab: int  # vocabulary rows per rank, padded: degree * local_vocab >= vocab
 
@@ -44,18 +49,21 @@ class ShardPlan:
         return (rank // self.kv_replicas) * self.kv_heads
 
 
-def check_degree(degree: int, heads: int, kv_heads: int, intermediate: int) -> str | None:
+def check_degree(degree: int, heads: int, kv_heads: int, intermediate: int, expert: int = 0) -> str | None:
     """Why `degree` ranks cannot share the model, or None. The one source of truth for what divides."""
-    if heads % degree or (kv_heads % degree and degree % kv_heads) or intermediate % degree:
+    if heads % degree or (kv_heads % degree and degree % kv_heads) or intermediate % degree or expert % degree:
+        experts = f", expert MLP size ({expert})" if expert else ""
         return (
-            f"a divisor of the model's attention heads ({heads}) and MLP size ({intermediate}) "
+            f"a divisor of the model's attention heads ({heads}), MLP size ({intermediate}){experts} "
             f"that divides or is a multiple of its key/value heads ({kv_heads})"
         )
     return None
 
 
 def plan_for(args: ModelArgs, degree: int) -> ShardPlan:
-    why = check_degree(degree, args.num_attention_heads, args.num_key_value_heads, args.intermediate_size)
+    why = check_degree(
+        degree, args.num_attention_heads, args.num_key_value_heads, args.intermediate_size, args.moe_intermediate_size
+    )
     if why:
         raise ShardingError(f"tp_degree={degree} is not allowed: must be {why}")
     kv = args.num_key_value_heads
@@ -66,6 +74,7 @@ def plan_for(args: ModelArgs, degree: int) -> ShardPlan:
         kv_heads=max(kv // degree, 1),
         kv_replicas=replicas,
         intermediate=args.intermediate_size // degree,
+        moe_intermediate=args.moe_intermediate_size // degree,
         vocab=args.vocab_size,
         local_vocab=-(-args.vocab_size // degree),
     )
@@ -78,6 +87,7 @@ def local_args(args: ModelArgs, plan: ShardPlan) -> ModelArgs:
         num_attention_heads=plan.heads,
         num_key_value_heads=plan.kv_heads,
         intermediate_size=plan.intermediate,
+        moe_intermediate_size=plan.moe_intermediate,
     )
 
 
@@ -90,11 +100,16 @@ def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, plan: ShardPl
     kv_start = plan.kv_head_start(rank) * d
     kv_rows = slice(kv_start, kv_start + plan.kv_heads * d)
     mlp_rows = slice(rank * plan.intermediate, (rank + 1) * plan.intermediate)
+    expert_rows = slice(rank * plan.moe_intermediate, (rank + 1) * plan.moe_intermediate)
     shards = {}
     for name, tensor in params.items():
         kind = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else name
-        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if ".experts." in name:
+            shard = _expert_shard(name.rsplit(".", 1)[-1], tensor, expert_rows)
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             shard = _vocab_rows(tensor, plan, rank)
+        elif name.endswith("self_attn.sinks"):
+            shard = tensor[rank * plan.heads : (rank + 1) * plan.heads]
         elif kind == "q_proj":
             shard = tensor[q_rows]
         elif kind in ("k_proj", "v_proj"):
@@ -110,6 +125,15 @@ def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, plan: ShardPl
         shards[name] = shard.contiguous().clone()
     shards[VOCAB_OFFSET] = torch.tensor([rank * plan.local_vocab], dtype=torch.int32)  # added to int32 token ids
     return shards
+
+
+def _expert_shard(kind: str, tensor: torch.Tensor, rows: slice) -> torch.Tensor:
+    """Stacked experts [E, ...]: gate/up rows (and their biases) and down columns; the down bias is replicated."""
+    if kind in ("gate_proj", "up_proj", "gate_proj_bias", "up_proj_bias"):
+        return tensor[:, rows]
+    if kind == "down_proj":
+        return tensor[:, :, rows]
+    return tensor
 
 
 def _vocab_rows(table: torch.Tensor, plan: ShardPlan, rank: int) -> torch.Tensor:

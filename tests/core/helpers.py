@@ -31,12 +31,17 @@ SEEDS = {
     "granite": 6,
     "phi3": 7,
     "smollm3": 8,
+    "qwen3_moe": 9,
+    "mixtral": 10,
+    "gpt_oss": 11,
 }
 
 # The artifact shapes the tests share (each one exported once per model and session).
 CHUNKED = dict(batch_size=3, sequence_length=SEQUENCE_LENGTH, prefill_chunk_size=CHUNK)
 # Logits out of token_generation (sampling on the host): decode results can be compared bit for bit.
 CHUNKED_LOGITS = dict(CHUNKED, on_device_sampling=False)
+# Fewer graphs (2 context buckets, 3 prefill buckets), for the families whose tests need no more.
+CHUNKED_LOGITS_LIGHT = dict(CHUNKED_LOGITS, context_buckets=(16, 64), prefill_buckets=(0, 16, 64))
 CONTEXT_ENCODING = dict(batch_size=3, sequence_length=SEQUENCE_LENGTH, prefill_chunk_size=0)
 CHUNK_ONE = dict(batch_size=1, sequence_length=32, prefill_chunk_size=1)
 

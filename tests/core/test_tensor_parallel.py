@@ -31,6 +31,8 @@ CASES = {
     "qwen2": ("qwen2", {}),  # q/k/v biases
     "qwen3": ("qwen3", {}),  # q/k norms, head_dim 32
     "gemma3": ("gemma3", {}),  # sliding window read, (1 + w) and sandwich norms, scaled embeddings, softcapping
+    # experts sharded inside each expert, gathered (decode) and dense (chunks); sinks by head; expert biases
+    "gpt_oss": ("gpt_oss", {}),
 }
 SHAPE = dict(batch_size=2, sequence_length=64, prefill_chunk_size=8)
 # Two context buckets where logits are compared, one where tokens are (fewer graphs to export).

@@ -26,6 +26,11 @@ from tests.neuron.fake_compiler import FakeNeuronCompiler
 from tests.neuron.stand_in.torch_neuronx import RUNTIME_LOG_ENV
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3", "granite", "phi3", "smollm3")
+MOE_ARCHITECTURES = (
+    "qwen3_moe",
+    "mixtral",
+    "gpt_oss",
+)  # fewer graphs each in the tests (their exports hold more weights)
 STAND_IN = Path(__file__).parent / "stand_in"  # torch_neuronx and neuronxcc stand-ins
 
 
@@ -58,7 +63,7 @@ def build_tiny(name: str) -> TinyModel:
 
 @pytest.fixture(scope="module")
 def tiny_models() -> dict[str, TinyModel]:
-    return {name: build_tiny(name) for name in ARCHITECTURES}
+    return {name: build_tiny(name) for name in ARCHITECTURES + MOE_ARCHITECTURES}
 
 
 @pytest.fixture

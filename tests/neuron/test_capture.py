@@ -14,7 +14,7 @@ from optimum_neuron_plugin.backends.neuron import NeuronBackend, NeuronGraphs
 from optimum_neuron_plugin.config import NeuronConfig
 from optimum_neuron_plugin.graphs import INDEX_DTYPE, example_inputs, graph_specs
 
-from .conftest import ARCHITECTURES
+from .conftest import ARCHITECTURES, MOE_ARCHITECTURES
 
 RECORDER = "onp_record_graphs"
 # Chunked prefill (prior buckets 0, 8, 16, 24, 32, 48, 64; context buckets 8, 16, 32, 64) with on-device sampling;
@@ -64,6 +64,28 @@ def test_every_graph_is_one_dynamo_graph(tiny_models, recorded, name, shape):
         code = recorded[-1].code
         assert "cumsum" not in code, f"{name} {spec.key} computes a cumsum"
         assert "index_copy_" in code, f"{name} {spec.key} does not write the KV cache in place"
+        assert int64_values(code) <= {"seq_ids", "heads"}, f"{name} {spec.key} builds int64 values"
+
+
+@pytest.mark.parametrize("name", MOE_ARCHITECTURES)
+def test_moe_graphs_are_one_dynamo_graph(tiny_models, recorded, name):
+    """A decode step (experts gathered by the router's indices), a prefill chunk (every expert, densely weighted) and
+    chunk_and_decode of each MoE family: one graph each, no int64 beyond the allowed."""
+    config = NeuronConfig(backend="neuron", torch_dtype="bfloat16", **CONFIGS["chunked"])
+    model = tiny_models[name]
+    backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
+    graphs = NeuronGraphs(backend, model.graphs(config), model.params(config), model.caches(config))
+    specs = graph_specs(config, model.args.vocab_size)
+    picked = {
+        spec.name: spec for spec in specs if spec.bucket == 16 and spec.rows == 1 or spec.name == "chunk_and_decode"
+    }
+    assert set(picked) == {"token_generation", "chunked_prefill", "chunk_and_decode"}
+    for spec in picked.values():
+        before = len(recorded)
+        graphs(spec, *example_inputs(spec))
+        assert len(recorded) == before + 1, f"{name} {spec.key}: {len(recorded) - before} graphs"
+        code = recorded[-1].code
+        assert "topk" in code, f"{name} {spec.key} routes no token"
         assert int64_values(code) <= {"seq_ids", "heads"}, f"{name} {spec.key} builds int64 values"
 
 

@@ -19,12 +19,16 @@ import torch
 from transformers import (
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     GraniteConfig,
     GraniteForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
     Phi3Config,
     Phi3ForCausalLM,
     PretrainedConfig,
@@ -33,6 +37,8 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
     SmolLM3Config,
     SmolLM3ForCausalLM,
 )
@@ -75,6 +81,20 @@ GRANITE = dict(
     embedding_multiplier=3.0, attention_multiplier=0.3, residual_multiplier=0.5, logits_scaling=2.0,
     tie_word_embeddings=True,
 )  # fmt: skip
+# Mixture of experts: 8 experts of MLP size 32, 2 per token (k = 1 and k = 8 are tested by overriding it).
+MOE = dict(num_local_experts=8, num_experts_per_tok=2)
+QWEN3_MOE = dict(MOE, moe_intermediate_size=32, norm_topk_prob=True, head_dim=32, tie_word_embeddings=False)
+MIXTRAL = dict(MOE, intermediate_size=32, tie_word_embeddings=False)
+# gpt-oss: a sliding layer (window 6) then a full one, YaRN rope with small original positions (the ramp between
+# interpolated and kept frequencies falls inside head_dim 32), the clamped SwiGLU at a limit the tiny activations reach.
+GPT_OSS = dict(
+    MOE, intermediate_size=32, head_dim=32, sliding_window=6, swiglu_limit=0.3, tie_word_embeddings=False,
+    layer_types=["sliding_attention", "full_attention"],
+    rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "truncate": False, "original_max_position_embeddings": 32,
+    },
+)  # fmt: skip
 # Architecture name -> (config class, model class, what differs from COMMON).
 ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], dict]] = {
     "llama": (LlamaConfig, LlamaForCausalLM, dict(tie_word_embeddings=True, rms_norm_eps=1e-5)),
@@ -90,6 +110,9 @@ ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], di
     "phi3": (Phi3Config, Phi3ForCausalLM, dict(tie_word_embeddings=False)),
     # No rope on every second layer (every 4th in the real models: 2 layers here).
     "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, dict(no_rope_layer_interval=2, tie_word_embeddings=True)),
+    "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(QWEN3_MOE)),
+    "mixtral": (MixtralConfig, MixtralForCausalLM, dict(MIXTRAL)),
+    "gpt_oss": (GptOssConfig, GptOssForCausalLM, dict(GPT_OSS)),
 }
 
 
@@ -117,7 +140,7 @@ def _randomize_biases_and_norms(model: PreTrainedModel) -> None:
     """HF initialises biases to 0 and norm weights to 1: a graph that dropped either would still match HF."""
     std = model.config.initializer_range
     for name, param in model.named_parameters():
-        if name.endswith(".bias"):
+        if name.endswith((".bias", "_bias", ".sinks")):
             param.normal_(0.0, std)
         elif "norm" in name:
             param.copy_(1.0 + std * torch.randn_like(param))
