@@ -22,6 +22,9 @@ from optimum_neuron_plugin.models.sharding import plan_for
 
 from .helpers import SEEDS, VOCAB, prompt
 
+# The module's one fixture exports every case twice (tp 1 and tp 2) before its first test.
+pytestmark = pytest.mark.timeout(2400)
+
 TP = 2
 # name -> (architecture, overrides of the tiny shape: 4 query heads over 2 KV heads, VOCAB tokens)
 CASES = {
