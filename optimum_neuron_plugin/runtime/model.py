@@ -199,9 +199,7 @@ class NeuronModelForCausalLM:
         batch = decode_step.checked_batch(self.graph_set, seq_ids, token_ids, positions, sampling, generators, bitmask)
         return decode_step.decode(self.graph_set, batch, rows)
 
-    def verify(
-        self, seq_ids: Sequence[int], token_ids: Sequence[Sequence[int]], starts: Sequence[int]
-    ) -> torch.Tensor:
+    def verify(self, seq_ids: Sequence[int], token_ids: Sequence[Sequence[int]], starts: Sequence[int]) -> torch.Tensor:
         """One verify call (speculative decoding, verify.py): token_ids[i] (the last sampled token and at most k
         drafts) at positions starts[i], starts[i] + 1, ... of slot seq_ids[i]. Returns the fp32 logits
         [n, k + 1, vocab] of every position; speculative.accept turns a row's into its accepted tokens."""
