@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from support.distributions import Params, compare
 from support.references import hf_last_logits
 
+from optimum_neuron_plugin.sampling import GREEDY, SamplingParams
 from optimum_neuron_plugin.speculative import accept
 
 from .helpers import CHUNKED_LOGITS, prompt
 
 K = 3
+FAILURE = 1e-6  # per comparison (a correct sampler fails it with at most this probability)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,7 @@ def test_rejected_drafts_need_no_rollback(llama_verify):
     greedy = hf_last_logits(hf, tokens).argmax().item()
     wrong = [(greedy + 1) % 512, 7, 8]
     logits = model.verify([1], [[greedy] + wrong], [len(tokens)])
-    kept = accept(logits[0], wrong, _greedy(), None)
+    kept = accept(logits[0], wrong, GREEDY, None)
     assert len(kept) == 1  # nothing accepted: positions 13..15 keep the rejected drafts' K/V
     tokens = tokens + [greedy, kept[0]]
     # The next verify starts one position after the last accepted token, over the stale K/V.
@@ -56,24 +59,39 @@ def test_rejected_drafts_need_no_rollback(llama_verify):
     logits = model.verify([1], [[tokens[-1]] + drafts], [len(tokens) - 1])
     reference = hf_all_logits(hf, tokens + drafts)[len(tokens) - 1 :]
     torch.testing.assert_close(logits[0, :3], reference, atol=1e-3, rtol=0)
-    accepted = accept(logits[0], drafts, _greedy(), None)
+    accepted = accept(logits[0], drafts, GREEDY, None)
     assert accepted[0] == drafts[0]  # the argmax draft is accepted
     tokens = tokens + accepted
     result = model.decode([1], [tokens[-1]], [len(tokens) - 1])
     torch.testing.assert_close(result.logits[0], hf_last_logits(hf, tokens), atol=1e-3, rtol=0)
 
 
-def _greedy():
-    from optimum_neuron_plugin.sampling import GREEDY
-
-    return GREEDY
-
-
 def test_greedy_acceptance():
     logits = torch.full((4, 6), -1.0)
     for position, best in enumerate([2, 3, 4, 5]):
         logits[position, best] = 1.0
-    assert accept(logits, [2, 3, 4], _greedy(), None) == [2, 3, 4, 5]  # all accepted, plus the bonus token
-    assert accept(logits, [2, 0, 4], _greedy(), None) == [2, 3]  # the first mismatch ends the run
-    assert accept(logits, [1, 3, 4], _greedy(), None) == [2]
-    assert accept(logits, [], _greedy(), None) == [2]
+    assert accept(logits, [2, 3, 4], GREEDY, None) == [2, 3, 4, 5]  # all accepted, plus the bonus token
+    assert accept(logits, [2, 0, 4], GREEDY, None) == [2, 3]  # the first mismatch ends the run
+    assert accept(logits, [1, 3, 4], GREEDY, None) == [2]
+    assert accept(logits, [], GREEDY, None) == [2]
+
+
+@pytest.mark.parametrize("params", [Params(temperature=0.8, top_k=8, top_p=0.9), Params(temperature=1.3)])
+def test_sampled_tokens_follow_the_target_distribution(params):
+    """Whatever the drafts, the first token is distributed as the sampler's distribution at position 0, and the
+    second, given the first draft was accepted, as at position 1 (support/distributions.py: an independent float64
+    reference and a distribution-free bound)."""
+    vocab, draws = 16, 3000
+    logits = torch.randn(K + 1, vocab, generator=torch.Generator().manual_seed(0)) * 1.5
+    order = logits.argsort(dim=-1, descending=True)
+    drafts = [int(order[0, 1]), int(order[1, 0]), int(order[2, 2])]  # likely, but not always accepted
+    sampling = SamplingParams(top_k=params.top_k, top_p=params.top_p, temperature=params.temperature)
+    generator = torch.Generator().manual_seed(1)
+    outputs = [accept(logits, drafts, sampling, generator) for _ in range(draws)]
+    first = torch.tensor([out[0] for out in outputs])
+    verdict = compare(logits[:1].expand(draws, -1), first, params, None, FAILURE)
+    assert verdict.l1 <= verdict.bound, verdict.explain()
+    second = torch.tensor([out[1] for out in outputs if out[0] == drafts[0] and len(out) > 1])
+    assert len(second) > 300
+    verdict = compare(logits[1:2].expand(len(second), -1), second, params, None, FAILURE)
+    assert verdict.l1 <= verdict.bound, verdict.explain()
