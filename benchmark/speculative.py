@@ -4,7 +4,7 @@ Usage: ONP_BACKEND=cpu python benchmark/speculative.py ARTIFACT OUT_DIR [--k K]
 The artifact must be exported with --speculative-tokens K. Two in-process vllm.LLM engines of the same artifact
 run one after the other, without and with --speculative-config '{"method": "ngram", "num_speculative_tokens": K,
 "prompt_lookup_max": 4, "prompt_lookup_min": 2}', on two greedy workloads at concurrency 1 (one request at a time)
-and 4 (four requests per generate call):
+and 4 (four requests per generate call), --prompts prompts each:
 - copy: chat prompts asking to repeat a paragraph with its typos fixed (the answer copies most of the prompt);
 - random: random token prompts (no text for a lookup to copy).
 Writes results.json (output tokens, seconds, tok/s, vLLM's spec-decode counters) and results.md (ratios).
@@ -85,12 +85,14 @@ def main() -> None:
     parser.add_argument("artifact")
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per workload (at most 8)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
     from vllm import LLM
 
     tokenizer = AutoTokenizer.from_pretrained(args.artifact)
-    workloads = {"copy": copy_prompts(tokenizer), "random": random_prompts(len(tokenizer), len(PARAGRAPHS))}
+    count = args.prompts
+    workloads = {"copy": copy_prompts(tokenizer)[:count], "random": random_prompts(len(tokenizer), count)}
     ngram = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     results = {}
     for mode, spec in (("plain", None), ("ngram", ngram)):

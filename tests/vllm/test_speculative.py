@@ -9,6 +9,7 @@ draft and acceptance counts come from the runner's stats file (ONP_STATS_FILE).
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -149,3 +150,30 @@ def test_sampled_requests_speculate_and_reproduce(llm, tokenizer):
     params = SamplingParams(max_tokens=16, temperature=0.8, top_k=20, seed=3, ignore_eos=True)
     first, _ = generate(llm, [prompt, prompt], params)
     assert first[0] == first[1] and len(first[0]) == 16
+
+
+REFUSED = {
+    "another-k": (dict(speculative_config=dict(NGRAM, num_speculative_tokens=2)), 'set "num_speculative_tokens": 3'),
+    "draft-model": (
+        dict(speculative_config={"method": "draft_model", "model": "ARTIFACT", "num_speculative_tokens": K}),
+        "speculative decoding method 'draft_model' is not supported by the Neuron plugin: use --speculative-config",
+    ),
+    "interleaved": (
+        dict(speculative_config=NGRAM, additional_config={"prefill_mode": "interleaved"}),
+        "speculative decoding is not supported with ONP_PREFILL_MODE=interleaved",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_what_the_verify_graphs_cannot_check_is_refused(spec_dir, monkeypatch, name):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    kwargs, message = REFUSED[name]
+    spec = {key: str(spec_dir) if value == "ARTIFACT" else value for key, value in kwargs["speculative_config"].items()}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        EngineArgs(model=str(spec_dir), **{**kwargs, "speculative_config": spec}).create_engine_config(
+            UsageContext.LLM_CLASS
+        )
