@@ -11,6 +11,10 @@ complete samples its first token on the host from the prefill logits; later toke
 device, or on the host when the artifact returns logits). The same code serves both prefill modes: in serial mode
 vLLM schedules whole prompts, in interleaved mode vLLM's scheduler hands out slices.
 
+Speculative decoding (speculation.py): decoding requests with draft tokens go in one verify call (runtime.verify) and
+keep their accepted drafts plus one token (speculative.accept); after each step the runner proposes the next drafts
+with vLLM's n-gram proposer, which vLLM collects with take_draft_token_ids.
+
 Structured outputs (grammar.py): a step whose requests sample under a grammar runs once vLLM's bitmask is known. Host
 sampling masks its logits with vLLM's own bitmask application; on-device sampling passes the bitmask to the decode
 graph, which masks before top-k / top-p.
