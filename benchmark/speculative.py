@@ -46,7 +46,8 @@ def copy_prompts(tokenizer) -> list[list[int]]:
     prompts = []
     for text in PARAGRAPHS:
         messages = [{"role": "user", "content": f"Fix the typos in this paragraph and repeat it:\n\n{text}"}]
-        prompts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompts.append(tokenizer(text, add_special_tokens=False).input_ids)
     return prompts
 
 
