@@ -161,6 +161,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "logprobs are refused (default: 20, or max_topk if smaller)",
     )
     optional.add_argument(
+        *_spellings("speculative-tokens"),
+        dest="speculative_tokens",
+        metavar="K",
+        type=int,
+        default=0,
+        help="also compile verify graphs of K draft tokens per request, for `vllm serve --speculative-config` "
+        "(n-gram) with num_speculative_tokens K (default: 0, none)",
+    )
+    optional.add_argument(
         *_spellings("instance-type"),
         dest="instance_type",
         metavar="{" + ",".join(INSTANCE_TYPES) + "}",
@@ -273,6 +282,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         cpu_compiler=args.cpu_compiler,
         prefill_batch_size=args.prefill_batch_size,
         decode_batch_sizes=args.decode_batch_sizes,
+        speculative_tokens=args.speculative_tokens,
     )
     return ExportRequest(model=args.model, neuron_config=config, output=args.output, overwrite=args.overwrite)
 

@@ -248,6 +248,7 @@ def describe_config(config) -> str:
         f"backend {config.backend}{target}, {config.torch_dtype}, batch size {config.batch_size}, "
         f"sequence length {config.sequence_length}, prefill {prefill}, tensor parallel {config.tp_degree}, "
         f"sampling {sampling}"
+        + (f", verify graphs of {config.speculative_tokens} drafts" if config.speculative_tokens else "")
     )
 
 

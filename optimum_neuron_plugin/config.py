@@ -27,6 +27,8 @@ CPU_COMPILERS = ("export", "inductor")
 MAX_DEFAULT_BUCKETS = 4
 # Default prefill buckets: 0 and multiples of the chunk size in half-octave steps, at most this many nonzero ones.
 MAX_DEFAULT_PREFILL_BUCKETS = 10
+# Fields an artifact may leave out of neuron_config.json (their default applies).
+OPTIONAL_FIELDS = ("speculative_tokens",)
 
 
 class NeuronConfigError(ValueError):
@@ -67,6 +69,9 @@ class NeuronConfig:
     # On-device sampling: top logprobs the decode graphs return per row (vLLM's raw logprobs of the top candidates,
     # at most max_topk). 0: the graphs return tokens only. None: min(DEFAULT_MAX_LOGPROBS, max_topk).
     max_logprobs: int | None = None
+    # Speculative decoding: draft tokens k a verify graph checks per row (k + 1 tokens per row); 0: no verify graphs.
+    # Optional in neuron_config.json (absent: 0), so exports without verify graphs keep their format.
+    speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -94,6 +99,7 @@ class NeuronConfig:
         for name in ("on_device_sampling", "token_bitmask"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "true or false")
+        _check_speculative_tokens(self.speculative_tokens, self.sequence_length)
         if self.cpu_compiler not in CPU_COMPILERS:
             _fail("cpu_compiler", self.cpu_compiler, f"one of {', '.join(CPU_COMPILERS)}")
         if self.prefill_batch_size > 1 and not self.chunked:
@@ -229,7 +235,7 @@ class NeuronConfig:
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
                 f"{FORMAT_VERSION}: the decode graphs return logprobs); export the model again"
             )
-        missing = [f.name for f in fields(cls) if f.name not in data]
+        missing = [f.name for f in fields(cls) if f.name not in data and f.name not in OPTIONAL_FIELDS]
         if missing:
             raise NeuronConfigError(f"{path}: missing field(s) {', '.join(missing)}; export the model again")
         try:
@@ -266,6 +272,13 @@ def default_decode_batch_sizes(batch_size: int) -> tuple[int, ...]:
     """One row and batch_size rows: a lone request (concurrency 1, the tail of a batch) attends and samples one row
     instead of batch_size; any other count pads up to batch_size."""
     return (1, batch_size) if batch_size > 1 else (1,)
+
+
+def _check_speculative_tokens(value: object, sequence_length: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        _fail("speculative_tokens", value, "an integer >= 0 (0: no verify graphs)")
+    if value + 1 > sequence_length:
+        _fail("speculative_tokens", value, f"below sequence_length ({sequence_length}): a row verifies k + 1 tokens")
 
 
 def _int_tuple(name: str, values: object) -> tuple[int, ...]:

@@ -17,6 +17,11 @@ weights and the KV cache.
                      [1 + B, V]. It is how a prompt
                      is prefilled while other requests decode without stalling them or paying for a second
                      call (chunked exports with batch_size > 1)
+- verify           : n sequences x (k + 1) tokens -> logits [n, k + 1, V] of every position (speculative decoding,
+                     k = speculative_tokens): each row's last sampled token and its k draft tokens, written at the
+                     row's own positions and attended causally; the host accepts drafts from the logits
+                     (speculative.py). For every n in decode_batch_sizes; a row with fewer drafts repeats its last
+                     real token and position (the actual-token mask)
 
 Each kind is compiled once per bucket L: that graph reads only cache positions [0, L).
 - chunked_prefill, per prefill bucket (NeuronConfig.prefill_buckets, starting at 0): a chunk attends the prior
@@ -47,6 +52,7 @@ CHUNKED_PREFILL = "chunked_prefill"
 CONTEXT_ENCODING = "context_encoding"
 TOKEN_GENERATION = "token_generation"
 CHUNK_AND_DECODE = "chunk_and_decode"
+VERIFY = "verify"
 # dtype of the token id, position and seq id inputs of every graph (int64 is emulated on NeuronCores).
 INDEX_DTYPE = torch.int32
 
@@ -110,6 +116,10 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
                     logprobs=logprobs,
                 )
             )  # fmt: skip
+        if nc.speculative_tokens:
+            for rows in nc.decode_batch_sizes:
+                tokens = nc.speculative_tokens + 1
+                specs.append(GraphSpec(VERIFY, rows, tokens, samples=False, bucket=bucket, narrow=rows < nc.batch_size))
     return specs
 
 
@@ -132,9 +142,13 @@ class DecoderGraph(nn.Module):
     def forward(self, params, caches, *inputs):
         groups = [inputs[0:3], inputs[3:6]] if self.spec.chunk else [inputs[0:3]]
         chunks = 1 if self.spec.chunk or self.spec.name == CHUNKED_PREFILL else 0
+        every = self.spec.name == VERIFY
         logits = groups_logits(
-            self.args, params, caches, self.inv_freq, groups, self.spec.bucket, self.cc, self.sliding_inv_freq, chunks
-        )
+            self.args, params, caches, self.inv_freq, groups, self.spec.bucket, self.cc, self.sliding_inv_freq, chunks,
+            every_column=every,
+        )  # fmt: skip
+        if every:
+            return self._whole(logits).view(self.spec.rows, self.spec.tokens, -1)
         if not self.spec.samples:
             return self._whole(logits)
         sampling_params, uniform, *bitmask = inputs[3 * len(groups) :]

@@ -142,8 +142,9 @@ def triangular_running_sum(k: int, device: torch.device) -> Callable[[torch.Tens
     return lambda probs: probs @ upper
 
 
-def _choose(top_values, params, uniform, running_sum) -> torch.Tensor:
-    """The index [n, 1] of the sampled candidate among candidates sorted by decreasing logit: values [n, k]."""
+def sorted_probs(top_values, params, running_sum) -> torch.Tensor:
+    """The unnormalised probabilities [n, k] the sampler draws from, over candidates sorted by decreasing logit:
+    temperature, top-k, then top-p (0 past the nucleus). The host's speculative acceptance uses them too."""
     k = top_values.shape[-1]
     top_k, top_p, temperature = params[:, 0:1], params[:, 1:2], params[:, 2:3]
     ranks = torch.arange(k, dtype=torch.int32, device=top_values.device)[None, :]
@@ -151,6 +152,12 @@ def _choose(top_values, params, uniform, running_sum) -> torch.Tensor:
     probs = torch.softmax(scaled, dim=-1)
     # Keep a rank while the mass strictly before it is below top_p: rank 0 is always kept.
     keep = (running_sum(probs) - probs) < top_p
-    probs = probs * keep
+    return probs * keep
+
+
+def _choose(top_values, params, uniform, running_sum) -> torch.Tensor:
+    """The index [n, 1] of the sampled candidate among candidates sorted by decreasing logit: values [n, k]."""
+    k = top_values.shape[-1]
+    probs = sorted_probs(top_values, params, running_sum)
     cdf = running_sum(probs)
     return (cdf < uniform * cdf[:, -1:]).sum(dim=-1, keepdim=True).clamp(max=k - 1)

@@ -4,6 +4,7 @@
 - chunk_loop.py  prefill: the per-sequence chunk loop
 - decode.py      one decode step (token_generation), on-device or host sampling
 - fused.py       a prompt chunk and the decode batch in one chunk_and_decode call
+- verify.py      speculative decoding: each row's last token and its drafts in one verify call
 - generate.py    Hugging Face style generate()
 - graph_set.py   GraphSet: the loaded graphs and which one a call runs (what the host loops take)
 - artifact_io.py export and from_pretrained (save_pretrained is model.py's)

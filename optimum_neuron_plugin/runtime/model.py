@@ -1,6 +1,6 @@
 """NeuronModelForCausalLM: the compiled graphs, the weights and the KV cache of one export (one rank's shard under
 tensor parallelism), and the host loops as methods: prefill (chunk_loop.py), decode (decode.py), prefill_and_decode
-(fused.py), generate (generate.py); export and load in artifact_io.py."""
+(fused.py), verify (verify.py: speculative decoding), generate (generate.py); export and load in artifact_io.py."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from ..version import __version__
 from . import artifact_io, chunk_loop, fused
 from . import decode as decode_step
 from . import generate as hf_generate
+from . import verify as verify_step
 from .decode import DecodeResult
 from .graph_set import GraphCall, GraphSet, LoadedOnFirstCall
 from .ranks import NoRanks, tp_group
@@ -199,6 +200,13 @@ class NeuronModelForCausalLM:
         the packed allowed tokens of each row [n, ceil(vocab / 32)] int32 (decode.DecodeBatch)."""
         batch = decode_step.checked_batch(self.graph_set, seq_ids, token_ids, positions, sampling, generators, bitmask)
         return decode_step.decode(self.graph_set, batch, rows)
+
+    def verify(self, seq_ids: Sequence[int], token_ids: Sequence[Sequence[int]], starts: Sequence[int]) -> torch.Tensor:
+        """One verify call (speculative decoding, verify.py): token_ids[i] (the last sampled token and at most k
+        drafts) at positions starts[i], starts[i] + 1, ... of slot seq_ids[i]. Returns the fp32 logits
+        [n, k + 1, vocab] of every position; speculative.accept turns a row's into its accepted tokens."""
+        batch = verify_step.checked_batch(self.graph_set, seq_ids, token_ids, starts)
+        return verify_step.verify(self.graph_set, batch)
 
     def prefill_and_decode(
         self,

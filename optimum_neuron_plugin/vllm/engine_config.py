@@ -35,6 +35,7 @@ from .options import (
     prefill_mode,
     serves_on_neuron,
 )
+from .speculation import num_speculative_tokens, speculation_problems
 from .user_args import UserArgs, vllm_default_max_num_batched_tokens, vllm_default_max_num_seqs
 
 logger = get_logger(__name__)
@@ -110,10 +111,7 @@ def unsupported_options(
 ) -> list[str]:
     model_config = vllm_config.model_config
     problems = []
-    if vllm_config.speculative_config is not None:
-        problems.append(
-            "speculative decoding is not supported (token_generation decodes one token): remove --speculative-config"
-        )
+    problems += speculation_problems(vllm_config, neuron_config, mode)
     if vllm_config.lora_config is not None:
         problems.append(
             "LoRA adapters are not supported: remove --enable-lora (merge the adapter into the weights and export again)"
@@ -328,7 +326,9 @@ def _fit_scheduler(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: P
         seqs = scheduler_config.max_num_seqs
         if user.max_num_batched_tokens is None:
             budget = min(scheduler_config.max_num_batched_tokens, seqs * max_model_len)
-            scheduler_config.max_num_batched_tokens = max(budget, max_model_len + seqs)
+            # A decoding request takes 1 + num_speculative_tokens tokens (its drafts) per step.
+            decodes = seqs * (1 + num_speculative_tokens(vllm_config))
+            scheduler_config.max_num_batched_tokens = max(budget, max_model_len + decodes)
     else:
         scheduler_config.enable_chunked_prefill = True
         calls = prefill_chunk_budget(vllm_config.additional_config)
@@ -440,7 +440,7 @@ def _fit_kv_cache(vllm_config: VllmConfig, user: UserArgs) -> None:
     # The runtime owns the KV cache (batch_size rows); vLLM's blocks are bookkeeping only.
     needed = kv_blocks_needed(
         vllm_config.scheduler_config.max_num_seqs,
-        vllm_config.model_config.max_model_len,
+        vllm_config.model_config.max_model_len + num_speculative_tokens(vllm_config),
         cache_config.block_size,
     )
     explicit = cache_config.num_gpu_blocks_override

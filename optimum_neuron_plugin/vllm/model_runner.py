@@ -11,6 +11,10 @@ complete samples its first token on the host from the prefill logits; later toke
 device, or on the host when the artifact returns logits). The same code serves both prefill modes: in serial mode
 vLLM schedules whole prompts, in interleaved mode vLLM's scheduler hands out slices.
 
+Speculative decoding (speculation.py): decoding requests with draft tokens go in one verify call (runtime.verify) and
+keep their accepted drafts plus one token (speculative.accept); after each step the runner proposes the next drafts
+with vLLM's n-gram proposer, which vLLM collects with take_draft_token_ids.
+
 Structured outputs (grammar.py): a step whose requests sample under a grammar runs once vLLM's bitmask is known. Host
 sampling masks its logits with vLLM's own bitmask application; on-device sampling passes the bitmask to the decode
 graph, which masks before top-k / top-p.
@@ -22,20 +26,22 @@ import time
 
 from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
-from ..graphs import CHUNK_AND_DECODE, TOKEN_GENERATION
+from ..graphs import CHUNK_AND_DECODE, TOKEN_GENERATION, VERIFY
 from ..models.sampling import bitmask_words
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY, host_topk
+from ..speculative import accept
 from .grammar import StepGrammar
 from .health import GraphHealth
 from .host_sampling import HostSampler, TokenLogprobs, device_token_logprobs, logprobs_lists, token_logprobs
 from .log import get_logger
 from .requests import RequestState, SeedSource
 from .scheduler import NeuronRunnerOutput
+from .speculation import NgramDrafts
 from .stats import StatsSink
-from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids
+from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids, scheduled_drafts
 from .token_constraints import constrained_bitmask
 
 logger = get_logger(__name__)
@@ -56,6 +62,8 @@ class NeuronModelRunner:
         self.seeds = SeedSource(vllm_config.model_config.seed)
         self.health = GraphHealth()
         self.grammar = StepGrammar(SchedulerOutput.make_empty(), None)  # the step's (execute)
+        self.drafter = NgramDrafts(vllm_config) if vllm_config.speculative_config is not None else None
+        self._drafts: DraftTokenIds | None = None  # proposed after the last step, for take_draft_token_ids
 
     # ---- request bookkeeping ------------------------------------------------------------------
 
@@ -102,13 +110,14 @@ class NeuronModelRunner:
         plan = StepPlan()
         for req_id, count in scheduler_output.num_scheduled_tokens.items():
             state = self.requests[req_id]
-            work = ScheduledSlice(req_id, starts[req_id], count)
+            scheduled, drafts = scheduled_drafts(scheduler_output, req_id)
+            work = ScheduledSlice(req_id, starts[req_id], count - len(scheduled), drafts)
             if work.start + work.count > state.num_tokens:
                 raise RuntimeError(
-                    f"request {req_id}: {count} tokens scheduled from position {work.start} but only "
-                    f"{state.num_tokens} are known (speculative decoding is not supported)"
+                    f"request {req_id}: {work.count} known tokens scheduled from position {work.start} but only "
+                    f"{state.num_tokens} are known"
                 )
-            is_decode = state.output_token_ids and count == 1 and work.start == state.num_tokens - 1
+            is_decode = state.output_token_ids and work.count == 1 and work.start == state.num_tokens - 1
             (plan.decodes if is_decode else plan.prefills).append(work)
         return plan
 
@@ -121,6 +130,9 @@ class NeuronModelRunner:
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, TokenLogprobs] = {}
         failed: list[str] = []
+        verifies, plan.decodes = self._split_verifies(plan.decodes)
+        if verifies:
+            failed += self._verify(verifies, sampled)
         prefills = list(plan.prefills)
         if plan.decodes and prefills and self.model.fuses_prefill_and_decode and not self._together(prefills):
             # The first prompt slice goes with the decode batch (chunk_and_decode).
@@ -143,6 +155,7 @@ class NeuronModelRunner:
         for req_id in failed:
             sampled.pop(req_id, None)
             logprobs.pop(req_id, None)
+        self._propose_drafts(sampled)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         return NeuronRunnerOutput(
             req_ids=req_ids,
@@ -151,6 +164,62 @@ class NeuronModelRunner:
             logprobs=logprobs_lists([logprobs.get(req_id) for req_id in req_ids]),
             failed_req_ids=failed,
         )
+
+    # ---- speculative decoding (speculation.py) ---------------------------------------------------
+
+    def _speculates(self, state: RequestState) -> bool:
+        """Drafts are proposed and verified only for requests whose tokens the plain sampler draws."""
+        return (
+            self.drafter is not None
+            and state.params.structured_outputs is None
+            and not state.wants_logprobs
+            and not state.needs_logits_processing()
+        )
+
+    def _split_verifies(self, decodes: list[ScheduledSlice]) -> tuple[list[ScheduledSlice], list[ScheduledSlice]]:
+        """(the verify call's rows, the other decodes): when a request has drafts, every decode that may speculate
+        goes in the verify call (a row without drafts verifies just its token), the rest decode as usual."""
+        if not any(w.drafts for w in decodes):
+            return [], decodes
+        verifies = [w for w in decodes if self._speculates(self.requests[w.req_id])]
+        if not any(w.drafts for w in verifies):
+            return [], decodes
+        return verifies, [w for w in decodes if w not in verifies]
+
+    def _verify(self, work: list[ScheduledSlice], sampled: dict[str, list[int]]) -> list[str]:
+        """One verify call; each row keeps its accepted drafts and one more token. Returns the failed requests."""
+        states = [self.requests[w.req_id] for w in work]
+        try:
+            logits = self.model.verify(
+                [s.slot for s in states],
+                [[s.all_token_ids[w.start], *w.drafts] for s, w in zip(states, work, strict=True)],
+                [w.start for w in work],
+            )
+            self.health.succeeded()
+        except Exception as error:  # noqa: BLE001 - any graph failure fails its requests (scheduler.py)
+            return self._graph_failed(VERIFY, work, error)
+        nc = self.model.neuron_config
+        max_topk = host_topk(nc.on_device_sampling, nc.max_topk)
+        for row, (state, w) in enumerate(zip(states, work, strict=True)):
+            tokens = accept(logits[row], list(w.drafts), state.sampling, state.generator, max_topk)
+            state.output_token_ids.extend(tokens)
+            state.stats.draft_tokens += len(w.drafts)
+            state.stats.accepted_tokens += len(tokens) - 1
+            sampled[state.req_id] = tokens
+        return []
+
+    def _propose_drafts(self, sampled: dict[str, list[int]]) -> None:
+        """vLLM's n-gram proposer over every request that sampled this step and may speculate."""
+        if self.drafter is None:
+            return
+        req_ids = [r for r, tokens in sampled.items() if tokens and self._speculates(self.requests[r])]
+        drafts = self.drafter.propose([self.requests[r].all_token_ids for r in req_ids])
+        self._drafts = DraftTokenIds(req_ids, drafts)
+
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        """The drafts proposed after the last step (vLLM's engine stores them on its requests for the next)."""
+        drafts, self._drafts = self._drafts, None
+        return drafts
 
     def _decode_alone(self, work: list[ScheduledSlice], sampled, logprobs, failed: list[str]) -> None:
         try:

@@ -64,6 +64,16 @@ def prompt_tokens_left(request: Request) -> int:
     return 0 if left == 1 and request.num_output_tokens > 0 else left
 
 
+def rejected_drafts(scheduler_output: SchedulerOutput, output: ModelRunnerOutput, req_id: str) -> int:
+    """Draft tokens of req_id rejected this step: vLLM rolls num_computed_tokens back by them in update_from_output.
+    Their K/V is in the slot (overwritten by the request's next call), so the prefix cache must not count them."""
+    drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
+    if not drafts:
+        return 0
+    sampled = output.sampled_token_ids[output.req_id_to_index[req_id]] if output.sampled_token_ids else []
+    return len(drafts) - max(len(sampled) - 1, 0)
+
+
 class NeuronScheduler(Scheduler):
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
@@ -192,7 +202,8 @@ class NeuronScheduler(Scheduler):
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)  # None: aborted while the step ran (its slot is already released)
             if request is not None and (not failed or req_id not in failed):
-                self.prefix_cache.commit(req_id, request.num_computed_tokens)
+                rejected = rejected_drafts(scheduler_output, model_runner_output, req_id)
+                self.prefix_cache.commit(req_id, request.num_computed_tokens - rejected)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if failed:
             for request in self.finish_requests(failed, RequestStatus.FINISHED_ERROR):

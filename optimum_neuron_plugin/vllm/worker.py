@@ -25,7 +25,7 @@ import torch.distributed as dist
 from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheSpec
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, ModelRunnerOutput
 from vllm.v1.worker.worker_base import CompilationTimes, WorkerBase
 
 from ..artifact import load_neuron_config
@@ -154,8 +154,8 @@ class NeuronWorker(WorkerBase):
         output, self._output = self._output, None
         return output if output is not None else EMPTY_MODEL_RUNNER_OUTPUT
 
-    def take_draft_token_ids(self) -> None:
-        return None
+    def take_draft_token_ids(self) -> DraftTokenIds | None:
+        return self.runner.take_draft_token_ids() if self.runner is not None else None
 
     def execute_dummy_batch(self) -> None:
         # vLLM calls this on an idle data-parallel rank of a MoE model (DPEngineCoreProc) to keep the ranks'

@@ -86,3 +86,9 @@ def test_register_namespace_has_no_init_files():
         assert not (REPO / folder / "__init__.py").exists(), folder
     register = (REPO / "optimum/commands/register/register_neuron_plugin.py").read_text()
     assert "REGISTER_COMMANDS" in register
+
+
+def test_speculative_tokens():
+    assert request_from_args(parse(*BASE)).neuron_config.speculative_tokens == 0
+    config = request_from_args(parse("--speculative-tokens", "4", *BASE)).neuron_config
+    assert config.speculative_tokens == 4

@@ -24,6 +24,8 @@ BAD_VALUES = [
     ("backend", "tpu", {}, "cpu, neuron"),
     ("target", "v100", {}, "trn2, trn3"),
     ("on_device_sampling", "yes", {}, "true or false"),
+    ("speculative_tokens", -1, {}, ">= 0"),
+    ("speculative_tokens", 64, {"sequence_length": 64}, "below sequence_length (64)"),
 ]
 
 
@@ -123,6 +125,14 @@ def test_missing_field_names_the_file_and_field(tmp_path):
         NeuronConfig.load(tmp_path)
     message = str(error.value)
     assert NEURON_CONFIG_FILE in message and "batch_size" in message
+
+
+def test_speculative_tokens_may_be_absent_from_the_file(tmp_path):
+    """Exports without verify graphs load whether or not their neuron_config.json names speculative_tokens."""
+    write_config(tmp_path, speculative_tokens=None)
+    assert NeuronConfig.load(tmp_path).speculative_tokens == 0
+    write_config(tmp_path, speculative_tokens=3)
+    assert NeuronConfig.load(tmp_path).speculative_tokens == 3
 
 
 def test_bad_value_in_file_names_the_file(tmp_path):

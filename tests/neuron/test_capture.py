@@ -12,7 +12,7 @@ from torch._dynamo.backends import registry
 
 from optimum_neuron_plugin.backends.neuron import NeuronBackend, NeuronGraphs
 from optimum_neuron_plugin.config import NeuronConfig
-from optimum_neuron_plugin.graphs import INDEX_DTYPE, example_inputs, graph_specs
+from optimum_neuron_plugin.graphs import INDEX_DTYPE, VERIFY, example_inputs, graph_specs
 
 from .conftest import ARCHITECTURES, MOE_ARCHITECTURES
 
@@ -54,6 +54,23 @@ def test_every_graph_is_one_dynamo_graph(tiny_models, recorded, name, shape):
     # per context bucket token_generation of 1 and 2 rows, and chunk_and_decode if chunked (else context_encoding);
     # chunked_prefill per prefill bucket
     assert len(specs) == 3 * len(config.context_buckets) + len(config.prefill_buckets)
+    check_captured(graphs, specs, recorded, name)
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_verify_graphs_are_one_dynamo_graph(tiny_models, recorded, name):
+    """Verify graphs (speculative decoding: 1 and 2 rows x 4 tokens per context bucket) of the chunked shape."""
+    config = NeuronConfig(backend="neuron", torch_dtype="bfloat16", speculative_tokens=3, **CONFIGS["chunked"])
+    model = tiny_models[name]
+    backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
+    graphs = NeuronGraphs(backend, model.graphs(config), model.params(config), model.caches(config))
+    specs = [spec for spec in graph_specs(config, model.args.vocab_size) if spec.name == VERIFY]
+    assert [(s.rows, s.tokens) for s in specs] == [(1, 4), (2, 4)] * len(config.context_buckets)
+    # The narrow graph of the smallest bucket and the slot-order graph of the largest (the two attention paths).
+    check_captured(graphs, [specs[0], specs[-1]], recorded, name)
+
+
+def check_captured(graphs, specs, recorded, name: str) -> None:
     for spec in specs:
         before = len(recorded)
         inputs = example_inputs(spec)

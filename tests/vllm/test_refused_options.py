@@ -23,7 +23,7 @@ INTERLEAVED = {"additional_config": {"prefill_mode": "interleaved"}}
 REFUSED = {
     "speculative": (
         dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}),
-        "speculative decoding is not supported (token_generation decodes one token): remove --speculative-config",
+        "--speculative-config needs verify graphs: export the model again with --speculative-tokens 2",
     ),
     "lora": (dict(enable_lora=True), "LoRA adapters are not supported: remove --enable-lora"),
     "logits-processors": (

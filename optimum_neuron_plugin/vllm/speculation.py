@@ -1,0 +1,81 @@
+"""Speculative decoding through vLLM's `--speculative-config`: n-gram (prompt lookup) drafts from vLLM's own
+NgramProposer, verified by the artifact's verify graph (runtime/verify.py), accepted on the host (speculative.py).
+
+vLLM 0.32's protocol (v1/core/sched/scheduler.py, v1/engine/core.py): after each step the engine asks the worker
+for drafts (take_draft_token_ids) and stores them on the requests (spec_token_ids); the next schedule() gives a
+decoding request 1 + len(drafts) tokens and names the drafts in scheduled_spec_decode_tokens; the runner returns
+the accepted drafts plus one token in sampled_token_ids, and update_from_output rolls num_computed_tokens back by the
+rejected drafts and records vLLM's spec-decode metrics. Requests whose tokens need host logits processing, logprobs
+or a grammar get no drafts (they decode one token per step as without speculation).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from vllm.config import VllmConfig
+
+from ..config import NeuronConfig
+from .options import PREFILL_MODE_ENV, PrefillMode
+
+NGRAM = "ngram"
+
+
+def speculation_problems(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: PrefillMode) -> list[str]:
+    """What --speculative-config asks that this artifact and configuration cannot serve, with what to change."""
+    spec = vllm_config.speculative_config
+    if spec is None:
+        return []
+    k, compiled = spec.num_speculative_tokens, neuron_config.speculative_tokens
+    if spec.method != NGRAM:
+        return [
+            f"speculative decoding method {spec.method!r} is not supported by the Neuron plugin: use "
+            f'--speculative-config \'{{"method": "ngram", "num_speculative_tokens": {compiled or k}}}\' (prompt lookup)'
+        ]
+    problems = []
+    if not compiled:
+        problems.append(
+            f"--speculative-config needs verify graphs: export the model again with --speculative-tokens {k}"
+        )
+    elif k != compiled:
+        problems.append(
+            f"num_speculative_tokens={k} does not match the artifact's verify graphs ({compiled} draft tokens): set "
+            f'"num_speculative_tokens": {compiled}, or export again with --speculative-tokens {k}'
+        )
+    if mode is PrefillMode.INTERLEAVED:
+        problems.append(
+            f"speculative decoding is not supported with {PREFILL_MODE_ENV}=interleaved: use the serial prefill mode "
+            "or remove --speculative-config"
+        )
+    if neuron_config.tp_degree > 1:
+        problems.append(
+            "speculative decoding is not supported with tensor parallelism: remove --speculative-config, or export "
+            "without --tensor-parallel-size"
+        )
+    return problems
+
+
+def num_speculative_tokens(vllm_config: VllmConfig) -> int:
+    spec = vllm_config.speculative_config
+    return 0 if spec is None else spec.num_speculative_tokens
+
+
+class NgramDrafts:
+    """vLLM's NgramProposer over the runner's token lists (the runner keeps each request's tokens itself)."""
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+        self.proposer = NgramProposer(vllm_config)
+        self.k = vllm_config.speculative_config.num_speculative_tokens
+        self.max_model_len = vllm_config.model_config.max_model_len
+
+    def propose(self, token_lists: list[list[int]]) -> list[list[int]]:
+        """Each request's drafts (at most k, none where no n-gram of its suffix recurs) given all its tokens."""
+        if not token_lists:
+            return []
+        lengths = np.array([len(tokens) for tokens in token_lists], dtype=np.int32)
+        table = np.zeros((len(token_lists), self.max_model_len), dtype=np.int32)
+        for row, tokens in enumerate(token_lists):
+            table[row, : len(tokens)] = tokens
+        # vLLM proposes for the requests that sampled a token this step: every one given here did.
+        return self.proposer.propose(self.k, [[0]] * len(token_lists), lengths, table)

@@ -1,0 +1,179 @@
+"""Speculative decoding (n-gram prompt lookup) through an in-process vllm.LLM: the served tokens are the tokens
+greedy decoding without drafts gives (transformers), whatever the drafts' fate, and stopping inside an accepted
+run; the prefix cache records only tokens whose K/V the slot really holds; options it cannot serve are refused.
+
+One artifact: the served tiny Llama (chunk 16, on-device sampling) with verify graphs of K drafts. Per-request
+draft and acceptance counts come from the runner's stats file (ONP_STATS_FILE).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from support.engine import close_llm, make_llm
+from support.references import hf_greedy
+from support.served import CHUNK, SEQUENCE_LENGTH, SHAPE, prompt_of
+from support.tiny_models import export
+
+K = 3
+NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+@pytest.fixture(scope="module")
+def spec_dir(vllm_root, tiny_hf_dir):
+    return export(
+        tiny_hf_dir, vllm_root / "speculative", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
+        speculative_tokens=K,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def stats_file(vllm_root):
+    return vllm_root / "speculative-stats.jsonl"
+
+
+@pytest.fixture(scope="module")
+def llm(spec_dir, stats_file):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ONP_STATS_FILE", str(stats_file))
+        engine = make_llm(spec_dir, speculative_config=NGRAM, disable_log_stats=False)
+    yield engine
+    close_llm(engine)
+
+
+def greedy(max_tokens: int, **kwargs):
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kwargs)
+
+
+def generate(llm, prompts, params):
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs], [o.request_id for o in outputs]
+
+
+def stats(stats_file, request_ids) -> list[dict]:
+    """The runner's records of these requests (written when the step after their end tells it they finished)."""
+    records = {
+        json.loads(line)["req_id"].split("-")[0]: json.loads(line) for line in stats_file.read_text().splitlines()
+    }
+    return [records[r] for r in request_ids if r in records]
+
+
+def spec_metrics(llm) -> dict[str, object]:
+    """vLLM's spec-decode counters (drafts, draft and accepted tokens, accepted tokens per draft position)."""
+    found = {m.name.removeprefix("vllm:spec_decode_"): m for m in llm.get_metrics() if "spec_decode" in m.name}
+    return {name: getattr(m, "values", None) or getattr(m, "value", 0) for name, m in found.items()}
+
+
+def random_prompt(length: int, seed: int) -> list[int]:
+    return torch.randint(1000, 40000, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_greedy_with_speculation_equals_greedy_without(llm, tokenizer, tiny_hf, stats_file):
+    """Repetitive prompts (drafts hit), random ones (drafts from the output only, most rejected), one ending at the
+    sequence length: each equals transformers' greedy tokens (the plugin without drafts equals them: test_engine)."""
+    prompts = [prompt_of(n, tokenizer, offset=i) for i, n in enumerate([40, 23, 61, 9])]
+    prompts += [random_prompt(n, seed=n) for n in (30, 50)]
+    prompts.append(prompt_of(SEQUENCE_LENGTH - 7, tokenizer, offset=2))  # 6 new tokens fit: ends at the length
+    before = spec_metrics(llm)
+    served, ids = generate(llm, prompts, greedy(24))
+    for prompt, tokens in zip(prompts, served, strict=True):
+        expected = min(24, SEQUENCE_LENGTH - len(prompt))
+        assert tokens == hf_greedy(tiny_hf, prompt, expected), len(prompt)
+    after = spec_metrics(llm)
+    earlier = before.get("num_accepted_tokens_per_pos") or [0] * K
+    per_position = [a - b for a, b in zip(after["num_accepted_tokens_per_pos"], earlier, strict=True)]
+    drafts = after["num_drafts"] - before.get("num_drafts", 0)
+    assert per_position[K - 1] > 0, after  # steps where all K drafts were accepted
+    assert drafts > per_position[0] > 0, after  # steps where none was
+    generate(llm, [prompts[0]], greedy(1))  # a later step writes the runner's records of the requests above
+    records = stats(stats_file, ids)
+    assert sum(r["accepted_tokens"] for r in records) == after["num_accepted_tokens"] - before.get(
+        "num_accepted_tokens", 0
+    )
+
+
+def test_stopping_inside_an_accepted_run(llm, tokenizer, tiny_hf, stats_file):
+    """A prompt followed by its own greedy continuation makes the model repeat one token 12 times (outputs 11..22):
+    drafts are accepted there, and max_tokens falling on every position of that run cuts it where it must."""
+    base = prompt_of(61, tokenizer, offset=2)
+    prompt = base + hf_greedy(tiny_hf, base, 24)
+    reference = hf_greedy(tiny_hf, prompt, 24)
+    assert reference[11:23] == [reference[11]] * 12  # the run (a property of this random model)
+    lengths = list(range(13, 24, 2))
+    outputs, ids = generate(llm, [prompt] * len(lengths), [greedy(n) for n in lengths])
+    assert outputs == [reference[:n] for n in lengths]
+    for j in (23,):  # a stop token right after the run
+        params = greedy(24, stop_token_ids=[reference[j]])
+        params.ignore_eos = False
+        out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs[0]
+        first = reference.index(reference[j])
+        assert list(out.token_ids) == reference[: first + 1] and out.finish_reason == "stop"
+    generate(llm, [prompt], greedy(1))
+    records = stats(stats_file, ids)
+    assert all(r["accepted_tokens"] >= 3 for r in records if r["output_tokens"] >= 16), records
+
+
+def test_the_prefix_cache_holds_no_rejected_draft(llm, tokenizer, tiny_hf):
+    """After each request, every free slot's recorded tokens have, in the slot, the K/V transformers computes for
+    them: a rejected draft's K/V (left past a request's last token) is never recorded as part of its prefix. The
+    requests end right after a run of accepted drafts, where the last step rejects drafts."""
+    base = prompt_of(61, tokenizer, offset=2)
+    prompt = base + hf_greedy(tiny_hf, base, 24)
+    core = llm.llm_engine.engine_core.engine_core
+    caches = core.model_executor.driver_worker.worker.runner.model.caches
+    for max_tokens in (23, 24, 25, 26):
+        generate(llm, [prompt], greedy(max_tokens))
+        for slot in core.scheduler.prefix_cache.slots:
+            if slot.tokens:
+                check_slot(caches, slot, tiny_hf)
+
+
+def check_slot(caches, slot, hf) -> None:
+    n = len(slot.tokens)
+    with torch.no_grad():
+        cache = hf(torch.tensor([slot.tokens]), use_cache=True).past_key_values
+    for layer in range(hf.config.num_hidden_layers):
+        keys, values = cache.layers[layer].keys[0], cache.layers[layer].values[0]
+        torch.testing.assert_close(caches[2 * layer][slot.index, :, :n], keys, atol=1e-4, rtol=0)
+        torch.testing.assert_close(caches[2 * layer + 1][slot.index, :, :n], values, atol=1e-4, rtol=0)
+
+
+def test_sampled_requests_speculate_and_reproduce(llm, tokenizer):
+    from vllm import SamplingParams
+
+    prompt = prompt_of(40, tokenizer)
+    params = SamplingParams(max_tokens=16, temperature=0.8, top_k=20, seed=3, ignore_eos=True)
+    first, _ = generate(llm, [prompt, prompt], params)
+    assert first[0] == first[1] and len(first[0]) == 16
+
+
+REFUSED = {
+    "another-k": (dict(speculative_config=dict(NGRAM, num_speculative_tokens=2)), 'set "num_speculative_tokens": 3'),
+    "draft-model": (
+        dict(speculative_config={"method": "draft_model", "model": "ARTIFACT", "num_speculative_tokens": K}),
+        "speculative decoding method 'draft_model' is not supported by the Neuron plugin: use --speculative-config",
+    ),
+    "interleaved": (
+        dict(speculative_config=NGRAM, additional_config={"prefill_mode": "interleaved"}),
+        "speculative decoding is not supported with ONP_PREFILL_MODE=interleaved",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_what_the_verify_graphs_cannot_check_is_refused(spec_dir, monkeypatch, name):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    kwargs, message = REFUSED[name]
+    spec = {key: str(spec_dir) if value == "ARTIFACT" else value for key, value in kwargs["speculative_config"].items()}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        EngineArgs(model=str(spec_dir), **{**kwargs, "speculative_config": spec}).create_engine_config(
+            UsageContext.LLM_CLASS
+        )
