@@ -17,6 +17,8 @@ NEURON_CONFIG_FILE = "neuron_config.json"
 FORMAT_VERSION = 6
 # Default max_logprobs: vLLM's own default (--max-logprobs 20), capped at max_topk.
 DEFAULT_MAX_LOGPROBS = 20
+# Fields a format-6 file may lack (their default describes it: the graphs they add are absent).
+OPTIONAL_FIELDS = frozenset({"prompt_logprobs"})
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
 TARGETS = ("trn2", "trn3")
@@ -67,6 +69,9 @@ class NeuronConfig:
     # On-device sampling: top logprobs the decode graphs return per row (vLLM's raw logprobs of the top candidates,
     # at most max_topk). 0: the graphs return tokens only. None: min(DEFAULT_MAX_LOGPROBS, max_topk).
     max_logprobs: int | None = None
+    # Chunked exports: also compile prompt_logits (chunked_prefill returning the logits of every position of its
+    # chunk) per prefill bucket, for requests asking for prompt logprobs. Absent from older format-6 files: false.
+    prompt_logprobs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -91,13 +96,15 @@ class NeuronConfig:
             )
         if self.target is not None and self.target not in TARGETS:
             _fail("target", self.target, f"one of {', '.join(TARGETS)} or null")
-        for name in ("on_device_sampling", "token_bitmask"):
+        for name in ("on_device_sampling", "token_bitmask", "prompt_logprobs"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "true or false")
         if self.cpu_compiler not in CPU_COMPILERS:
             _fail("cpu_compiler", self.cpu_compiler, f"one of {', '.join(CPU_COMPILERS)}")
         if self.prefill_batch_size > 1 and not self.chunked:
             _fail("prefill_batch_size", self.prefill_batch_size, "1 without chunked prefill (prefill_chunk_size 0)")
+        if self.prompt_logprobs and not self.chunked:
+            _fail("prompt_logprobs", self.prompt_logprobs, "false without chunked prefill (prefill_chunk_size 0)")
         if self.prefill_batch_size > self.batch_size:
             _fail("prefill_batch_size", self.prefill_batch_size, f"at most batch_size ({self.batch_size})")
         object.__setattr__(self, "max_logprobs", self._checked_max_logprobs())
@@ -229,7 +236,7 @@ class NeuronConfig:
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
                 f"{FORMAT_VERSION}: the decode graphs return logprobs); export the model again"
             )
-        missing = [f.name for f in fields(cls) if f.name not in data]
+        missing = [f.name for f in fields(cls) if f.name not in data and f.name not in OPTIONAL_FIELDS]
         if missing:
             raise NeuronConfigError(f"{path}: missing field(s) {', '.join(missing)}; export the model again")
         try:

@@ -90,13 +90,15 @@ def groups_logits(
     cc: Collectives = SINGLE,
     sliding_inv_freq: torch.Tensor | None = None,
     chunks: int = 0,
+    every_position: bool = False,
 ) -> torch.Tensor:
     """decoder_logits of several row groups in one pass over the weights, e.g. a prompt chunk [1, C] and a decode
     batch [B, 1] (chunk_and_decode): the linears and the MLP run on every group's tokens at once, attention per
     group. The groups must use distinct cache rows. Returns the logits of each group's rows, in group order.
 
     Sliding-window layers rotate with `sliding_inv_freq` when the model gives them their own rope base. The first
-    `chunks` groups are prompt chunks (decoder_logits' `chunk`)."""
+    `chunks` groups are prompt chunks (decoder_logits' `chunk`). With `every_position` (one group) the logits of
+    every token are returned, [n * T, vocab], instead of each row's last one (prompt logprobs)."""
     x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
     positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
     rope = {False: rope_cos_sin(positions, inv_freq, x.dtype, rope_attention_factor(args))}
@@ -123,7 +125,7 @@ def groups_logits(
         )
         h = _mlp(args, params, p + "mlp.", h, cc, i)
         x = x + _residual(args, norm(h, p + "post_feedforward_layernorm.weight") if args.sandwich_norms else h)
-    last = norm(_last_columns(x[0], groups), "model.norm.weight")
+    last = norm(x[0] if every_position else _last_columns(x[0], groups), "model.norm.weight")
     head = params["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"]
     logits = linear(last, head).float()
     if args.logits_scaling != 1.0:
