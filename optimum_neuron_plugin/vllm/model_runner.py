@@ -32,6 +32,7 @@ from .grammar import StepGrammar
 from .health import GraphHealth
 from .host_sampling import HostSampler, TokenLogprobs, device_token_logprobs, logprobs_lists, token_logprobs
 from .log import get_logger
+from .prompt_logprobs import record_prompt_logprobs, wants_prompt_logprobs
 from .requests import RequestState, SeedSource
 from .scheduler import NeuronRunnerOutput
 from .stats import StatsSink
@@ -121,7 +122,10 @@ class NeuronModelRunner:
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, TokenLogprobs] = {}
         failed: list[str] = []
-        prefills = list(plan.prefills)
+        # Slices of requests asking for prompt logprobs run alone on the prompt_logits graphs.
+        positions = [w for w in plan.prefills if wants_prompt_logprobs(self.requests[w.req_id])]
+        prefills = [w for w in plan.prefills if w not in positions]
+        prompt_logprobs: dict = {}
         if plan.decodes and prefills and self.model.fuses_prefill_and_decode and not self._together(prefills):
             # The first prompt slice goes with the decode batch (chunk_and_decode).
             try:
@@ -140,15 +144,18 @@ class NeuronModelRunner:
         elif plan.decodes:
             self._decode_alone(plan.decodes, sampled, logprobs, failed)
         failed += self._prefill_slices(prefills, bool(plan.decodes), sampled, logprobs)
+        failed += self._prefill_positions(positions, bool(plan.decodes), sampled, logprobs, prompt_logprobs)
         for req_id in failed:
             sampled.pop(req_id, None)
             logprobs.pop(req_id, None)
+            prompt_logprobs.pop(req_id, None)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         return NeuronRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
             sampled_token_ids=[sampled.get(req_id, []) for req_id in req_ids],
             logprobs=logprobs_lists([logprobs.get(req_id) for req_id in req_ids]),
+            prompt_logprobs_dict=prompt_logprobs,
             failed_req_ids=failed,
         )
 
@@ -249,6 +256,25 @@ class NeuronModelRunner:
                 self.health.succeeded()
             except Exception as error:  # noqa: BLE001
                 failed += self._graph_failed(self.model.neuron_config.prefill_graph, [work], error)
+        return failed
+
+    def _prefill_positions(self, prefills: list[ScheduledSlice], interleaved: bool, sampled, logprobs, prompt_logprobs):
+        """Prompt slices of requests asking for prompt logprobs, one at a time on the prompt_logits graphs: every
+        position's logits, whose logprobs fill the request's prompt logprobs (prompt_logprobs.py). Returns failed ids."""
+        failed = []
+        for work in prefills:
+            state, tokens, began = self._prompt_slice(work)
+            try:
+                logits = self.model.prefill_positions(state.slot, tokens, start=work.start)
+                self.health.succeeded()
+            except Exception as error:  # noqa: BLE001
+                state.prompt_logprobs = None
+                failed += self._graph_failed(self.model.neuron_config.prefill_graph, [work], error)
+                continue
+            done = record_prompt_logprobs(state, logits, work.start)
+            if done is not None:
+                prompt_logprobs[work.req_id] = done
+            self._prefilled(work, logits[-1], began, interleaved, sampled, logprobs)
         return failed
 
     def _together(self, prefills: list[ScheduledSlice]) -> bool:

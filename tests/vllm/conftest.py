@@ -43,8 +43,11 @@ def tokenizer(tiny_hf_dir):
 
 @pytest.fixture(scope="session")
 def chunked_dir(vllm_root, tiny_hf_dir) -> Path:
-    """Chunked prefill (16-token chunks), on-device sampling: the production shape."""
-    return export(tiny_hf_dir, vllm_root / "chunked", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True)
+    """Chunked prefill (16-token chunks), on-device sampling: the production shape, with prompt_logits graphs."""
+    return export(
+        tiny_hf_dir, vllm_root / "chunked", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
+        prompt_logprobs=True,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
