@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from support.engine import close_llm, make_llm
-from support.references import hf_greedy, runtime_greedy
+from support.references import assert_prompt_logprobs_are_hf, hf_greedy, runtime_greedy
 from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
 from vllm.exceptions import VLLMValidationError
 
@@ -185,25 +185,6 @@ def test_too_long_prompt_is_rejected_and_the_engine_keeps_serving(llm, tokenizer
         with pytest.raises(VLLMValidationError, match=r"(shorten|reduce the length of) the (input )?prompt"):
             generate(llm, [prompt_of(length, tokenizer)], greedy())
     assert len(generate(llm, [prompts[0]], greedy())[0]) == NEW_TOKENS
-
-
-def assert_prompt_logprobs_are_hf(output, prompt: list[int], num: int, tiny_hf) -> None:
-    """vLLM's prompt logprobs: None for the first token, then per position the prompt token's raw logprob and rank
-    and the top `num`, in order, from HF's log-softmax of the previous position's logits."""
-    import torch
-
-    with torch.no_grad():
-        expected = torch.log_softmax(tiny_hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
-    entries = output.prompt_logprobs
-    assert len(entries) == len(prompt) and entries[0] is None
-    for position, entry in enumerate(entries[1:]):
-        row, token = expected[position], prompt[position + 1]
-        top = torch.topk(row, num).indices.tolist()
-        assert set(entry) == {token, *top}
-        assert entry[token].rank == int((row >= row[token]).sum())
-        assert [entry[t].rank for t in top] == list(range(1, num + 1))
-        for token_id, logprob in entry.items():
-            assert logprob.logprob == pytest.approx(float(row[token_id]), abs=1e-4)
 
 
 def test_prompt_logprobs_are_hf_log_softmax_even_after_a_prefix_cache_hit(llm, prompts, tiny_hf):
