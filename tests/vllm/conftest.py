@@ -60,8 +60,9 @@ def full_host_dir(vllm_root, tiny_hf_dir) -> Path:
 def batched_dir(vllm_root, tiny_hf_dir) -> Path:
     """chunked_dir's shape with prefill_batch_size = batch size: a step's prompt chunks go in one call."""
     return export(
-        tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE
-    )
+        tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE,
+        prompt_logprobs=True,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
