@@ -24,6 +24,7 @@ BAD_VALUES = [
     ("backend", "tpu", {}, "cpu, neuron"),
     ("target", "v100", {}, "trn2, trn3"),
     ("on_device_sampling", "yes", {}, "true or false"),
+    ("prompt_logprobs", True, {"prefill_chunk_size": 0}, "false without chunked prefill"),
 ]
 
 
@@ -123,6 +124,11 @@ def test_missing_field_names_the_file_and_field(tmp_path):
         NeuronConfig.load(tmp_path)
     message = str(error.value)
     assert NEURON_CONFIG_FILE in message and "batch_size" in message
+
+
+def test_a_file_without_prompt_logprobs_has_no_prompt_logits_graphs(tmp_path):
+    write_config(tmp_path, prompt_logprobs=None)
+    assert NeuronConfig.load(tmp_path).prompt_logprobs is False
 
 
 def test_bad_value_in_file_names_the_file(tmp_path):
