@@ -45,7 +45,7 @@ def test_logprobs_within_the_limit_or_on_host_are_served():
     check_sampling(limits(None), SamplingParams(logprobs=-1))
 
 
-def test_logprob_token_ids_and_prompt_logprobs_are_refused_saying_why():
+def test_chosen_ids_logprobs_are_refused_saying_why():
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
 
