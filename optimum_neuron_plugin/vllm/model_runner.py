@@ -9,7 +9,8 @@ of two, so a step that prefills costs the decoding requests almost nothing. If t
 slice run apart, so a bad prompt fails alone, as it would without the fused graph. A request whose prompt is
 complete samples its first token on the host from the prefill logits; later tokens come from decode (sampled on
 device, or on the host when the artifact returns logits). The same code serves both prefill modes: in serial mode
-vLLM schedules whole prompts, in interleaved mode vLLM's scheduler hands out slices.
+vLLM schedules whole prompts, in interleaved mode vLLM's scheduler hands out slices. A request asking for prompt
+logprobs is prefilled alone on the prompt_logits graphs (runtime.prefill_positions, prompt_logprobs.py).
 
 Structured outputs (grammar.py): a step whose requests sample under a grammar runs once vLLM's bitmask is known. Host
 sampling masks its logits with vLLM's own bitmask application; on-device sampling passes the bitmask to the decode
@@ -24,7 +25,7 @@ from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 
-from ..graphs import CHUNK_AND_DECODE, TOKEN_GENERATION
+from ..graphs import CHUNK_AND_DECODE, PROMPT_LOGITS, TOKEN_GENERATION
 from ..models.sampling import bitmask_words
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY, host_topk
@@ -269,7 +270,7 @@ class NeuronModelRunner:
                 self.health.succeeded()
             except Exception as error:  # noqa: BLE001
                 state.prompt_logprobs = None
-                failed += self._graph_failed(self.model.neuron_config.prefill_graph, [work], error)
+                failed += self._graph_failed(PROMPT_LOGITS, [work], error)
                 continue
             done = record_prompt_logprobs(state, logits, work.start)
             if done is not None:

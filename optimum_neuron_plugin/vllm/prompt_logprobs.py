@@ -13,7 +13,8 @@ from .requests import RequestState
 
 
 def wants_prompt_logprobs(state: RequestState) -> bool:
-    return state.params.prompt_logprobs is not None
+    """Asked for and not yet handed to vLLM (a preempted request prefilled again sends them once, as vLLM)."""
+    return state.params.prompt_logprobs is not None and not state.prompt_logprobs_sent
 
 
 def record_prompt_logprobs(state: RequestState, logits: torch.Tensor, start: int) -> LogprobsTensors | None:
@@ -35,7 +36,7 @@ def record_prompt_logprobs(state: RequestState, logits: torch.Tensor, start: int
         state.prompt_logprobs.selected_token_ranks[window] = ranks
     if start + len(logits) < len(prompt):
         return None
-    done, state.prompt_logprobs = state.prompt_logprobs, None
+    done, state.prompt_logprobs, state.prompt_logprobs_sent = state.prompt_logprobs, None, True
     return done
 
 

@@ -40,6 +40,7 @@ class RequestState:
     output_token_ids: list[int] = field(default_factory=list)
     stats: RequestStats = field(default_factory=RequestStats)
     prompt_logprobs: LogprobsTensors | None = None  # prompt_logprobs.py: filled slice by slice
+    prompt_logprobs_sent: bool = False
 
     @classmethod
     def create(
