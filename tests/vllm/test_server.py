@@ -113,7 +113,7 @@ def test_too_long_prompt_gets_400_and_the_server_keeps_serving(server, tokenizer
 
 def test_logprobs_are_served_within_the_compiled_limit(server, tokenizer):
     """The on-device artifact returns logprobs for every token (the first from host logits, the rest from the decode
-    graphs); beyond its max_logprobs (20) and for prompt logprobs the answer is a 400 saying what to change."""
+    graphs); beyond its max_logprobs (20) the answer is a 400 saying what to change."""
     prompt = prompt_of(5, tokenizer)
     status, body = call(server.port, "/v1/completions", completion(server, prompt, logprobs=2))
     assert status == 200, body
