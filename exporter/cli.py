@@ -170,6 +170,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(n-gram) with num_speculative_tokens K (default: 0, none)",
     )
     optional.add_argument(
+        *_spellings("prompt-logprobs"),
+        dest="prompt_logprobs",
+        action="store_true",
+        help="chunked only: also compile prompt_logits (every position's logits of a chunk, one graph per prefill "
+        "bucket) so requests may ask for prompt_logprobs (completions echo with logprobs)",
+    )
+    optional.add_argument(
         *_spellings("instance-type"),
         dest="instance_type",
         metavar="{" + ",".join(INSTANCE_TYPES) + "}",
@@ -275,6 +282,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         on_device_sampling=args.on_device_sampling,
         max_topk=args.max_topk,
         max_logprobs=args.max_logprobs,
+        prompt_logprobs=args.prompt_logprobs,
         target=args.instance_type,
         backend=backend,
         context_buckets=args.context_buckets,

@@ -17,6 +17,7 @@ NEURON_CONFIG_FILE = "neuron_config.json"
 FORMAT_VERSION = 6
 # Default max_logprobs: vLLM's own default (--max-logprobs 20), capped at max_topk.
 DEFAULT_MAX_LOGPROBS = 20
+# Fields a format-6 file may lack (their default describes it: the graphs they add are absent).
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
 TARGETS = ("trn2", "trn3")
@@ -28,7 +29,7 @@ MAX_DEFAULT_BUCKETS = 4
 # Default prefill buckets: 0 and multiples of the chunk size in half-octave steps, at most this many nonzero ones.
 MAX_DEFAULT_PREFILL_BUCKETS = 10
 # Fields an artifact may leave out of neuron_config.json (their default applies).
-OPTIONAL_FIELDS = ("speculative_tokens",)
+OPTIONAL_FIELDS = ("speculative_tokens", "prompt_logprobs")
 
 
 class NeuronConfigError(ValueError):
@@ -72,6 +73,9 @@ class NeuronConfig:
     # Speculative decoding: draft tokens k a verify graph checks per row (k + 1 tokens per row); 0: no verify graphs.
     # Optional in neuron_config.json (absent: 0), so exports without verify graphs keep their format.
     speculative_tokens: int = 0
+    # Chunked exports: also compile prompt_logits (chunked_prefill returning the logits of every position of its
+    # chunk) per prefill bucket, for requests asking for prompt logprobs. Absent from older format-6 files: false.
+    prompt_logprobs: bool = False
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -96,7 +100,7 @@ class NeuronConfig:
             )
         if self.target is not None and self.target not in TARGETS:
             _fail("target", self.target, f"one of {', '.join(TARGETS)} or null")
-        for name in ("on_device_sampling", "token_bitmask"):
+        for name in ("on_device_sampling", "token_bitmask", "prompt_logprobs"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "true or false")
         _check_speculative_tokens(self.speculative_tokens, self.sequence_length)
@@ -104,6 +108,8 @@ class NeuronConfig:
             _fail("cpu_compiler", self.cpu_compiler, f"one of {', '.join(CPU_COMPILERS)}")
         if self.prefill_batch_size > 1 and not self.chunked:
             _fail("prefill_batch_size", self.prefill_batch_size, "1 without chunked prefill (prefill_chunk_size 0)")
+        if self.prompt_logprobs and not self.chunked:
+            _fail("prompt_logprobs", self.prompt_logprobs, "false without chunked prefill (prefill_chunk_size 0)")
         if self.prefill_batch_size > self.batch_size:
             _fail("prefill_batch_size", self.prefill_batch_size, f"at most batch_size ({self.batch_size})")
         object.__setattr__(self, "max_logprobs", self._checked_max_logprobs())

@@ -4,6 +4,8 @@ weights and the KV cache.
 - chunked_prefill  : 1 sequence x C tokens -> logits [1, V] of the last real token (no sampling); with
                      prefill_batch_size P > 1 also n sequences x C tokens -> logits [n, V] for every n in 2..P:
                      one chunk of n prompts, no padding rows
+- prompt_logits    : 1 sequence x C tokens -> logits [C, V] of every position of the chunk (exports with
+                     prompt_logprobs: requests asking for prompt logprobs are prefilled on it, per prefill bucket)
 - context_encoding : 1 sequence x S tokens -> logits [1, V] (only when prefill_chunk_size is 0)
 - token_generation : n sequences x 1 token -> token ids [n] (on-device sampling) or logits [n, V], for every n in
                      decode_batch_sizes (1 and B by default): a decode call runs the smallest n that holds it.
@@ -24,7 +26,7 @@ weights and the KV cache.
                      real token and position (the actual-token mask)
 
 Each kind is compiled once per bucket L: that graph reads only cache positions [0, L).
-- chunked_prefill, per prefill bucket (NeuronConfig.prefill_buckets, starting at 0): a chunk attends the prior
+- chunked_prefill and prompt_logits, per prefill bucket (NeuronConfig.prefill_buckets, starting at 0): a chunk attends the prior
   context [0, start) in the bucket and its own block causally (models/attention.py, attend_chunk), so a chunk
   starting at s runs the smallest bucket >= s; the bucket-0 graph runs first chunks, which attend only themselves.
 - the others, per context bucket (NeuronConfig.context_buckets): decode rows and context_encoding attend cache
@@ -50,6 +52,8 @@ from .models.sharding import VOCAB_OFFSET
 
 CHUNKED_PREFILL = "chunked_prefill"
 CONTEXT_ENCODING = "context_encoding"
+PROMPT_LOGITS = "prompt_logits"
+PREFILL_CHUNKS = (CHUNKED_PREFILL, PROMPT_LOGITS)  # graphs of prompt chunks: per prior (prefill) bucket
 TOKEN_GENERATION = "token_generation"
 CHUNK_AND_DECODE = "chunk_and_decode"
 VERIFY = "verify"
@@ -80,7 +84,7 @@ class GraphSpec:
     @property
     def bucket_label(self) -> str:
         """What the bucket bounds, for messages: a chunk's prior context or the cache a call attends."""
-        return f"{'prior' if self.name == CHUNKED_PREFILL else 'context'} bucket {self.bucket}"
+        return f"{'prior' if self.name in PREFILL_CHUNKS else 'context'} bucket {self.bucket}"
 
     @property
     def is_prefill_batch(self) -> bool:
@@ -97,6 +101,8 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
     for bucket in nc.prefill_buckets:
         for width in range(1, nc.prefill_batch_size + 1):
             specs.append(GraphSpec(CHUNKED_PREFILL, width, nc.prefill_length, samples=False, bucket=bucket))
+        if nc.prompt_logprobs:
+            specs.append(GraphSpec(PROMPT_LOGITS, 1, nc.prefill_length, samples=False, bucket=bucket))
     for bucket in nc.context_buckets:
         if not nc.chunked:
             specs.append(GraphSpec(CONTEXT_ENCODING, 1, nc.prefill_length, samples=False, bucket=bucket))
@@ -141,13 +147,13 @@ class DecoderGraph(nn.Module):
 
     def forward(self, params, caches, *inputs):
         groups = [inputs[0:3], inputs[3:6]] if self.spec.chunk else [inputs[0:3]]
-        chunks = 1 if self.spec.chunk or self.spec.name == CHUNKED_PREFILL else 0
-        every = self.spec.name == VERIFY
+        chunks = 1 if self.spec.chunk or self.spec.name in PREFILL_CHUNKS else 0
+        every = self.spec.name in (VERIFY, PROMPT_LOGITS)
         logits = groups_logits(
             self.args, params, caches, self.inv_freq, groups, self.spec.bucket, self.cc, self.sliding_inv_freq, chunks,
             every_column=every,
         )  # fmt: skip
-        if every:
+        if self.spec.name == VERIFY:
             return self._whole(logits).view(self.spec.rows, self.spec.tokens, -1)
         if not self.spec.samples:
             return self._whole(logits)
@@ -174,7 +180,7 @@ class DecoderGraph(nn.Module):
 def call_bucket(nc: NeuronConfig, name: str, starts: Sequence[int], last_positions: Sequence[int]) -> int:
     """The bucket of the graph `name` that runs a call whose rows start at `starts` and end at `last_positions`
     (chunk_and_decode: the chunk's start, and the decode rows' positions)."""
-    if name == CHUNKED_PREFILL:
+    if name in PREFILL_CHUNKS:
         return nc.prefill_bucket_for(max(starts))
     if name == CHUNK_AND_DECODE:  # the chunk's prior needs a bucket >= its start, the decode rows one > their positions
         return nc.bucket_for(max(max(starts) - 1, *last_positions))

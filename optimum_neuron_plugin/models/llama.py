@@ -98,7 +98,7 @@ def groups_logits(
 
     Sliding-window layers rotate with `sliding_inv_freq` when the model gives them their own rope base. The first
     `chunks` groups are prompt chunks (decoder_logits' `chunk`). every_column: the logits of every token [tokens,
-    vocab] in group order instead of each row's last (the verify graph)."""
+    vocab] in group order instead of each row's last (the verify and prompt_logits graphs)."""
     x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
     positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
     rope = {False: rope_cos_sin(positions, inv_freq, x.dtype, rope_attention_factor(args))}

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import InputError
-from ..graphs import INDEX_DTYPE
+from ..graphs import INDEX_DTYPE, PROMPT_LOGITS
 from .graph_set import GraphSet
 
 Prompt = tuple[int, Sequence[int], int]  # (seq_id, token_ids, start)
@@ -36,6 +36,20 @@ def prefill_batch(gs: GraphSet, prompts: Sequence[Prompt]) -> list[torch.Tensor]
                 if offset + size >= len(checked[i][1]):
                     logits[i] = output[row].clone()  # the runtime may reuse the output buffer
     return logits
+
+
+def prefill_positions(gs: GraphSet, seq_id: int, token_ids: Sequence[int], start: int) -> torch.Tensor:
+    """The chunk loop of one prompt on the prompt_logits graphs: returns the fp32 logits [n, vocab] of every token
+    (the padding rows of a partial last chunk dropped)."""
+    if not gs.neuron_config.prompt_logprobs:
+        raise InputError("this export has no prompt_logits graphs: export it again with --prompt-logprobs")
+    tokens = checked_prompt(gs, seq_id, token_ids, start)
+    rows = []
+    for offset in range(0, len(tokens), gs.neuron_config.prefill_length):
+        inputs, positions = chunk_inputs(gs, seq_id, tokens, start, offset)
+        spec = gs.graph_for(PROMPT_LOGITS, positions[-1:], starts=positions[:1])
+        rows.append(gs.graphs(spec, *inputs)[: len(positions)].clone())  # the runtime may reuse the output buffer
+    return torch.cat(rows)
 
 
 def chunks_call(gs: GraphSet, chunks: list[ChunkInputs]) -> torch.Tensor:

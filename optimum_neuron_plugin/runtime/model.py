@@ -180,6 +180,11 @@ class NeuronModelForCausalLM:
         """
         return self.prefill_batch([(seq_id, token_ids, start)])[0]
 
+    def prefill_positions(self, seq_id: int, token_ids: Sequence[int], start: int = 0) -> torch.Tensor:
+        """prefill() on the prompt_logits graphs (exports with prompt_logprobs): returns the fp32 logits
+        [n, vocab] of every token, row i predicting the token after token_ids[i]."""
+        return chunk_loop.prefill_positions(self.graph_set, seq_id, token_ids, start)
+
     def prefill_batch(self, prompts: Sequence[tuple[int, Sequence[int], int]]) -> list[torch.Tensor]:
         """prefill() of several prompts, each (seq_id, token_ids, start) in a slot of its own, their chunk loops side
         by side. Same results as prefill() of each; returns each prompt's logits [vocab] of its last token."""

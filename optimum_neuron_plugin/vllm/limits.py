@@ -23,3 +23,5 @@ class ServingLimits:
     structured_outputs: bool = True
     # On-device sampling: top logprobs the decode graphs return (0: none); None: host sampling, any count.
     device_logprobs: int | None = None
+    # The artifact has prompt_logits graphs (exported with --prompt-logprobs): prompt_logprobs can be served.
+    prompt_logprobs: bool = False

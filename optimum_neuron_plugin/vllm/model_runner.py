@@ -9,7 +9,8 @@ of two, so a step that prefills costs the decoding requests almost nothing. If t
 slice run apart, so a bad prompt fails alone, as it would without the fused graph. A request whose prompt is
 complete samples its first token on the host from the prefill logits; later tokens come from decode (sampled on
 device, or on the host when the artifact returns logits). The same code serves both prefill modes: in serial mode
-vLLM schedules whole prompts, in interleaved mode vLLM's scheduler hands out slices.
+vLLM schedules whole prompts, in interleaved mode vLLM's scheduler hands out slices. A request asking for prompt
+logprobs is prefilled alone on the prompt_logits graphs (runtime.prefill_positions, prompt_logprobs.py).
 
 Speculative decoding (speculation.py): decoding requests with draft tokens go in one verify call (runtime.verify) and
 keep their accepted drafts plus one token (speculative.accept); after each step the runner proposes the next drafts
@@ -28,7 +29,7 @@ from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
-from ..graphs import CHUNK_AND_DECODE, TOKEN_GENERATION, VERIFY
+from ..graphs import CHUNK_AND_DECODE, PROMPT_LOGITS, TOKEN_GENERATION, VERIFY
 from ..models.sampling import bitmask_words
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY, host_topk
@@ -37,6 +38,7 @@ from .grammar import StepGrammar
 from .health import GraphHealth
 from .host_sampling import HostSampler, TokenLogprobs, device_token_logprobs, logprobs_lists, token_logprobs
 from .log import get_logger
+from .prompt_logprobs import record_prompt_logprobs, wants_prompt_logprobs
 from .requests import RequestState, SeedSource
 from .scheduler import NeuronRunnerOutput
 from .speculation import NgramDrafts
@@ -133,7 +135,10 @@ class NeuronModelRunner:
         verifies, plan.decodes = self._split_verifies(plan.decodes)
         if verifies:
             failed += self._verify(verifies, sampled)
-        prefills = list(plan.prefills)
+        # Slices of requests asking for prompt logprobs run alone on the prompt_logits graphs.
+        positions = [w for w in plan.prefills if wants_prompt_logprobs(self.requests[w.req_id])]
+        prefills = [w for w in plan.prefills if w not in positions]
+        prompt_logprobs: dict = {}
         if plan.decodes and prefills and self.model.fuses_prefill_and_decode and not self._together(prefills):
             # The first prompt slice goes with the decode batch (chunk_and_decode).
             try:
@@ -152,9 +157,11 @@ class NeuronModelRunner:
         elif plan.decodes:
             self._decode_alone(plan.decodes, sampled, logprobs, failed)
         failed += self._prefill_slices(prefills, bool(plan.decodes), sampled, logprobs)
+        failed += self._prefill_positions(positions, bool(plan.decodes), sampled, logprobs, prompt_logprobs)
         for req_id in failed:
             sampled.pop(req_id, None)
             logprobs.pop(req_id, None)
+            prompt_logprobs.pop(req_id, None)
         self._propose_drafts(sampled)
         req_ids = list(scheduler_output.num_scheduled_tokens)
         return NeuronRunnerOutput(
@@ -162,6 +169,7 @@ class NeuronModelRunner:
             req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
             sampled_token_ids=[sampled.get(req_id, []) for req_id in req_ids],
             logprobs=logprobs_lists([logprobs.get(req_id) for req_id in req_ids]),
+            prompt_logprobs_dict=prompt_logprobs,
             failed_req_ids=failed,
         )
 
@@ -318,6 +326,25 @@ class NeuronModelRunner:
                 self.health.succeeded()
             except Exception as error:  # noqa: BLE001
                 failed += self._graph_failed(self.model.neuron_config.prefill_graph, [work], error)
+        return failed
+
+    def _prefill_positions(self, prefills: list[ScheduledSlice], interleaved: bool, sampled, logprobs, prompt_logprobs):
+        """Prompt slices of requests asking for prompt logprobs, one at a time on the prompt_logits graphs: every
+        position's logits, whose logprobs fill the request's prompt logprobs (prompt_logprobs.py). Returns failed ids."""
+        failed = []
+        for work in prefills:
+            state, tokens, began = self._prompt_slice(work)
+            try:
+                logits = self.model.prefill_positions(state.slot, tokens, start=work.start)
+                self.health.succeeded()
+            except Exception as error:  # noqa: BLE001
+                state.prompt_logprobs = None
+                failed += self._graph_failed(PROMPT_LOGITS, [work], error)
+                continue
+            done = record_prompt_logprobs(state, logits, work.start)
+            if done is not None:
+                prompt_logprobs[work.req_id] = done
+            self._prefilled(work, logits[-1], began, interleaved, sampled, logprobs)
         return failed
 
     def _together(self, prefills: list[ScheduledSlice]) -> bool:

@@ -44,6 +44,7 @@ SUPPORTED = frozenset(
         "_all_stop_token_ids",
         "structured_outputs",  # vLLM compiles the grammar; the runner masks with its bitmask (check_sampling)
         "logprobs",  # host logits, or the decode graphs' top max_logprobs (check_logprobs)
+        "prompt_logprobs",  # the prompt_logits graphs' logits (check_prompt_logprobs)
     }
 )
 # Honoured only where every token is sampled on the host: vLLM's logits processing needs logits,
@@ -61,8 +62,8 @@ HOST_LOGITS_ONLY = frozenset(
 TOKEN_MASK = frozenset({"min_tokens", "allowed_token_ids", "bad_words", "_bad_words_token_ids"})
 # Why a field is refused, where it is not obvious.
 WHY = {
-    "prompt_logprobs": "the prefill graphs return the logits of a chunk's last token only",
-    "prompt_logprob_token_ids": "the prefill graphs return the logits of a chunk's last token only",
+    "prompt_logprob_token_ids": "the runner returns the prompt tokens' and the most likely tokens' logprobs, not "
+    "chosen ids': use prompt_logprobs",
     "logprob_token_ids": "the runner returns the sampled token's and the most likely tokens' logprobs, not chosen "
     "ids' (the on-device sampler computes only its top max_logprobs): use logprobs",
 }
@@ -104,9 +105,9 @@ def check_prompt_length(limits: ServingLimits, prompt_len: int) -> None:
 
 
 def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
-    if params.prompt_logprobs == 0 and params.logprobs is None:
+    if params.prompt_logprobs == 0 and params.logprobs is None and not limits.prompt_logprobs:
         # vLLM's chat completions set prompt_logprobs = top_logprobs (0 unless given) whenever `echo` is on, even
-        # when the client asked for no logprobs at all: that request asks for none.
+        # when the client asked for no logprobs at all: without prompt_logits graphs that request asks for none.
         params.prompt_logprobs = None
     if params.structured_outputs is not None and not limits.structured_outputs:
         raise VLLMValidationError(
@@ -130,6 +131,7 @@ def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
                 where += f" ({WHY[name]})" if name in WHY else ""
             raise VLLMValidationError(f"{public} is not supported {where}", parameter=public, value=value)
     check_logprobs(limits, params)
+    check_prompt_logprobs(limits, params)
     if limits.on_device_sampling and params.top_k > limits.max_topk:
         raise VLLMValidationError(
             f"top_k={params.top_k} exceeds the artifact's on-device max_topk={limits.max_topk}: use top_k <= "
@@ -154,6 +156,20 @@ def check_logprobs(limits: ServingLimits, params: SamplingParams) -> None:
         + "or export the model again with a larger --max-logprobs (at most --max-topk) or --no-on-device-sampling",
         parameter="logprobs",
         value=asked,
+    )
+
+
+def check_prompt_logprobs(limits: ServingLimits, params: SamplingParams) -> None:
+    """Prompt logprobs need the prompt_logits graphs (every position's logits); vLLM bounds the count by its
+    --max-logprobs."""
+    if params.prompt_logprobs is None or limits.prompt_logprobs:
+        return
+    raise VLLMValidationError(
+        f"prompt_logprobs={params.prompt_logprobs} (also completions echo with logprobs) needs every prompt position's "
+        "logits, but this artifact's prefill graphs return the last position's only: omit prompt_logprobs or export "
+        "the model again with --prompt-logprobs (chunked prefill: --prefill-chunk-size > 0)",
+        parameter="prompt_logprobs",
+        value=params.prompt_logprobs,
     )
 
 

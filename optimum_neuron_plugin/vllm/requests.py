@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
+from vllm.v1.outputs import LogprobsTensors
 
 from ..sampling import GREEDY, SamplingParams, make_generator
 
@@ -40,6 +41,8 @@ class RequestState:
     slot: int | None = None
     output_token_ids: list[int] = field(default_factory=list)
     stats: RequestStats = field(default_factory=RequestStats)
+    prompt_logprobs: LogprobsTensors | None = None  # prompt_logprobs.py: filled slice by slice
+    prompt_logprobs_sent: bool = False
 
     @classmethod
     def create(

@@ -439,3 +439,16 @@ def test_max_topk_below_one(tiny_llama, tmp_path):
     output = tmp_path / "out"
     result = run_export("--model", tiny_llama, *TINY_ARGS, "--max-topk", "0", output)
     assert_refused(result, output, "max_topk=0")
+
+
+def test_prompt_logprobs_option_is_recorded_and_needs_chunks(tmp_path):
+    from exporter.cli import build_parser, request_from_args
+    from optimum_neuron_plugin.config import NeuronConfigError
+
+    base = ["--model", "m", "--batch-size", "1", "--sequence-length", "64", "--backend", "cpu", str(tmp_path)]
+    parser = build_parser()
+    assert request_from_args(parser.parse_args(base)).neuron_config.prompt_logprobs is False
+    chunked = request_from_args(parser.parse_args([*base, "--prefill-chunk-size", "16", "--prompt-logprobs"]))
+    assert chunked.neuron_config.prompt_logprobs is True
+    with pytest.raises(NeuronConfigError, match="prompt_logprobs=True is not allowed: must be false without chunked"):
+        request_from_args(parser.parse_args([*base, "--prompt-logprobs"]))

@@ -26,6 +26,7 @@ BAD_VALUES = [
     ("on_device_sampling", "yes", {}, "true or false"),
     ("speculative_tokens", -1, {}, ">= 0"),
     ("speculative_tokens", 64, {"sequence_length": 64}, "below sequence_length (64)"),
+    ("prompt_logprobs", True, {"prefill_chunk_size": 0}, "false without chunked prefill"),
 ]
 
 
@@ -133,6 +134,11 @@ def test_speculative_tokens_may_be_absent_from_the_file(tmp_path):
     assert NeuronConfig.load(tmp_path).speculative_tokens == 0
     write_config(tmp_path, speculative_tokens=3)
     assert NeuronConfig.load(tmp_path).speculative_tokens == 3
+
+
+def test_a_file_without_prompt_logprobs_has_no_prompt_logits_graphs(tmp_path):
+    write_config(tmp_path, prompt_logprobs=None)
+    assert NeuronConfig.load(tmp_path).prompt_logprobs is False
 
 
 def test_bad_value_in_file_names_the_file(tmp_path):

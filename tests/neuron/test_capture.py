@@ -12,7 +12,7 @@ from torch._dynamo.backends import registry
 
 from optimum_neuron_plugin.backends.neuron import NeuronBackend, NeuronGraphs
 from optimum_neuron_plugin.config import NeuronConfig
-from optimum_neuron_plugin.graphs import INDEX_DTYPE, VERIFY, example_inputs, graph_specs
+from optimum_neuron_plugin.graphs import INDEX_DTYPE, PROMPT_LOGITS, VERIFY, example_inputs, graph_specs
 
 from .conftest import ARCHITECTURES, MOE_ARCHITECTURES
 
@@ -82,6 +82,26 @@ def check_captured(graphs, specs, recorded, name: str) -> None:
         assert "cumsum" not in code, f"{name} {spec.key} computes a cumsum"
         assert "index_copy_" in code, f"{name} {spec.key} does not write the KV cache in place"
         assert int64_values(code) <= {"seq_ids", "heads"}, f"{name} {spec.key} builds int64 values"
+
+
+@pytest.mark.parametrize("name", ARCHITECTURES)
+def test_prompt_logits_graph_is_one_dynamo_graph(tiny_models, recorded, name):
+    """The prompt_logits graph (exports with prompt_logprobs) of a middle prior bucket: one graph, every position's
+    logits out, no int64 beyond the allowed."""
+    config = NeuronConfig(backend="neuron", torch_dtype="bfloat16", prompt_logprobs=True, **CONFIGS["chunked"])
+    model = tiny_models[name]
+    backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
+    graphs = NeuronGraphs(backend, model.graphs(config), model.params(config), model.caches(config))
+    specs = graph_specs(config, model.args.vocab_size)
+    assert [s.bucket for s in specs if s.name == PROMPT_LOGITS] == list(config.prefill_buckets)
+    spec = next(s for s in specs if s.name == PROMPT_LOGITS and s.bucket == 16)
+    before = len(recorded)
+    logits = graphs(spec, *example_inputs(spec))
+    assert len(recorded) == before + 1, f"{name} {spec.key}: {len(recorded) - before} graphs"
+    assert logits.shape == (config.prefill_chunk_size, model.args.vocab_size)
+    code = recorded[-1].code
+    assert "index_copy_" in code and "cumsum" not in code
+    assert int64_values(code) <= {"seq_ids", "heads"}, f"{name} {spec.key} builds int64 values"
 
 
 @pytest.mark.parametrize("name", MOE_ARCHITECTURES)

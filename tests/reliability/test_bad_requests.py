@@ -166,7 +166,7 @@ def test_chat_echo_without_logprobs_is_served(server, probe):
     assert status == 200, body
     assert body["choices"][0]["message"]["content"] == expected["choices"][0]["message"]["content"]
     assert not body.get("prompt_logprobs")
-    # Asking for prompt logprobs for real is still refused with what to change.
+    # Asking for prompt logprobs for real from an artifact without prompt_logits graphs: what to change.
     status, body = call(server.port, "/v1/chat/completions", {**plain, "echo": True, "prompt_logprobs": 1})
-    rejected(status, body, 400, "prompt_logprobs is not supported by the Neuron plugin")
+    rejected(status, body, 400, "export the model again with --prompt-logprobs")
     probe()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from optimum_neuron_plugin import NeuronModelForCausalLM
@@ -39,3 +40,20 @@ def runtime_greedy(model: NeuronModelForCausalLM, prompt: list[int], new_tokens:
     """This plugin's `generate`, greedy, EOS disabled: the new tokens only."""
     out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens, eos_token_id=[])
     return out[0, len(prompt) :].tolist()
+
+
+def assert_prompt_logprobs_are_hf(output, prompt: list[int], num: int, tiny_hf) -> None:
+    """vLLM's prompt logprobs: None for the first token, then per position the prompt token's raw logprob and rank
+    and the top `num`, in order, from HF's log-softmax of the previous position's logits."""
+    with torch.no_grad():
+        expected = torch.log_softmax(tiny_hf(torch.tensor([prompt])).logits[0].float(), dim=-1)
+    entries = output.prompt_logprobs
+    assert len(entries) == len(prompt) and entries[0] is None
+    for position, entry in enumerate(entries[1:]):
+        row, token = expected[position], prompt[position + 1]
+        top = torch.topk(row, num).indices.tolist()
+        assert set(entry) == {token, *top}
+        assert entry[token].rank == int((row >= row[token]).sum())
+        assert [entry[t].rank for t in top] == list(range(1, num + 1))
+        for token_id, logprob in entry.items():
+            assert logprob.logprob == pytest.approx(float(row[token_id]), abs=1e-4)

@@ -43,8 +43,11 @@ def tokenizer(tiny_hf_dir):
 
 @pytest.fixture(scope="session")
 def chunked_dir(vllm_root, tiny_hf_dir) -> Path:
-    """Chunked prefill (16-token chunks), on-device sampling: the production shape."""
-    return export(tiny_hf_dir, vllm_root / "chunked", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True)
+    """Chunked prefill (16-token chunks), on-device sampling: the production shape, with prompt_logits graphs."""
+    return export(
+        tiny_hf_dir, vllm_root / "chunked", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
+        prompt_logprobs=True,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -57,8 +60,9 @@ def full_host_dir(vllm_root, tiny_hf_dir) -> Path:
 def batched_dir(vllm_root, tiny_hf_dir) -> Path:
     """chunked_dir's shape with prefill_batch_size = batch size: a step's prompt chunks go in one call."""
     return export(
-        tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE
-    )
+        tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE,
+        prompt_logprobs=True,
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from support.engine import close_llm, make_llm
-from support.references import hf_greedy, runtime_greedy
+from support.references import assert_prompt_logprobs_are_hf, hf_greedy, runtime_greedy
 from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
 from vllm.exceptions import VLLMValidationError
 
@@ -185,3 +185,25 @@ def test_too_long_prompt_is_rejected_and_the_engine_keeps_serving(llm, tokenizer
         with pytest.raises(VLLMValidationError, match=r"(shorten|reduce the length of) the (input )?prompt"):
             generate(llm, [prompt_of(length, tokenizer)], greedy())
     assert len(generate(llm, [prompts[0]], greedy())[0]) == NEW_TOKENS
+
+
+def test_prompt_logprobs_are_hf_log_softmax_even_after_a_prefix_cache_hit(llm, prompts, tiny_hf):
+    """A prompt of several chunks, prefilled on the prompt_logits graphs; asked again after its prefix was cached,
+    it skips the hit (vLLM's rule) so every position is computed."""
+    prompt = prompts[2]  # 3 chunks and 7 tokens
+    assert len(prompt) > 3 * CHUNK
+    plain = llm.generate([{"prompt_token_ids": prompt}], greedy(2), use_tqdm=False)[0]
+    again = llm.generate([{"prompt_token_ids": prompt}], greedy(2), use_tqdm=False)[0]
+    assert again.num_cached_tokens >= 3 * CHUNK  # the prefix is cached
+    asked = llm.generate([{"prompt_token_ids": prompt}], greedy(2, prompt_logprobs=5), use_tqdm=False)[0]
+    assert asked.num_cached_tokens == 0
+    assert list(asked.outputs[0].token_ids) == list(plain.outputs[0].token_ids)
+    assert_prompt_logprobs_are_hf(asked, prompt, 5, tiny_hf)
+    # Next to other requests (the batch decodes while it prefills), and zero top logprobs: the prompt token's only.
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in (prompts[0], prompt, prompts[5])],
+        [greedy(4), greedy(4, prompt_logprobs=0), greedy(4)],
+        use_tqdm=False,
+    )
+    assert_prompt_logprobs_are_hf(outputs[1], prompt, 0, tiny_hf)
+    assert outputs[0].prompt_logprobs is None

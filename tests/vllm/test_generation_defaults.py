@@ -160,7 +160,6 @@ def test_logit_bias_and_allowed_token_ids(host_llm, qwen2_hf, prompts):
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        (dict(prompt_logprobs=1), "prompt_logprobs is not supported by the Neuron plugin: remove it from the request"),
         (dict(logprob_token_ids=[5]), "logprob_token_ids is not supported by the Neuron plugin"),
         (dict(extra_args={"x": 1}), "extra_args is not supported by the Neuron plugin"),
     ],

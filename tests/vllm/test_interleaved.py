@@ -70,3 +70,20 @@ def test_running_requests_decode_while_a_long_prompt_prefills(llm, tokenizer, st
     long_record = next(r for r in records if r["prompt_tokens"] == 100 and r["prefill_steps"] > 1)
     assert long_record["interleaved"] is True
     assert long_record["prefill_calls"] == -(-100 // CHUNK)
+
+
+def test_prompt_logprobs_of_interleaved_slices_equal_transformers(llm, tokenizer, tiny_hf):
+    """A long prompt asking for prompt logprobs is prefilled in slices over several steps, next to other requests:
+    each slice's positions fill their rows, handed to vLLM when the prompt is complete."""
+    from support.references import assert_prompt_logprobs_are_hf
+
+    prompts = [prompt_of(n, tokenizer, offset=i) for i, n in enumerate([90, 4, 57])]
+    outputs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        [params(4, prompt_logprobs=3), params(4), params(4, prompt_logprobs=1)],
+        use_tqdm=False,
+    )
+    assert_prompt_logprobs_are_hf(outputs[0], prompts[0], 3, tiny_hf)
+    assert_prompt_logprobs_are_hf(outputs[2], prompts[2], 1, tiny_hf)
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert list(output.outputs[0].token_ids) == hf_greedy(tiny_hf, prompt, 4)

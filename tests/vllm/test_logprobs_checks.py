@@ -45,7 +45,7 @@ def test_logprobs_within_the_limit_or_on_host_are_served():
     check_sampling(limits(None), SamplingParams(logprobs=-1))
 
 
-def test_logprob_token_ids_and_prompt_logprobs_are_refused_saying_why():
+def test_chosen_ids_logprobs_are_refused_saying_why():
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
 
@@ -56,9 +56,31 @@ def test_logprob_token_ids_and_prompt_logprobs_are_refused_saying_why():
             SamplingParams(logprob_token_ids=[3, 4]),
             "not chosen ids' (the on-device sampler computes only its top max_logprobs): use logprobs",
         ),
-        (SamplingParams(prompt_logprobs=2), "the prefill graphs return the logits of a chunk's last token only"),
+        (SamplingParams(prompt_logprob_token_ids=[3]), "not chosen ids': use prompt_logprobs"),
     ):
         for device_logprobs in (20, None):
             with pytest.raises(VLLMValidationError, match="is not supported by the Neuron plugin: remove it") as error:
                 check_sampling(limits(device_logprobs), params)
             assert why in str(error.value)
+
+
+def test_prompt_logprobs_need_the_prompt_logits_graphs():
+    """An artifact without prompt_logits graphs refuses prompt_logprobs naming the export option; chat `echo`'s
+    implied prompt_logprobs=0 (no logprobs asked) is dropped there, kept where the graphs exist."""
+    import dataclasses
+
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+
+    without, with_graphs = limits(20), dataclasses.replace(limits(20), prompt_logprobs=True)
+    with pytest.raises(VLLMValidationError, match="export the model again with --prompt-logprobs"):
+        check_sampling(without, SamplingParams(prompt_logprobs=2))
+    echo = SamplingParams(prompt_logprobs=0)
+    check_sampling(without, echo)
+    assert echo.prompt_logprobs is None
+    for asked in (0, 2, -1):
+        params = SamplingParams(prompt_logprobs=asked)
+        check_sampling(with_graphs, params)
+        assert params.prompt_logprobs == asked

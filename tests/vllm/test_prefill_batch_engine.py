@@ -7,7 +7,7 @@ import json
 
 import pytest
 from support.engine import close_llm, make_llm
-from support.references import hf_greedy
+from support.references import assert_prompt_logprobs_are_hf, hf_greedy
 from support.served import BATCH_SIZE, CHUNK, SHAPE, prompt_of
 from support.tiny_models import export_chain_model
 
@@ -26,11 +26,15 @@ def test_prompts_prefilled_together_equal_transformers(batched_dir, tokenizer, t
         patch.setenv("ONP_STATS_FILE", str(stats))
         llm = make_llm(batched_dir, additional_config={"prefill_mode": mode})
         try:
-            params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+            params = [
+                SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, prompt_logprobs=logprobs)
+                for logprobs in [2] + [None] * (len(prompts) - 1)
+            ]  # the first prompt asks for prompt logprobs: it is prefilled alone, on the prompt_logits graphs
             outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         finally:
             close_llm(llm)
     assert [list(o.outputs[0].token_ids) for o in outputs] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts]
+    assert_prompt_logprobs_are_hf(outputs[0], prompts[0], 2, tiny_hf)
     records = [json.loads(line) for line in stats.read_text().splitlines()]
     assert len(records) == len(prompts)
     # The first BATCH_SIZE prompts arrive together and are prefilled together.

@@ -113,7 +113,7 @@ def test_too_long_prompt_gets_400_and_the_server_keeps_serving(server, tokenizer
 
 def test_logprobs_are_served_within_the_compiled_limit(server, tokenizer):
     """The on-device artifact returns logprobs for every token (the first from host logits, the rest from the decode
-    graphs); beyond its max_logprobs (20) and for prompt logprobs the answer is a 400 saying what to change."""
+    graphs); beyond its max_logprobs (20) the answer is a 400 saying what to change."""
     prompt = prompt_of(5, tokenizer)
     status, body = call(server.port, "/v1/completions", completion(server, prompt, logprobs=2))
     assert status == 200, body
@@ -129,11 +129,30 @@ def test_logprobs_are_served_within_the_compiled_limit(server, tokenizer):
     assert len(content) == NEW_TOKENS and all(len(token["top_logprobs"]) == 3 for token in content)
     for request, path, message in (
         (completion(server, prompt, logprobs=21), "/v1/completions", "greater than max allowed: 20"),
-        (completion(server, prompt, logprobs=1, echo=True), "/v1/completions", "prompt_logprobs is not supported"),
-        (chat(server, "hi", logprobs=True, echo=True), "/v1/chat/completions", "prompt_logprobs is not supported"),
     ):
         status, body = call(server.port, path, request)
         assert status == 400 and message in body["error"]["message"], body
+
+
+def test_echo_with_logprobs_serves_prompt_logprobs(server, runtime, tokenizer):
+    """Completions `echo` + `logprobs` answer with the prompt's tokens and their logprobs (from the prompt_logits
+    graphs, over several chunks) before the generated ones; chat `echo` + `logprobs` with `prompt_logprobs`."""
+    import torch
+
+    prompt = prompt_of(2 * CHUNK + 3, tokenizer)
+    status, body = call(server.port, "/v1/completions", completion(server, prompt, logprobs=2, echo=True))
+    assert status == 200, body
+    logprobs = body["choices"][0]["logprobs"]
+    assert len(logprobs["tokens"]) == len(prompt) + NEW_TOKENS
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    expected = torch.log_softmax(runtime.prefill_positions(0, prompt), dim=-1)
+    served = logprobs["token_logprobs"][1 : len(prompt)]
+    assert served == pytest.approx([float(expected[i, t]) for i, t in enumerate(prompt[1:])], abs=1e-4)
+    assert all(2 <= len(top) <= 3 for top in logprobs["top_logprobs"][1:])
+    status, body = call(server.port, "/v1/chat/completions", chat(server, "hi", logprobs=True, echo=True))
+    assert status == 200, body
+    entries = body["prompt_logprobs"]
+    assert entries[0] is None and len(entries) > 1 and all(len(entry) == 1 for entry in entries[1:])
 
 
 def test_cached_tokens_and_metrics_report_the_runners_hits(server, tokenizer, vllm_root):
