@@ -23,25 +23,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from graphs import ARTIFACTS, alternate, default_model  # noqa: E402
-
-
-def export(model: Path, out: Path, args: argparse.Namespace, max_logprobs: int) -> Path:
-    from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
-    from optimum_neuron_plugin.config import NeuronConfigError
-
-    try:
-        if NeuronConfig.load(out).max_logprobs == max_logprobs:
-            return out
-    except NeuronConfigError:
-        pass
-    config = NeuronConfig(
-        batch_size=args.batch_size, sequence_length=args.sequence_length, prefill_chunk_size=args.chunk,
-        context_buckets=tuple(int(b) for b in args.context_buckets.split(",")), cpu_compiler=args.compiler,
-        max_logprobs=max_logprobs,
-    )  # fmt: skip
-    NeuronModelForCausalLM.export(str(model), config).save_pretrained(out)
-    return out
+from graphs import ARTIFACTS, alternate, default_model, export_variant  # noqa: E402
 
 
 def measure(with_logprobs: Path, without: Path, args: argparse.Namespace) -> dict:
@@ -100,8 +82,10 @@ def main() -> None:
     model = args.model or default_model()
     torch.set_num_threads(args.threads)
     name = f"smollm2-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}-l{args.context_buckets.replace(',', '_')}"
-    with_logprobs = export(model, ARTIFACTS / f"{name}-{args.compiler}-logprobs", args, args.max_logprobs)
-    without = export(model, ARTIFACTS / f"{name}-{args.compiler}-no-logprobs", args, 0)
+    with_logprobs = export_variant(
+        model, ARTIFACTS / f"{name}-{args.compiler}-logprobs", args, max_logprobs=args.max_logprobs
+    )
+    without = export_variant(model, ARTIFACTS / f"{name}-{args.compiler}-no-logprobs", args, max_logprobs=0)
     figures = measure(with_logprobs, without, args)
     for key, row in figures.items():
         print(f"[device_logprobs] {key:<17} with {row['with_ms']:8.2f} ms   without {row['without_ms']:8.2f} ms   "

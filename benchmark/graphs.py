@@ -60,6 +60,27 @@ def export(model: Path, out: Path, args: argparse.Namespace, compiler: str) -> f
     return time.perf_counter() - began
 
 
+def export_variant(model: Path, out: Path, args: argparse.Namespace, **options) -> Path:
+    """An A/B artifact: `model` exported with the shape in args (batch size, sequence length, chunk, context buckets,
+    compiler) and `options`, reused when `out` already holds an export with those options."""
+    from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+    from optimum_neuron_plugin.config import NeuronConfigError
+
+    try:
+        existing = NeuronConfig.load(out)
+        if all(getattr(existing, name) == value for name, value in options.items()):
+            return out
+    except NeuronConfigError:
+        pass
+    config = NeuronConfig(
+        batch_size=args.batch_size, sequence_length=args.sequence_length, prefill_chunk_size=args.chunk,
+        context_buckets=tuple(int(b) for b in args.context_buckets.split(",")), cpu_compiler=args.compiler,
+        **options,
+    )  # fmt: skip
+    NeuronModelForCausalLM.export(str(model), config).save_pretrained(out)
+    return out
+
+
 def readable(directory: Path) -> bool:
     """An artifact of this plugin's format (an older one is exported again)."""
     from optimum_neuron_plugin.config import NeuronConfig, NeuronConfigError

@@ -28,25 +28,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from graphs import ARTIFACTS, alternate, default_model  # noqa: E402
-
-
-def export(model: Path, out: Path, args: argparse.Namespace, token_bitmask: bool) -> Path:
-    from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
-    from optimum_neuron_plugin.config import NeuronConfigError
-
-    try:
-        if NeuronConfig.load(out).token_bitmask == token_bitmask:
-            return out
-    except NeuronConfigError:
-        pass
-    config = NeuronConfig(
-        batch_size=args.batch_size, sequence_length=args.sequence_length, prefill_chunk_size=args.chunk,
-        context_buckets=tuple(int(b) for b in args.context_buckets.split(",")), cpu_compiler=args.compiler,
-        token_bitmask=token_bitmask,
-    )  # fmt: skip
-    NeuronModelForCausalLM.export(str(model), config).save_pretrained(out)
-    return out
+from graphs import ARTIFACTS, alternate, default_model, export_variant  # noqa: E402
 
 
 def schema_bitmask(directory: Path, rows: int) -> torch.Tensor:
@@ -148,8 +130,8 @@ def main() -> None:
     model = args.model or default_model()
     torch.set_num_threads(args.threads)
     name = f"smollm2-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}-l{args.context_buckets.replace(',', '_')}"
-    with_mask = export(model, ARTIFACTS / f"{name}-{args.compiler}", args, token_bitmask=True)
-    without = export(model, ARTIFACTS / f"{name}-{args.compiler}-no-bitmask", args, token_bitmask=False)
+    with_mask = export_variant(model, ARTIFACTS / f"{name}-{args.compiler}", args, token_bitmask=True)
+    without = export_variant(model, ARTIFACTS / f"{name}-{args.compiler}-no-bitmask", args, token_bitmask=False)
     figures = measure(with_mask, without, args)
     for key, row in figures.items():
         (first, a), (second, b) = ((k.removesuffix("_ms"), v) for k, v in row.items() if k.endswith("_ms"))
