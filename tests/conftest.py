@@ -55,7 +55,9 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class SharedFixtureScheduling(LoadScopeScheduling):
-        """xdist's module scheduling with the groups above as single units, the longest first."""
+        """xdist's module scheduling with the groups above as single units, the longest first, and a unit handed to
+        a worker only when it is down to its last test (xdist's default, two, commits the next unit to a worker whose
+        last two tests may run for minutes while the other worker finds the queue empty)."""
 
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
@@ -66,6 +68,11 @@ def pytest_xdist_make_scheduler(config, log):
                 if unit in self.workqueue:
                     self.workqueue.move_to_end(unit, last=False)
             super()._assign_work_unit(node)
+
+        def _reschedule(self, node) -> None:
+            # A worker runs a test once it knows the next one (for teardown): with one test pending it waits for work.
+            if node.shutting_down or not self.workqueue or self._pending_of(self.assigned_work[node]) <= 1:
+                super()._reschedule(node)
 
     return SharedFixtureScheduling(config, log)
 

@@ -239,7 +239,9 @@ def test_export_smollm2_gguf_matches_hf(smollm2, smollm2_runtime):
     """The session's SmolLM2 export: the CLI run from the GGUF (tests/conftest.py)."""
     output = smollm2.directory
     assert smollm2.export.returncode == 0, smollm2.export.stderr
-    assert neuron_config(output)["prefill_chunk_size"] == 32
+    config = neuron_config(output)
+    assert config["prefill_chunk_size"] == 32
+    assert (config["context_buckets"], config["prefill_buckets"]) == ([64, 256], [0, 64, 256])
     tokenizer_config = json.loads((output / "tokenizer_config.json").read_text())
     assert tokenizer_config.get("chat_template") or (output / "chat_template.jinja").is_file()
     ids = smollm2.tokenizer(PROMPT)["input_ids"]

@@ -1,5 +1,5 @@
 """Granite, Phi-3, SmolLM3, Qwen3-MoE, Mixtral and gpt-oss equal Hugging Face eager at every step of a teacher-forced
-sequence: prefill calls that cross the context buckets (8, 16, 32; the MoE families: 16), then decode steps. What each
+sequence: prefill calls that cross context bucket 16 (the light ladder: buckets 16 and 64), then decode steps. What each
 family adds to the shared decoder: Granite's embedding, attention, residual and logits multipliers (all away from 1
 in the tiny model), Phi-3's fused qkv_proj and gate_up_proj (split on load), SmolLM3's layers without rope, the MoE
 block (its experts run densely in the chunks and gathered by the router's indices in the decode steps), gpt-oss's
@@ -13,18 +13,16 @@ from support.references import hf_next_logits
 
 from optimum_neuron_plugin.models.args import SUPPORTED_ARCHITECTURES, ModelArgs, UnsupportedModelError
 
-from .helpers import CHUNKED_LOGITS, CHUNKED_LOGITS_LIGHT, prompt
+from .helpers import CHUNKED_LOGITS_LIGHT, prompt
 
 ATOL = 1e-4
 LENGTH = 45
-PREFILL_CALLS = [5, 8, 3, 8, 7]  # to position 31, crossing buckets 8 and 16 mid-call
-# The MoE families: buckets 16 and 64 only (their exports hold more weights); the calls still cross bucket 16.
-SHAPES = dict.fromkeys(("qwen3_moe", "mixtral", "gpt_oss"), CHUNKED_LOGITS_LIGHT)
+PREFILL_CALLS = [5, 8, 3, 8, 7]  # to position 31, crossing bucket 16 mid-call
 
 
 @pytest.mark.parametrize("name", ["granite", "phi3", "smollm3", "qwen3_moe", "mixtral", "gpt_oss"])
 def test_teacher_forced_chunks_then_decode_equal_hf(zoo, name):
-    artifact = zoo.artifact(name, **SHAPES.get(name, CHUNKED_LOGITS))
+    artifact = zoo.artifact(name, **CHUNKED_LOGITS_LIGHT)
     artifact.hf.set_attn_implementation("eager")
     model, tokens = artifact.model, prompt(LENGTH, seed=70)
     expected = hf_next_logits(artifact.hf, [tokens])[0]

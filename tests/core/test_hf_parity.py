@@ -11,7 +11,7 @@ from support.tiny_models import ARCHITECTURES
 from optimum_neuron_plugin.models.args import ModelArgs
 from optimum_neuron_plugin.models.layers import rope_inv_freq
 
-from .helpers import CHUNK, CHUNK_ONE, CHUNKED, CHUNKED_LOGITS, prompt
+from .helpers import CHUNK, CHUNK_ONE, CHUNKED_LOGITS, chunked_shape, prompt
 
 NEW_TOKENS = 12
 # Shorter than one chunk, exactly one chunk, several chunks with a remainder (2 x 8 + 3).
@@ -23,7 +23,7 @@ def chunked(zoo, name):
     # architectures cover greedy on device, this one covers the host path.
     if name == "llama":
         return zoo.artifact("llama", **CHUNKED_LOGITS)
-    return zoo.artifact(name, **CHUNKED)
+    return zoo.artifact(name, **chunked_shape(name))
 
 
 @pytest.mark.parametrize("length", LENGTHS.values(), ids=LENGTHS.keys())
@@ -80,7 +80,7 @@ def test_chunked_and_context_encoding_agree(llama_logits, llama_context, length)
 @pytest.mark.parametrize("name", ["qwen2", "qwen3"])
 def test_export_round_trip_changes_nothing(zoo, name):
     """The model export() returns and its save_pretrained / from_pretrained copy compute the same thing."""
-    artifact = zoo.artifact(name, **CHUNKED)
+    artifact = zoo.artifact(name, **chunked_shape(name))
     assert artifact.model.neuron_config == artifact.exported.neuron_config
     tokens = prompt(13, seed=3)
     assert torch.equal(artifact.exported.prefill(0, tokens), artifact.model.prefill(0, tokens))

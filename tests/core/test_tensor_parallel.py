@@ -38,9 +38,12 @@ CASES = {
     "gpt_oss": ("gpt_oss", {}),
 }
 SHAPE = dict(batch_size=2, sequence_length=64, prefill_chunk_size=8)
-# Two context buckets where logits are compared, one where tokens are (fewer graphs to export).
+# Two context buckets where logits are compared, one where tokens are (fewer graphs to export). The logits scenario
+# decodes both slots in every call: only the 2-row token_generation graphs (no 1-row ones to export).
 KINDS = {
-    "logits": dict(SHAPE, on_device_sampling=False, context_buckets=(16, 64), prefill_buckets=(0, 16, 64)),
+    "logits": dict(
+        SHAPE, on_device_sampling=False, context_buckets=(16, 64), prefill_buckets=(0, 16, 64), decode_batch_sizes=(2,)
+    ),
     "sampling": dict(SHAPE, on_device_sampling=True, context_buckets=(64,), prefill_buckets=(0, 64)),
 }
 PROMPTS = [prompt(13, seed=1), prompt(21, seed=2)]  # 2 chunks, 3 chunks (the second crosses bucket 16)

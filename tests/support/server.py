@@ -95,7 +95,7 @@ class Server:
             with contextlib.suppress(OSError):
                 if health(self.port) == 200:
                     return
-            time.sleep(1)
+            time.sleep(0.25)
         raise TimeoutError(f"vllm serve not ready after {timeout} s; log:\n{self.log_tail()}")
 
     def log_tail(self, chars: int = 4000) -> str:

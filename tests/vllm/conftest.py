@@ -43,9 +43,16 @@ def tokenizer(tiny_hf_dir):
 
 @pytest.fixture(scope="session")
 def chunked_dir(vllm_root, tiny_hf_dir) -> Path:
-    """Chunked prefill (16-token chunks), on-device sampling: the production shape, with prompt_logits graphs."""
+    """Chunked prefill (16-token chunks), on-device sampling: the production shape."""
+    return export(tiny_hf_dir, vllm_root / "chunked", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True)
+
+
+@pytest.fixture(scope="session")
+def prompt_logits_dir(vllm_root, tiny_hf_dir) -> Path:
+    """chunked_dir's shape with the prompt_logits graphs (prompt logprobs); only the engines that serve prompt
+    logprobs load them (every graph of an artifact is loaded at engine start)."""
     return export(
-        tiny_hf_dir, vllm_root / "chunked", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
+        tiny_hf_dir, vllm_root / "prompt-logits", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
         prompt_logprobs=True,
     )  # fmt: skip
 

@@ -16,8 +16,8 @@ LENGTHS = [5, CHUNK, 3 * CHUNK + 7, 1, 2 * CHUNK, 70, 9]
 
 
 @pytest.fixture(scope="module")
-def llm(chunked_dir):
-    engine = make_llm(chunked_dir)
+def llm(prompt_logits_dir):
+    engine = make_llm(prompt_logits_dir)
     yield engine
     close_llm(engine)
 
@@ -38,11 +38,11 @@ def generate(llm, prompts: list[list[int]], params) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
-def test_greedy_equals_runtime_and_transformers(llm, prompts, chunked_dir, tiny_hf):
+def test_greedy_equals_runtime_and_transformers(llm, prompts, prompt_logits_dir, tiny_hf):
     assert len(prompts) > BATCH_SIZE
     assert [len(p) for p in prompts] == LENGTHS
     served = generate(llm, prompts, greedy())
-    runtime = NeuronModelForCausalLM.from_pretrained(chunked_dir)
+    runtime = NeuronModelForCausalLM.from_pretrained(prompt_logits_dir)
     for prompt, tokens in zip(prompts, served, strict=True):
         assert tokens == runtime_greedy(runtime, prompt, NEW_TOKENS) == hf_greedy(tiny_hf, prompt, NEW_TOKENS)
 

@@ -1,7 +1,7 @@
 """Gemma 3 270M (the Q4_K_M GGUF from PyPI, support.gemma3) end to end: exported from the GGUF, its greedy text
 equals transformers' (fed <bos> + the prompt) through the runtime and through vllm.LLM given plain text.
 
-One export for the module: batch 2, sequence_length 1024, chunk 128, context buckets 256 and 1024. The long prompt runs
+One export for the module: batch 2, sequence_length 1024, chunk 128, context buckets 256 and 1024, 2-row decode graphs. The long prompt runs
 past the 512-token sliding window, so in bucket 1024 the sliding layers read only their window of the cache.
 The exported tokenizer adds <bos> (the one transformers builds from the GGUF does not): vLLM users get the model's
 real quality from plain prompts.
@@ -28,13 +28,15 @@ PROMPTS = [
     + " ".join(f"River {i} flows north and then turns east towards the sea." for i in range(45))
     + " The first river mentioned in these notes is",
 ]
-# Three prior-context buckets instead of the default seven: chunks attend up to 512 or 1024 prior positions.
+# Three prior-context buckets instead of the default seven: chunks attend up to 512 or 1024 prior positions. Decode
+# graphs of 2 rows only (a lone request runs in one of its rows): 7 graphs of the model's 262k-token vocabulary.
 SHAPE = dict(
     batch_size=2,
     sequence_length=1024,
     prefill_chunk_size=128,
     context_buckets=(256, 1024),
     prefill_buckets=(0, 512, 1024),
+    decode_batch_sizes=(2,),
 )
 
 

@@ -18,10 +18,10 @@ def stats_file(vllm_root):
 
 
 @pytest.fixture(scope="module")
-def llm(chunked_dir, stats_file):
+def llm(prompt_logits_dir, stats_file):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ONP_STATS_FILE", str(stats_file))
-        engine = make_llm(chunked_dir, additional_config={"prefill_mode": "interleaved"})
+        engine = make_llm(prompt_logits_dir, additional_config={"prefill_mode": "interleaved"})
         yield engine
         close_llm(engine)
 

@@ -21,9 +21,9 @@ NEW_TOKENS = 8
 
 
 @pytest.fixture(scope="module")
-def server(chunked_dir, vllm_root):
+def server(prompt_logits_dir, vllm_root):
     server = Server(
-        chunked_dir,
+        prompt_logits_dir,
         vllm_root / "server.log",
         "--enable-prompt-tokens-details",
         env={"ONP_STATS_FILE": str(vllm_root / "server-stats.jsonl")},
@@ -37,8 +37,8 @@ def server(chunked_dir, vllm_root):
 
 
 @pytest.fixture(scope="module")
-def runtime(chunked_dir):
-    return NeuronModelForCausalLM.from_pretrained(chunked_dir)
+def runtime(prompt_logits_dir):
+    return NeuronModelForCausalLM.from_pretrained(prompt_logits_dir)
 
 
 def sse_events(server, path: str, body: dict) -> list[dict]:
