@@ -14,7 +14,7 @@ import pytest
 import torch
 from support.references import hf_greedy, hf_last_logits
 from support.tensor_parallel import merge_kv_shards, run_ranks
-from support.tiny_models import export, save_tiny, tiny_model
+from support.tiny_models import export, quick_first, save_tiny, tiny_model
 
 from optimum_neuron_plugin import NeuronModelForCausalLM
 from optimum_neuron_plugin.models.args import ModelArgs
@@ -22,7 +22,8 @@ from optimum_neuron_plugin.models.sharding import plan_for
 
 from .helpers import SEEDS, VOCAB, prompt
 
-# The module's one fixture exports every case twice (tp 1 and tp 2) before its first test.
+# The module's one fixture exports every selected case twice (tp 1 and tp 2) before its first test; the quick loop
+# (-m "not slow") selects the first case only.
 pytestmark = pytest.mark.timeout(2400)
 
 TP = 2
@@ -46,6 +47,7 @@ KINDS = {
     ),
     "sampling": dict(SHAPE, on_device_sampling=True, context_buckets=(64,), prefill_buckets=(0, 64)),
 }
+CASE_PARAMS = quick_first(CASES, quick=("llama-sharded-kv",))
 PROMPTS = [prompt(13, seed=1), prompt(21, seed=2)]  # 2 chunks, 3 chunks (the second crosses bucket 16)
 STEPS = 10
 SAMPLED = dict(do_sample=True, top_k=20, top_p=0.9, temperature=0.8, seed=11, max_new_tokens=8, eos_token_id=[])
@@ -77,12 +79,20 @@ def rank_worker(rank: int, artifacts: dict[str, Path], out: Path) -> None:
         torch.save(scenario(NeuronModelForCausalLM.from_pretrained(path)), out / f"{key}-rank{rank}.pt")
 
 
+def selected_cases(request) -> list[str]:
+    """The cases of this module's tests that the session runs (all, or the quick loop's)."""
+    specs = [getattr(item, "callspec", None) for item in request.session.items if item.module is request.module]
+    return [case for case in CASES if any(spec is not None and spec.params.get("case") == case for spec in specs)]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    """{(case, kind): {"hf", "args", "tp1", "ranks": [rank 0's result, rank 1's]}}: one spawn for every case."""
+def runs(request, tmp_path_factory) -> dict:
+    """{(case, kind): {"hf", "args", "tp1", "ranks": [rank 0's result, rank 1's]}}: one spawn for every case the
+    session runs."""
     root = tmp_path_factory.mktemp("tp")
     artifacts, runs = {}, {}
-    for case, (arch, overrides) in CASES.items():
+    for case in selected_cases(request):
+        arch, overrides = CASES[case]
         overrides = {"vocab_size": VOCAB, **overrides}
         source = save_tiny(root / "hf" / case, arch, seed=SEEDS[arch], **overrides)
         hf = tiny_model(arch, seed=SEEDS[arch], **overrides)
@@ -96,7 +106,7 @@ def runs(tmp_path_factory) -> dict:
     return runs
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_logits_match_tp1_and_hf(runs, case):
     run = runs[case, "logits"]
     tp1, tp2 = run["tp1"], run["ranks"][0]
@@ -107,7 +117,7 @@ def test_logits_match_tp1_and_hf(runs, case):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_greedy_tokens_match_tp1_and_hf(runs, case, kind):
     """Host argmax of all-gathered logits ("logits") and the on-device TP sampler at top_k 1 ("sampling")."""
     run = runs[case, kind]
@@ -117,7 +127,7 @@ def test_greedy_tokens_match_tp1_and_hf(runs, case, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_every_rank_returns_the_same_results(runs, case, kind):
     first, second = runs[case, kind]["ranks"]
     assert first["tokens"] == second["tokens"]
@@ -125,7 +135,7 @@ def test_every_rank_returns_the_same_results(runs, case, kind):
     assert first.get("sampled") == second.get("sampled")
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_kv_shards_concatenate_to_the_tp1_cache(runs, case):
     run = runs[case, "logits"]
     args: ModelArgs = run["args"]
@@ -139,7 +149,7 @@ def test_kv_shards_concatenate_to_the_tp1_cache(runs, case):
         assert all(torch.equal(a, b) for a, b in zip(*shards, strict=True))
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", CASE_PARAMS)
 def test_on_device_sampling_samples_tp1_tokens(runs, case):
     """Same seed: the global top-k over the ranks' top-k is tp 1's top-k, and every rank draws rank 0's uniform."""
     run = runs[case, "sampling"]

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from transformers import (
     Gemma3ForCausalLM,
@@ -114,6 +115,12 @@ ARCHITECTURES: dict[str, tuple[type[PretrainedConfig], type[PreTrainedModel], di
     "mixtral": (MixtralConfig, MixtralForCausalLM, dict(MIXTRAL)),
     "gpt_oss": (GptOssConfig, GptOssForCausalLM, dict(GPT_OSS)),
 }
+
+
+def quick_first(names, quick: tuple[str, ...] = ("llama",)) -> list:
+    """`names` as pytest parameters, all but `quick` marked slow: the quick loop (-m "not slow") runs a
+    per-architecture test on `quick`, the whole suite on every name."""
+    return [pytest.param(name, marks=() if name in quick else pytest.mark.slow, id=name) for name in names]
 
 
 def tiny_model(architecture: str = "llama", seed: int = 0, tokenizer=None, **overrides) -> PreTrainedModel:
