@@ -35,13 +35,17 @@ SHARED_FIXTURE_GROUPS = {
     "reliability servers": ("tests/reliability/",),
 }
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
-# one worker on the 2-core machines: the SmolLM2 group ~550, tensor parallel ~500, Gemma 3 ~300, reliability ~300).
+# one worker on the 2-core machine: the SmolLM2 group ~400, Gemma 3 ~360, reliability ~260, tensor parallel ~240,
+# then 110-150 each; benchmark/results/20261126-test-suite-2-workers/durations.txt).
 LONGEST_FIRST = (
     "smollm2",
-    "tests/core/test_tensor_parallel.py",
     "tests/vllm/test_gemma3_engine.py",
     "reliability servers",
-    "tests/neuron/test_bf16.py",
+    "tests/core/test_tensor_parallel.py",
+    "tests/core/test_hf_parity.py",
+    "tests/neuron/test_capture.py",
+    "tests/core/test_buckets.py",
+    "tests/benchmark/test_matrix.py",
 )
 
 
