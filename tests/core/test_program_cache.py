@@ -11,13 +11,13 @@ from support.tiny_models import save_tiny
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 from optimum_neuron_plugin.backends.program_cache import CACHE_ENV
 
-from .helpers import CHUNKED, VOCAB, prompt
+from .helpers import CHUNKED, CHUNKED_LOGITS_LIGHT, VOCAB, prompt
 
 
 def test_a_second_model_of_the_same_shape_reuses_every_program(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     first, second = (save_tiny(tmp_path / f"hf-{seed}", "llama", seed=seed, vocab_size=VOCAB) for seed in (11, 12))
-    config = NeuronConfig(**CHUNKED, on_device_sampling=False)
+    config = NeuronConfig(**CHUNKED_LOGITS_LIGHT)
     NeuronModelForCausalLM.export(first, config)
     cached = sorted((tmp_path / "cache").iterdir())
     # two token_generation and chunk_and_decode per context bucket, chunked_prefill per prefill bucket
@@ -40,8 +40,9 @@ def test_a_second_model_of_the_same_shape_reuses_every_program(tmp_path, monkeyp
 def test_another_shape_is_compiled(tmp_path, monkeypatch, change):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     source = save_tiny(tmp_path / "hf", "llama", seed=11, vocab_size=VOCAB)
-    NeuronModelForCausalLM.export(source, NeuronConfig(**{**CHUNKED, "context_buckets": (64,)}))
+    NeuronModelForCausalLM.export(source, NeuronConfig(**CHUNKED, context_buckets=(64,), prefill_buckets=(0, 64)))
     before = set((tmp_path / "cache").iterdir())
-    config = {**CHUNKED, "context_buckets": (change.get("sequence_length", 64),), **change}
+    length = change.get("sequence_length", 64)
+    config = {**CHUNKED, "context_buckets": (length,), "prefill_buckets": (0, length), **change}
     NeuronModelForCausalLM.export(source, NeuronConfig(**config))
     assert set((tmp_path / "cache").iterdir()) > before
