@@ -48,7 +48,6 @@ HOST_ONLY_GENERATION_DEFAULTS = {
     "repetition_penalty": 1.0,
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
-    "min_p": 0.0,
 }
 
 
