@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=31)
     parser.add_argument("--max-logprobs", type=int, default=20)
+    parser.add_argument("--export-only", action="store_true", help="export the artifacts (outside any timing) and stop")
     args = parser.parse_args()
     model = args.model or default_model()
     torch.set_num_threads(args.threads)
@@ -86,6 +87,8 @@ def main() -> None:
         model, ARTIFACTS / f"{name}-{args.compiler}-logprobs", args, max_logprobs=args.max_logprobs
     )
     without = export_variant(model, ARTIFACTS / f"{name}-{args.compiler}-no-logprobs", args, max_logprobs=0)
+    if args.export_only:
+        return
     figures = measure(with_logprobs, without, args)
     for key, row in figures.items():
         print(f"[device_logprobs] {key:<17} with {row['with_ms']:8.2f} ms   without {row['without_ms']:8.2f} ms   "

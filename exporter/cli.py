@@ -21,6 +21,7 @@ BACKENDS = ("auto", "neuron", "cpu")
 AUTO_CHUNK_THRESHOLD = 1024
 AUTO_CHUNK_SIZE = 1024
 DEFAULT_MAX_TOPK = 256
+DEFAULT_MAX_LOGIT_BIAS = 32  # NeuronConfig.max_logit_bias
 
 EPILOG = """\
 examples:
@@ -161,6 +162,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "logprobs are refused (default: 20, or max_topk if smaller)",
     )
     optional.add_argument(
+        *_spellings("max-logit-bias"),
+        dest="max_logit_bias",
+        metavar="N",
+        type=int,
+        default=DEFAULT_MAX_LOGIT_BIAS,
+        help="logit_bias entries per request the on-device sampler takes; requests with more are refused; 0: none "
+        f"(default: {DEFAULT_MAX_LOGIT_BIAS})",
+    )
+    optional.add_argument(
         *_spellings("speculative-tokens"),
         dest="speculative_tokens",
         metavar="K",
@@ -282,6 +292,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         on_device_sampling=args.on_device_sampling,
         max_topk=args.max_topk,
         max_logprobs=args.max_logprobs,
+        max_logit_bias=args.max_logit_bias,
         prompt_logprobs=args.prompt_logprobs,
         target=args.instance_type,
         backend=backend,

@@ -239,7 +239,8 @@ def describe_config(config) -> str:
         else f"context_encoding ({config.sequence_length} tokens)"
     )
     sampling = (
-        f"on device (max_topk {config.max_topk}, max_logprobs {config.max_logprobs})"
+        f"on device (max_topk {config.max_topk}, max_logprobs {config.max_logprobs}, "
+        f"max_logit_bias {config.max_logit_bias})"
         if config.on_device_sampling
         else "on host"
     )

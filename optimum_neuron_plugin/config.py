@@ -14,10 +14,13 @@ NEURON_CONFIG_FILE = "neuron_config.json"
 #    own block; chunk_and_decode's chunk likewise. On-device sampling graphs take a packed token bitmask
 #    (structured outputs).
 # 6: on-device sampling graphs return, next to each sampled token, its logprob, rank and the top max_logprobs.
-FORMAT_VERSION = 6
+# 7: on-device sampling graphs take min_p (a fourth sampling parameter) and max_logit_bias (token id, bias) pairs per
+#    row (logit_bias).
+FORMAT_VERSION = 7
 # Default max_logprobs: vLLM's own default (--max-logprobs 20), capped at max_topk.
 DEFAULT_MAX_LOGPROBS = 20
-# Fields a format-6 file may lack (their default describes it: the graphs they add are absent).
+# Default max_logit_bias: (token id, bias) pairs per row the decode graphs take.
+DEFAULT_MAX_LOGIT_BIAS = 32
 DTYPES = ("float32", "bfloat16", "float16")
 BACKENDS = ("cpu", "neuron")
 TARGETS = ("trn2", "trn3")
@@ -70,6 +73,9 @@ class NeuronConfig:
     # On-device sampling: top logprobs the decode graphs return per row (vLLM's raw logprobs of the top candidates,
     # at most max_topk). 0: the graphs return tokens only. None: min(DEFAULT_MAX_LOGPROBS, max_topk).
     max_logprobs: int | None = None
+    # On-device sampling: logit_bias entries per row the decode graphs take ((token id, bias) pairs added to the
+    # logits before sampling). 0: no logit_bias input.
+    max_logit_bias: int = DEFAULT_MAX_LOGIT_BIAS
     # Speculative decoding: draft tokens k a verify graph checks per row (k + 1 tokens per row); 0: no verify graphs.
     # Optional in neuron_config.json (absent: 0), so exports without verify graphs keep their format.
     speculative_tokens: int = 0
@@ -104,6 +110,8 @@ class NeuronConfig:
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "true or false")
         _check_speculative_tokens(self.speculative_tokens, self.sequence_length)
+        if type(self.max_logit_bias) is not int or self.max_logit_bias < 0:
+            _fail("max_logit_bias", self.max_logit_bias, "an integer >= 0 (0: no logit_bias input)")
         if self.cpu_compiler not in CPU_COMPILERS:
             _fail("cpu_compiler", self.cpu_compiler, f"one of {', '.join(CPU_COMPILERS)}")
         if self.prefill_batch_size > 1 and not self.chunked:
@@ -239,7 +247,7 @@ class NeuronConfig:
         if version < FORMAT_VERSION:
             raise NeuronConfigError(
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
-                f"{FORMAT_VERSION}: the decode graphs return logprobs); export the model again"
+                f"{FORMAT_VERSION}: the decode graphs take min_p and logit_bias inputs); export the model again"
             )
         missing = [f.name for f in fields(cls) if f.name not in data and f.name not in OPTIONAL_FIELDS]
         if missing:

@@ -13,7 +13,9 @@ weights and the KV cache.
                      outputs: models.sampling.mask_disallowed); rows without a grammar are all ones. With
                      max_logprobs > 0 it returns, instead of token ids, vLLM's LogprobsTensors of the sampled
                      tokens: ids [n, 1 + max_logprobs] int32 (the sampled token first, then the top max_logprobs),
-                     their raw logprobs [n, 1 + max_logprobs] fp32 and the sampled token's rank [n] int32
+                     their raw logprobs [n, 1 + max_logprobs] fp32 and the sampled token's rank [n] int32.
+                     With max_logit_bias M > 0 it takes each row's logit_bias as M (token id, bias) pairs too:
+                     ids [n, M] int32 and biases [n, M] fp32, added to the logits before the mask and the sampler
 - chunk_and_decode : one chunked_prefill chunk and one token_generation batch in a single pass over the
                      weights -> (chunk logits [1, V], token ids [B] or the 3 logprobs tensors) or logits
                      [1 + B, V]. It is how a prompt
@@ -47,7 +49,7 @@ from .models.args import ModelArgs
 from .models.collectives import SINGLE, Collectives
 from .models.layers import rope_inv_freq
 from .models.llama import groups_logits
-from .models.sampling import bitmask_words, mask_disallowed, sample, sample_with_logprobs
+from .models.sampling import add_logit_bias, bitmask_words, mask_disallowed, sample, sample_with_logprobs
 from .models.sharding import VOCAB_OFFSET
 
 CHUNKED_PREFILL = "chunked_prefill"
@@ -73,6 +75,7 @@ class GraphSpec:
     narrow: bool = False  # token_generation for fewer rows than batch_size
     bitmask_words: int = 0  # on-device sampling: int32 words of the token bitmask input per row (0: no such input)
     logprobs: int = 0  # on-device sampling: top logprobs returned per row next to the sampled token's (0: tokens only)
+    logit_bias: int = 0  # on-device sampling: (token id, bias) pairs per row of the logit_bias input (0: none)
 
     @property
     def key(self) -> str:
@@ -97,6 +100,7 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
     nc = neuron_config
     words = bitmask_words(vocab_size) if nc.on_device_sampling and nc.token_bitmask else 0
     logprobs = nc.max_logprobs if nc.on_device_sampling else 0
+    bias = nc.max_logit_bias if nc.on_device_sampling else 0
     specs = []
     for bucket in nc.prefill_buckets:
         for width in range(1, nc.prefill_batch_size + 1):
@@ -111,7 +115,7 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
             specs.append(
                 GraphSpec(
                     TOKEN_GENERATION, rows, 1, nc.on_device_sampling, bucket, narrow=narrow, bitmask_words=words,
-                    logprobs=logprobs,
+                    logprobs=logprobs, logit_bias=bias,
                 )
             )  # fmt: skip
         if nc.chunked and nc.batch_size > 1:
@@ -119,7 +123,7 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
             specs.append(
                 GraphSpec(
                     CHUNK_AND_DECODE, nc.batch_size, 1, nc.on_device_sampling, bucket, chunk, bitmask_words=words,
-                    logprobs=logprobs,
+                    logprobs=logprobs, logit_bias=bias,
                 )
             )  # fmt: skip
         if nc.speculative_tokens:
@@ -131,8 +135,9 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
 
 class DecoderGraph(nn.Module):
     """forward(params, caches, [chunk_ids, chunk_positions, chunk_seq_ids,] input_ids, position_ids, seq_ids
-    [, sampling_params, uniform[, token_bitmask]]): the chunk inputs only in chunk_and_decode (spec.chunk > 0), the
-    sampling inputs with on-device sampling, the token bitmask when spec.bitmask_words (format 5 exports).
+    [, sampling_params, uniform[, token_bitmask][, bias_ids, bias_values]]): the chunk inputs only in
+    chunk_and_decode (spec.chunk > 0), the sampling inputs with on-device sampling (sampling_params [n, 4]: top_k,
+    top_p, temperature, min_p), the token bitmask when spec.bitmask_words, the logit_bias pairs when spec.logit_bias.
     Returns logits, or with on-device sampling the token ids (spec.logprobs 0) or the (ids, logprobs, ranks) tensors,
     after chunk_and_decode's chunk logits.
 
@@ -157,15 +162,21 @@ class DecoderGraph(nn.Module):
             return self._whole(logits).view(self.spec.rows, self.spec.tokens, -1)
         if not self.spec.samples:
             return self._whole(logits)
-        sampling_params, uniform, *bitmask = inputs[3 * len(groups) :]
+        sampling_params, uniform, *extra = inputs[3 * len(groups) :]
+        bitmask = extra[:1] if self.spec.bitmask_words else ()
+        bias = extra[len(bitmask) :]
         prompt, batch = (logits[:1], logits[1:]) if self.spec.chunk else (None, logits)
         vocab, offset = self.args.vocab_size, params.get(VOCAB_OFFSET)
         if bitmask:
             batch = mask_disallowed(batch, bitmask[0], offset)
+        raw = batch
+        if bias:  # after the mask, which the logprobs see: a masked token stays near the (finite) fill
+            batch = add_logit_bias(batch.float(), *bias, offset)
         if self.spec.logprobs:
             sampled = sample_with_logprobs(
-                batch, sampling_params, uniform, self.max_topk, self.spec.logprobs, self.cc, offset, vocab
-            )
+                batch, sampling_params, uniform, self.max_topk, self.spec.logprobs, self.cc, offset, vocab,
+                raw if bias else None,
+            )  # fmt: skip
         else:
             sampled = sample(batch, sampling_params, uniform, self.max_topk, self.cc, offset, vocab)
         if prompt is None:
@@ -195,14 +206,20 @@ def example_inputs(spec: GraphSpec) -> tuple[torch.Tensor, ...]:
     batch = _rows_inputs(spec.rows, spec.tokens)
     if not spec.samples:
         return *chunk, *batch
-    params = torch.tensor([[1.0, 1.0, 1.0]]).repeat(spec.rows, 1)
+    params = torch.tensor([[1.0, 1.0, 1.0, 0.0]]).repeat(spec.rows, 1)
     bitmask = (all_allowed(spec.rows, spec.bitmask_words),) if spec.bitmask_words else ()
-    return *chunk, *batch, params, torch.zeros(spec.rows, 1), *bitmask
+    bias = no_logit_bias(spec.rows, spec.logit_bias) if spec.logit_bias else ()
+    return *chunk, *batch, params, torch.zeros(spec.rows, 1), *bitmask, *bias
 
 
 def all_allowed(rows: int, words: int) -> torch.Tensor:
     """A packed token bitmask [rows, words] that allows every token (all bits set)."""
     return torch.full((rows, words), -1, dtype=torch.int32)
+
+
+def no_logit_bias(rows: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logit_bias inputs ([rows, slots] int32 ids, fp32 biases) that change nothing: token 0, bias 0."""
+    return torch.zeros(rows, slots, dtype=INDEX_DTYPE), torch.zeros(rows, slots)
 
 
 def _rows_inputs(rows: int, tokens: int) -> tuple[torch.Tensor, ...]:

@@ -21,6 +21,10 @@ class SamplingParams:
     top_k: int = 1  # 1 is greedy; <= 0 means no top-k limit (capped at max_topk on device)
     top_p: float = 1.0
     temperature: float = 1.0
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one (after temperature)
+    # (token id, bias) pairs added to the logits before sampling, greedy included (on device: the decode graphs'
+    # logit_bias input, at most max_logit_bias pairs; the host sampler leaves them to vLLM's processor).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
@@ -28,9 +32,9 @@ class SamplingParams:
 
     def as_row(self, max_k: int) -> list[float]:
         if self.greedy:
-            return [1.0, 1.0, 1.0]
+            return [1.0, 1.0, 1.0, 0.0]
         top_k = max_k if self.top_k <= 0 else min(self.top_k, max_k)
-        return [float(top_k), float(self.top_p), float(self.temperature)]
+        return [float(top_k), float(self.top_p), float(self.temperature), float(self.min_p)]
 
 
 GREEDY = SamplingParams()

@@ -3,6 +3,9 @@
 The graph holds no RNG op: `uniform` [n, 1] is drawn on the host from each request's own
 generator, so a seeded request samples the same tokens on any backend.
 
+logit_bias: max_logit_bias (token id, bias) pairs per row, added to the logits before the mask and the sampler
+(add_logit_bias); logprobs stay the raw logits' (vLLM's raw_logprobs). min_p is the fourth sampling parameter.
+
 Structured outputs: a packed token bitmask (xgrammar's layout, which vLLM's scheduler sends: bit j of int32 word i
 allows token 32 * i + j) masks the logits before sampling (mask_disallowed).
 """
@@ -47,6 +50,24 @@ def mask_disallowed(
     return logits.masked_fill(allowed == 0, mask_fill(logits.dtype))
 
 
+def add_logit_bias(
+    logits: torch.Tensor, bias_ids: torch.Tensor, bias_values: torch.Tensor, vocab_offset: torch.Tensor | None = None
+) -> torch.Tensor:
+    """logits [n, V_local] + each row's sparse bias: bias_ids [n, M] int32 global token ids, bias_values [n, M] fp32
+    (unused slots: any id with bias 0). vLLM's LogitBiasLogitsProcessor (`logits[rows, ids] += biases`) as one
+    index_add over the flattened logits with int32 indices. Under tensor parallelism ids outside this rank's slice
+    add 0 (at a clamped index)."""
+    rows, local = logits.shape
+    ids = bias_ids if vocab_offset is None else bias_ids - vocab_offset.to(torch.int32)
+    values = bias_values.to(logits.dtype)
+    if vocab_offset is not None:
+        values = values * ((ids >= 0) & (ids < local))
+        ids = ids.clamp(0, local - 1)
+    row_starts = torch.arange(rows, dtype=torch.int32, device=logits.device)[:, None] * local
+    flat = (ids + row_starts).view(-1)
+    return logits.reshape(-1).index_add(0, flat, values.reshape(-1)).view(rows, local)
+
+
 def sample(
     logits: torch.Tensor,
     params: torch.Tensor,
@@ -57,7 +78,7 @@ def sample(
     vocab_size: int | None = None,
     running_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """logits [n, V], params [n, 3] = (top_k, top_p, temperature), uniform [n, 1] in [0, 1) -> token ids [n].
+    """logits [n, V], params [n, 4] = (top_k, top_p, temperature, min_p), uniform [n, 1] in [0, 1) -> token ids [n].
 
     top_k is clamped to [1, max_topk]; greedy is top_k 1 (rank 0 is the argmax).
     Under tensor parallelism `logits` are this rank's vocabulary slice, starting at global id `vocab_offset`:
@@ -81,6 +102,7 @@ def sample_with_logprobs(
     cc: Collectives = SINGLE,
     vocab_offset: torch.Tensor | None = None,
     vocab_size: int | None = None,
+    raw: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """sample(), with vLLM's raw logprobs (log-softmax of `logits` before temperature / top-k / top-p), laid out as
     vLLM's LogprobsTensors: token ids [n, 1 + num_logprobs] int32 (the sampled token, then the top num_logprobs),
@@ -90,16 +112,38 @@ def sample_with_logprobs(
     The top num_logprobs are the sampler's first candidates (num_logprobs <= max_topk), so they cost a slice; the
     log-sum-exp and the rank are one pass over the vocabulary each. Under tensor parallelism each rank's partial max,
     sum and count are all-gathered and combined.
+
+    `raw`: the logits before logit_bias when `logits` carry it. The sampler draws from `logits`; the logprobs are the
+    raw ones, so their top num_logprobs take a topk of their own and the sampled token's raw logit is gathered.
     """
     values = logits.float()
     top_values, top_ids = top_candidates(values, max_topk, cc, vocab_offset, vocab_size)
     choice = _choose(top_values, params, uniform, triangular_running_sum(top_values.shape[-1], values.device))
-    chosen = top_values.gather(-1, choice)
-    ids = torch.cat((top_ids.gather(-1, choice), top_ids[:, :num_logprobs]), dim=-1).to(torch.int32)
-    logprobs = torch.cat((chosen, top_values[:, :num_logprobs]), dim=-1) - log_sum_exp(values, cc)
+    chosen_ids = top_ids.gather(-1, choice)
+    if raw is None:
+        chosen, top_raw, top_raw_ids = top_values.gather(-1, choice), top_values, top_ids
+    else:
+        values = raw.float()
+        chosen = gather_global(values, chosen_ids, cc, vocab_offset)
+        top_raw, top_raw_ids = top_candidates(values, num_logprobs, cc, vocab_offset, vocab_size)
+    ids = torch.cat((chosen_ids, top_raw_ids[:, :num_logprobs]), dim=-1).to(torch.int32)
+    logprobs = torch.cat((chosen, top_raw[:, :num_logprobs]), dim=-1) - log_sum_exp(values, cc)
     at_least = (values >= chosen).float().sum(dim=-1, keepdim=True)
     ranks = cc.all_gather_last(at_least).sum(dim=-1).to(torch.int32)
     return ids, logprobs, ranks
+
+
+def gather_global(
+    values: torch.Tensor, ids: torch.Tensor, cc: Collectives = SINGLE, vocab_offset: torch.Tensor | None = None
+) -> torch.Tensor:
+    """values [n, V_local] at global token ids [n, 1] -> [n, 1]: under tensor parallelism the rank holding each id
+    contributes it, the others 0, summed over the ranks."""
+    if cc.degree == 1:
+        return values.gather(-1, ids)
+    local = (ids - vocab_offset).to(torch.int32)
+    inside = (local >= 0) & (local < values.shape[-1])
+    picked = values.gather(-1, local.clamp(0, values.shape[-1] - 1).long()) * inside
+    return cc.all_gather_last(picked).sum(dim=-1, keepdim=True)
 
 
 def log_sum_exp(values: torch.Tensor, cc: Collectives = SINGLE) -> torch.Tensor:
@@ -144,11 +188,17 @@ def triangular_running_sum(k: int, device: torch.device) -> Callable[[torch.Tens
 
 def sorted_probs(top_values, params, running_sum) -> torch.Tensor:
     """The unnormalised probabilities [n, k] the sampler draws from, over candidates sorted by decreasing logit:
-    temperature, top-k, then top-p (0 past the nucleus). The host's speculative acceptance uses them too."""
+    temperature, min_p and top-k, then top-p (0 past the nucleus). The host's speculative acceptance uses them too.
+
+    min_p is vLLM's MinPLogitsProcessor on the temperature-scaled logits: a token whose probability is below min_p
+    times the most likely one's is dropped, i.e. scaled - scaled_max < log(min_p) (min_p 0: log 0 = -inf, none).
+    Both min_p and top-k drop a tail of the sorted candidates, so top-p sees their intersection, as in vLLM."""
     k = top_values.shape[-1]
-    top_k, top_p, temperature = params[:, 0:1], params[:, 1:2], params[:, 2:3]
+    top_k, top_p, temperature, min_p = params[:, 0:1], params[:, 1:2], params[:, 2:3], params[:, 3:4]
     ranks = torch.arange(k, dtype=torch.int32, device=top_values.device)[None, :]
-    scaled = (top_values / temperature).masked_fill(ranks >= top_k, MASK_FILL)
+    scaled = top_values / temperature
+    below_min_p = scaled - scaled[:, :1] < torch.log(min_p)
+    scaled = scaled.masked_fill((ranks >= top_k) | below_min_p, MASK_FILL)
     probs = torch.softmax(scaled, dim=-1)
     # Keep a rank while the mass strictly before it is below top_p: rank 0 is always kept.
     keep = (running_sum(probs) - probs) < top_p

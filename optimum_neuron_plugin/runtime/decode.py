@@ -1,7 +1,8 @@
 """One decode step: a token_generation call for up to batch_size sequences, sampled on the device or on the host.
 
 Missing rows are padded by repeating row 0: identical inputs write identical K/V to the same place.
-With on-device sampling every call passes a packed token bitmask (structured outputs): the batch's, or all ones.
+With on-device sampling every call passes a packed token bitmask (structured outputs): the batch's, or all ones;
+and each row's logit_bias pairs (SamplingParams.logit_bias), padded with (0, 0.0).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
-from ..graphs import INDEX_DTYPE, TOKEN_GENERATION, all_allowed
+from ..graphs import INDEX_DTYPE, TOKEN_GENERATION, all_allowed, no_logit_bias
 from ..sampling import GREEDY, SamplingParams, draw_uniform, params_tensor, sample_on_host
 from .graph_set import GraphSet
 from .ranks import from_rank0
@@ -77,9 +78,26 @@ def batch_inputs(gs: GraphSet, batch: DecodeBatch, rows: int) -> tuple[tuple, tu
         return inputs, ()
     params = params_tensor(batch.sampling + [batch.sampling[0]] * pad, nc.max_topk)
     uniform = from_rank0(gs.group, torch.cat((draw_uniform(batch.generators), torch.zeros(pad, 1))))
-    if not gs.bitmask_words:
-        return inputs, (params, uniform)
-    return inputs, (params, uniform, bitmask_input(gs, batch.bitmask, rows))
+    bitmask = (bitmask_input(gs, batch.bitmask, rows),) if gs.bitmask_words else ()
+    bias = logit_bias_inputs(batch.sampling, rows, gs.logit_bias_slots) if gs.logit_bias_slots else ()
+    return inputs, (params, uniform, *bitmask, *bias)
+
+
+def logit_bias_inputs(sampling: list[SamplingParams], rows: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The graph's logit_bias inputs: ids [rows, slots] int32 and biases [rows, slots] fp32, each row's pairs first,
+    then (0, 0.0). Batches without a bias share one zero pair per row count (the graphs only read their inputs)."""
+    if not any(p.logit_bias for p in sampling):
+        return _no_logit_bias(rows, slots)
+    ids, values = (x.clone() for x in _no_logit_bias(rows, slots))
+    for row, params in enumerate(sampling):
+        for slot, (token, bias) in enumerate(params.logit_bias):
+            ids[row, slot], values[row, slot] = token, bias
+    return ids, values
+
+
+@functools.cache
+def _no_logit_bias(rows: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return no_logit_bias(rows, slots)
 
 
 def bitmask_input(gs: GraphSet, bitmask: torch.Tensor | None, rows: int) -> torch.Tensor:
@@ -141,7 +159,24 @@ def checked_batch(
         raise InputError(f"decode positions {batch.positions} exceed sequence_length {nc.sequence_length}")
     if bitmask is not None:
         check_bitmask(gs, bitmask, n)
+    check_logit_bias(gs, batch.sampling)
     return batch
+
+
+def check_logit_bias(gs: GraphSet, sampling: list[SamplingParams]) -> None:
+    """On device a row carries at most the compiled logit_bias pairs, each a token of the vocabulary."""
+    slots, vocab = gs.logit_bias_slots, gs.vocab_size
+    for params in sampling:
+        if not params.logit_bias or not gs.neuron_config.on_device_sampling:
+            continue
+        if len(params.logit_bias) > slots:
+            raise InputError(
+                f"logit_bias has {len(params.logit_bias)} entries but this export's decode graphs take at most "
+                f"{slots} per sequence (max_logit_bias): pass fewer or export again with a larger max_logit_bias"
+            )
+        bad = [token for token, _ in params.logit_bias if not 0 <= token < vocab]
+        if bad:
+            raise InputError(f"logit_bias token ids {bad} are outside the vocabulary [0, {vocab})")
 
 
 def check_bitmask(gs: GraphSet, bitmask: torch.Tensor, n: int) -> None:

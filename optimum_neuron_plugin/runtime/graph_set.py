@@ -41,6 +41,7 @@ class GraphSet:
     specs: list[GraphSpec]
     graphs: GraphCall
     group: dist.ProcessGroup | None = None
+    vocab_size: int = 0  # the model's: logit_bias ids are checked against it
     _by_shape: dict[tuple[str, int, int], GraphSpec] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -55,6 +56,11 @@ class GraphSet:
     def bitmask_words(self) -> int:
         """int32 words per row of the decode graphs' token bitmask input (0: they take none, token_bitmask false)."""
         return max((spec.bitmask_words for spec in self.specs), default=0)
+
+    @property
+    def logit_bias_slots(self) -> int:
+        """(token id, bias) pairs per row of the decode graphs' logit_bias input (0: they take none)."""
+        return max((spec.logit_bias for spec in self.specs), default=0)
 
     def graph_for(
         self, name: str, last_positions: Sequence[int], rows: int = 1, starts: Sequence[int] = (0,)

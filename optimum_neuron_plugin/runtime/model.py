@@ -64,7 +64,7 @@ class NeuronModelForCausalLM:
         self.group = group if group is not None else tp_group(nc.tp_degree)
         self.rank = 0 if self.group is None else dist.get_rank(self.group)
         self.caches: list[torch.Tensor] = []
-        self.graph_set = GraphSet(nc, self.specs, NoRanks(nc.tp_degree), self.group)
+        self.graph_set = GraphSet(nc, self.specs, NoRanks(nc.tp_degree), self.group, args.vocab_size)
         if nc.tp_degree > 1 and self.group is None:
             return
         self.params = sharding.shard_params(params, args, self.plan, self.rank)

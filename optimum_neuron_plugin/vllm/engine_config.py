@@ -48,7 +48,6 @@ HOST_ONLY_GENERATION_DEFAULTS = {
     "repetition_penalty": 1.0,
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
-    "min_p": 0.0,
 }
 
 
@@ -94,6 +93,7 @@ def fit_to_artifact(vllm_config: VllmConfig, user: UserArgs | None = None) -> Se
         prefill_mode=mode,
         structured_outputs=not neuron_config.on_device_sampling or neuron_config.token_bitmask,
         device_logprobs=neuron_config.max_logprobs if neuron_config.on_device_sampling else None,
+        device_logit_bias=neuron_config.max_logit_bias if neuron_config.on_device_sampling else None,
         prompt_logprobs=neuron_config.prompt_logprobs,
     )
 

@@ -23,5 +23,7 @@ class ServingLimits:
     structured_outputs: bool = True
     # On-device sampling: top logprobs the decode graphs return (0: none); None: host sampling, any count.
     device_logprobs: int | None = None
+    # On-device sampling: logit_bias entries per request the decode graphs take (0: none); None: host sampling.
+    device_logit_bias: int | None = None
     # The artifact has prompt_logits graphs (exported with --prompt-logprobs): prompt_logprobs can be served.
     prompt_logprobs: bool = False

@@ -264,11 +264,12 @@ class NeuronModelRunner:
         states = [self.requests[w.req_id] for w in work]
         req_ids = [w.req_id for w in work]
         on_device = self.model.neuron_config.on_device_sampling
-        # Rows whose logits need processing (penalties, min_tokens, min_p, a grammar on host logits, ...) are
-        # sampled here afterwards: the runtime treats them as greedy without a generator, so it draws no randomness
-        # for them. On device a grammar, min_tokens, allowed_token_ids and bad_words are the graph's bitmask instead.
+        # Rows whose logits need processing on the host (every kind on host logits; penalties) are sampled here
+        # afterwards: the runtime treats them as greedy without a generator, so it draws no randomness for them. On
+        # device a grammar, min_tokens, allowed_token_ids and bad_words are the graph's bitmask instead, min_p and
+        # logit_bias its sampling inputs.
         processed = [
-            s.needs_host_logits() or (not on_device and (s.has_token_constraints() or s.req_id in self.grammar))
+            s.has_penalties() or (not on_device and (s.needs_logits_processing() or s.req_id in self.grammar))
             for s in states
         ]
         words = bitmask_words(self.model.config.vocab_size)

@@ -45,19 +45,13 @@ SUPPORTED = frozenset(
         "structured_outputs",  # vLLM compiles the grammar; the runner masks with its bitmask (check_sampling)
         "logprobs",  # host logits, or the decode graphs' top max_logprobs (check_logprobs)
         "prompt_logprobs",  # the prompt_logits graphs' logits (check_prompt_logprobs)
+        "min_p",  # vLLM's processor on host logits, the decode graphs' fourth sampling parameter on device
+        "logit_bias",  # vLLM's processor, or the decode graphs' logit_bias pairs (check_logit_bias)
     }
 )
-# Honoured only where every token is sampled on the host: vLLM's logits processing needs logits,
+# Honoured only where every token is sampled on the host: the penalties need each request's token counts,
 # and token_generation with on-device sampling returns tokens (host_sampling.py).
-HOST_LOGITS_ONLY = frozenset(
-    {
-        "presence_penalty",
-        "frequency_penalty",
-        "repetition_penalty",
-        "min_p",
-        "logit_bias",
-    }
-)
+HOST_LOGITS_ONLY = frozenset({"presence_penalty", "frequency_penalty", "repetition_penalty"})
 # Honoured on the host, and on the device through the decode graphs' token bitmask (token_constraints.py).
 TOKEN_MASK = frozenset({"min_tokens", "allowed_token_ids", "bad_words", "_bad_words_token_ids"})
 # Why a field is refused, where it is not obvious.
@@ -132,6 +126,7 @@ def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
             raise VLLMValidationError(f"{public} is not supported {where}", parameter=public, value=value)
     check_logprobs(limits, params)
     check_prompt_logprobs(limits, params)
+    check_logit_bias(limits, params)
     if limits.on_device_sampling and params.top_k > limits.max_topk:
         raise VLLMValidationError(
             f"top_k={params.top_k} exceeds the artifact's on-device max_topk={limits.max_topk}: use top_k <= "
@@ -155,6 +150,20 @@ def check_logprobs(limits: ServingLimits, params: SamplingParams) -> None:
         + (" " if compiled else " (omit logprobs) ")
         + "or export the model again with a larger --max-logprobs (at most --max-topk) or --no-on-device-sampling",
         parameter="logprobs",
+        value=asked,
+    )
+
+
+def check_logit_bias(limits: ServingLimits, params: SamplingParams) -> None:
+    """On-device sampling takes at most the compiled max_logit_bias (token id, bias) pairs per request."""
+    compiled, asked = limits.device_logit_bias, len(params.logit_bias or {})
+    if compiled is None or asked <= compiled:
+        return
+    raise VLLMValidationError(
+        f"logit_bias has {asked} entries, but this artifact's decode graphs sample on device and take at most "
+        f"{compiled} per request{' (exported with --max-logit-bias 0)' if not compiled else ''}: pass at most "
+        f"{compiled} or export the model again with a larger --max-logit-bias (or --no-on-device-sampling)",
+        parameter="logit_bias",
         value=asked,
     )
 

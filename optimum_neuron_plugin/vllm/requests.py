@@ -68,23 +68,21 @@ class RequestState:
 
     def needs_logits_processing(self) -> bool:
         """Anything vLLM's sampler would change in this request's logits (host_sampling.HostSampler)."""
-        return self.has_token_constraints() or self.needs_host_logits()
+        return self.has_token_constraints() or self.has_value_processing() or self.has_penalties()
 
     def has_token_constraints(self) -> bool:
         """Tokens banned or allowed this step: a token bitmask row can carry them (token_constraints.py)."""
         p = self.params
         return len(self.output_token_ids) < p.min_tokens or bool(p.allowed_token_ids) or bool(p.bad_words_token_ids)
 
-    def needs_host_logits(self) -> bool:
-        """Processing that changes logit values (penalties, min_p, logit_bias): host logits only."""
+    def has_value_processing(self) -> bool:
+        """min_p or logit_bias: the decode graphs' sampling inputs carry them (SamplingParams.min_p, logit_bias)."""
+        return self.params.min_p > 0.0 or bool(self.params.logit_bias)
+
+    def has_penalties(self) -> bool:
+        """Repetition, frequency or presence penalties: they need the tokens so far, so host logits only."""
         p = self.params
-        return (
-            p.min_p > 0.0
-            or p.presence_penalty != 0.0
-            or p.frequency_penalty != 0.0
-            or p.repetition_penalty != 1.0
-            or bool(p.logit_bias)
-        )
+        return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
 
     def resync(self, all_token_ids: list[int]) -> None:
         """Adopt the scheduler's token list (sent when a preempted request resumes)."""
@@ -92,9 +90,13 @@ class RequestState:
 
 
 def to_runtime_sampling(params: VllmSamplingParams) -> SamplingParams:
+    bias = tuple(params.logit_bias.items()) if params.logit_bias else ()
     if params.temperature < _GREEDY_EPS or params.top_k == 1:
-        return GREEDY
-    return SamplingParams(top_k=max(params.top_k, 0), top_p=params.top_p, temperature=params.temperature)
+        return SamplingParams(logit_bias=bias) if bias else GREEDY
+    return SamplingParams(
+        top_k=max(params.top_k, 0), top_p=params.top_p, temperature=params.temperature, min_p=params.min_p,
+        logit_bias=bias,
+    )  # fmt: skip
 
 
 class SeedSource:

@@ -92,3 +92,10 @@ def test_speculative_tokens():
     assert request_from_args(parse(*BASE)).neuron_config.speculative_tokens == 0
     config = request_from_args(parse("--speculative-tokens", "4", *BASE)).neuron_config
     assert config.speculative_tokens == 4
+
+
+def test_max_logit_bias_is_recorded_with_the_config_default():
+    from optimum_neuron_plugin.config import NeuronConfig
+
+    assert request_from_args(parse(*BASE)).neuron_config.max_logit_bias == NeuronConfig().max_logit_bias == 32
+    assert request_from_args(parse("--max-logit-bias", "0", *BASE)).neuron_config.max_logit_bias == 0

@@ -27,6 +27,7 @@ BAD_VALUES = [
     ("speculative_tokens", -1, {}, ">= 0"),
     ("speculative_tokens", 64, {"sequence_length": 64}, "below sequence_length (64)"),
     ("prompt_logprobs", True, {"prefill_chunk_size": 0}, "false without chunked prefill"),
+    ("max_logit_bias", -1, {}, ">= 0 (0: no logit_bias input)"),
 ]
 
 

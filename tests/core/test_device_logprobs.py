@@ -16,7 +16,7 @@ from support.tensor_parallel import run_ranks
 
 from optimum_neuron_plugin.config import NeuronConfig, NeuronConfigError
 from optimum_neuron_plugin.models.collectives import Collectives
-from optimum_neuron_plugin.models.sampling import sample_with_logprobs
+from optimum_neuron_plugin.models.sampling import add_logit_bias, sample_with_logprobs
 from optimum_neuron_plugin.sampling import SamplingParams, make_generator
 
 from .helpers import CHUNK, CHUNKED, prompt
@@ -99,8 +99,16 @@ TP_VOCAB, TP_LOCAL = 301, 151  # two ranks' slices; the second padded with one m
 def tp_inputs() -> tuple[torch.Tensor, ...]:
     generator = torch.Generator().manual_seed(5)
     logits = torch.randn(3, TP_VOCAB, generator=generator) * 3
-    params = torch.tensor([[1.0, 1.0, 1.0], [0.0, 1.0, 2.0], [5.0, 0.8, 0.7]])  # greedy, hot, top-k 5 / top-p
+    # greedy, hot with min_p, top-k 5 / top-p
+    params = torch.tensor([[1.0, 1.0, 1.0, 0.0], [16.0, 1.0, 2.0, 0.1], [5.0, 0.8, 0.7, 0.0]])
     return logits, params, torch.rand(3, 1, generator=generator)
+
+
+# logit_bias pairs on either side of the ranks' slice boundary (151), and an unused slot (0, 0.0).
+TP_BIAS = (
+    torch.tensor([[7, 200], [150, 151], [300, 0]], dtype=torch.int32),
+    torch.tensor([[20.0, -5.0], [30.0, 10.0], [15.0, 0.0]]),
+)
 
 
 def tp_worker(rank: int, out: Path) -> None:
@@ -113,17 +121,26 @@ def tp_worker(rank: int, out: Path) -> None:
     cc = Collectives(2, dist.group.WORLD.group_name)
     offset = torch.tensor([rank * TP_LOCAL], dtype=torch.int32)
     torch.save(sample_with_logprobs(local, params, uniform, 16, 4, cc, offset, TP_VOCAB), out / f"rank{rank}.pt")
+    biased = add_logit_bias(local, *TP_BIAS, offset)
+    got = sample_with_logprobs(biased, params, uniform, 16, 4, cc, offset, TP_VOCAB, raw=local)
+    torch.save(got, out / f"biased{rank}.pt")
 
 
 def test_tensor_parallel_logprobs_combine_the_ranks_slices(tmp_path):
     """Each rank holds a vocabulary slice: the log-sum-exp, the rank and the top candidates are combined over the
-    ranks, so every rank returns what one rank holding the whole vocabulary returns."""
+    ranks, so every rank returns what one rank holding the whole vocabulary returns; with logit_bias too (the
+    sampler draws from the biased logits, the logprobs stay the raw ones)."""
     logits, params, uniform = tp_inputs()
     want = sample_with_logprobs(logits, params, uniform, 16, 4)
+    want_biased = sample_with_logprobs(add_logit_bias(logits, *TP_BIAS), params, uniform, 16, 4, raw=logits)
     run_ranks(tp_worker, 2, tmp_path)
     for rank in range(2):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
-        assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])
-        assert torch.allclose(got[1], want[1], atol=1e-5)
+        for name, expected in ((f"rank{rank}", want), (f"biased{rank}", want_biased)):
+            got = torch.load(tmp_path / f"{name}.pt")
+            assert torch.equal(got[0], expected[0]) and torch.equal(got[2], expected[2])
+            assert torch.allclose(got[1], expected[1], atol=1e-5)
     expected = logits.log_softmax(-1)
-    assert torch.allclose(want[1][:, 1:], expected.topk(4).values, atol=1e-5)
+    for result in (want, want_biased):
+        assert torch.allclose(result[1][:, 1:], expected.topk(4).values, atol=1e-5)
+        assert torch.allclose(result[1][:, 0], expected.gather(-1, result[0][:, :1].long())[:, 0], atol=1e-5)
+    assert want_biased[0][:, 0].tolist()[:2] == [7, 150]  # greedy takes the +20, the hot row the +30

@@ -61,14 +61,14 @@ CASES = {
 def test_sample_frequencies_match_the_distribution(case):
     top_k, top_p, temperature = case
     uniform = torch.rand(DRAWS, 1, generator=torch.Generator().manual_seed(1234))
-    params = torch.tensor([[float(top_k), top_p, temperature]]).repeat(DRAWS, 1)
+    params = torch.tensor([[float(top_k), top_p, temperature, 0.0]]).repeat(DRAWS, 1)
     tokens = sample(LOGITS.repeat(DRAWS, 1), params, uniform, max_topk=10)
     assert_matches(tokens, expected_distribution(LOGITS, top_k, top_p, temperature))
 
 
 def test_top_k_is_capped_at_max_topk():
     uniform = torch.rand(DRAWS, 1, generator=torch.Generator().manual_seed(5))
-    params = torch.tensor([[8.0, 1.0, 1.0]]).repeat(DRAWS, 1)
+    params = torch.tensor([[8.0, 1.0, 1.0, 0.0]]).repeat(DRAWS, 1)
     tokens = sample(LOGITS.repeat(DRAWS, 1), params, uniform, max_topk=3)
     assert_matches(tokens, expected_distribution(LOGITS, 3, 1.0, 1.0))
 
@@ -86,7 +86,7 @@ def test_greedy_is_argmax():
     logits = torch.randn(256, 1000, generator=generator) * 3
     uniform = torch.rand(256, 1, generator=generator)
     uniform[:8] = 1 - 1e-7  # extreme draws must not matter
-    greedy = torch.tensor([[1.0, 1.0, 1.0]]).repeat(256, 1)
+    greedy = torch.tensor([[1.0, 1.0, 1.0, 0.0]]).repeat(256, 1)
     assert torch.equal(sample(logits, greedy, uniform, max_topk=256), logits.argmax(-1))
     assert torch.equal(sample_on_host(logits, [SamplingParams()] * 256, [None] * 256), logits.argmax(-1))
 
@@ -97,7 +97,7 @@ def test_top_k_one_is_greedy_at_any_temperature(temperature):
     logits = torch.randn(256, 1000, generator=generator) * 3
     uniform = torch.rand(256, 1, generator=generator)
     uniform[:8] = 1 - 1e-7
-    params = torch.tensor([[1.0, 0.9, temperature]]).repeat(256, 1)
+    params = torch.tensor([[1.0, 0.9, temperature, 0.0]]).repeat(256, 1)
     assert torch.equal(sample(logits, params, uniform, max_topk=64), logits.argmax(-1))
 
 

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow  # a live `vllm serve`
 CORRUPT = {
     "missing-graph": ("graphs/token_generation_128.pt2", "missing compiled graph; export the model again"),
     "truncated-weights": ("model.safetensors", "unreadable or truncated"),
-    "newer-format": ("neuron_config.json", "format_version 7 is not supported by this optimum-neuron-plugin"),
+    "newer-format": ("neuron_config.json", "format_version 8 is not supported by this optimum-neuron-plugin"),
     "missing-field": ("neuron_config.json", "missing field(s) sequence_length; export the model again"),
     "foreign-graph": ("graphs/token_generation_128.pt2", "the compiled graph token_generation fails on its first call"),
 }

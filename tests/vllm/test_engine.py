@@ -95,7 +95,7 @@ def test_a_prompt_may_fill_the_whole_sequence(llm, tokenizer):
     [
         (dict(logprobs=21), "Requested sample logprobs of 21, which is greater than max allowed: 20"),
         (dict(logprobs=-1), r"Requested sample logprobs of \d+, which is greater than max allowed: 20"),
-        (dict(min_p=0.1), "min_p is not supported"),
+        (dict(logit_bias={t: 1.0 for t in range(33)}), r"logit_bias has 33 entries, .* take at most 32 per request"),
         (dict(top_k=1000), "top_k=1000 exceeds"),
         (dict(presence_penalty=0.5), "presence_penalty is not supported"),
     ],
@@ -177,6 +177,46 @@ def test_min_tokens_and_allowed_token_ids_hold_on_device(llm, prompts):
     ):
         tokens = generate(llm, prompts[:2], params)
         assert all(len(t) == 6 and set(t) <= set(allowed) for t in tokens)
+
+
+def hf_biased_greedy(tiny_hf, prompt: list[int], bias: dict[int, float], new_tokens: int) -> list[int]:
+    """Greedy tokens of HF logits with vLLM's logit_bias added at every step."""
+    import torch
+
+    tokens = list(prompt)
+    for _ in range(new_tokens):
+        with torch.no_grad():
+            logits = tiny_hf(torch.tensor([tokens])).logits[0, -1].float()
+        logits[list(bias)] += torch.tensor(list(bias.values()))
+        tokens.append(int(logits.argmax()))
+    return tokens[len(prompt) :]
+
+
+def test_logit_bias_and_min_p_hold_on_device_with_raw_logprobs(llm, prompts, tiny_hf):
+    """The first token comes from host logits (vLLM's processors), the rest from the decode graphs' logit_bias and
+    min_p inputs: greedy follows HF's biased argmax; min_p 1 keeps only the most likely biased token, so a hot draw
+    is that argmax too. Logprobs stay the raw (unbiased) distribution's."""
+    import torch
+    from vllm import SamplingParams
+
+    reference = generate(llm, prompts[:1], greedy(6))[0]
+    bias = {reference[2]: -100.0, 4095: 8.0, 300: 6.5}
+    expected = hf_biased_greedy(tiny_hf, prompts[0], bias, 6)
+    assert expected != reference
+    hot = SamplingParams(max_tokens=6, temperature=1.5, min_p=1.0, seed=5, ignore_eos=True, logit_bias=bias)
+    outputs = llm.generate(
+        [{"prompt_token_ids": prompts[0]}] * 2 + [{"prompt_token_ids": prompts[5]}],
+        [greedy(6, logit_bias=bias, logprobs=1), hot, greedy(6)],
+        use_tqdm=False,
+    )
+    assert [list(o.outputs[0].token_ids) for o in outputs[:2]] == [expected, expected]
+    assert list(outputs[2].outputs[0].token_ids) == generate(llm, [prompts[5]], greedy(6))[0]  # no bias: unchanged
+    with torch.no_grad():
+        logits = tiny_hf(torch.tensor([prompts[0] + expected])).logits[0, len(prompts[0]) - 1 : -1]
+    raw = torch.log_softmax(logits.float(), dim=-1)
+    for position, (token, entry) in enumerate(zip(expected, outputs[0].outputs[0].logprobs, strict=True)):
+        assert entry[token].logprob == pytest.approx(float(raw[position, token]), abs=1e-3)
+        assert entry[token].rank == int((raw[position] >= raw[position, token]).sum())
 
 
 def test_too_long_prompt_is_rejected_and_the_engine_keeps_serving(llm, tokenizer, prompts):

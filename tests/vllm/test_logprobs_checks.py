@@ -6,12 +6,15 @@ from __future__ import annotations
 import pytest
 
 
-def limits(device_logprobs: int | None):
+def limits(device_logprobs: int | None, device_logit_bias: int | None = 32):
     from optimum_neuron_plugin.vllm.limits import ServingLimits
     from optimum_neuron_plugin.vllm.options import PrefillMode
 
     on_device = device_logprobs is not None
-    return ServingLimits(128, 128, 4, on_device, 256, PrefillMode.SERIAL, device_logprobs=device_logprobs)
+    return ServingLimits(
+        128, 128, 4, on_device, 256, PrefillMode.SERIAL, device_logprobs=device_logprobs,
+        device_logit_bias=device_logit_bias if on_device else None,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -84,3 +87,24 @@ def test_prompt_logprobs_need_the_prompt_logits_graphs():
         params = SamplingParams(prompt_logprobs=asked)
         check_sampling(with_graphs, params)
         assert params.prompt_logprobs == asked
+
+
+def test_logit_bias_beyond_the_compiled_pairs_is_refused_naming_the_limit():
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+
+    bias = {token: 1.0 for token in range(9)}
+    check_sampling(limits(5, 9), SamplingParams(logit_bias=bias, min_p=0.1))
+    check_sampling(limits(None), SamplingParams(logit_bias={token: 1.0 for token in range(500)}))
+    for compiled, message in (
+        (8, "logit_bias has 9 entries, but this artifact's decode graphs sample on device and take at most 8 per "
+         "request: pass at most 8 or export the model again with a larger --max-logit-bias"),
+        (0, "take at most 0 per request (exported with --max-logit-bias 0)"),
+    ):  # fmt: skip
+        with pytest.raises(VLLMValidationError) as error:
+            check_sampling(limits(5, compiled), SamplingParams(logit_bias=bias))
+        assert message in str(error.value)
+    with pytest.raises(VLLMValidationError, match="presence_penalty is not supported"):
+        check_sampling(limits(5), SamplingParams(presence_penalty=0.5))
