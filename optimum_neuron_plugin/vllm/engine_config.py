@@ -159,6 +159,11 @@ def unsupported_options(
             f"kv_cache_dtype={user.kv_cache_dtype!r} is not supported (the KV cache dtype was fixed at export): "
             "remove --kv-cache-dtype"
         )
+    if model_config.logprobs_mode != "raw_logprobs":
+        problems.append(
+            f"logprobs_mode={model_config.logprobs_mode!r} is not supported (logprobs are the model's raw log-softmax, "
+            "computed before any sampling parameter): remove --logprobs-mode"
+        )
     if user.dtype != "auto" and model_config.dtype != _artifact_dtype(neuron_config):
         problems.append(
             f"dtype={user.dtype} does not match the artifact's compiled dtype {neuron_config.torch_dtype}: remove --dtype "

@@ -59,6 +59,10 @@ REFUSED = {
         "max_logprobs=21 exceeds the artifact's compiled max_logprobs=20 (its decode graphs sample on device and "
         "return the top 20 logprobs): pass --max-logprobs 20 or less",
     ),
+    "logprobs-mode": (
+        dict(logprobs_mode="processed_logprobs"),
+        "logprobs_mode='processed_logprobs' is not supported (logprobs are the model's raw log-softmax",
+    ),
     "max-logprobs-vocabulary": (dict(max_logprobs=-1), "max_logprobs=-1 (the whole vocabulary) exceeds"),
 }
 
