@@ -1,7 +1,7 @@
 """Decode step and prefill chunk of a small random Qwen3-MoE on the CPU backend, against a dense Qwen3 of the same
 active parameters and against running every expert, all in one run, calls interleaved (ratios only).
 
-    .venv/bin/python benchmark/moe.py [--out benchmark/results/moe-decode.json]
+    .venv/bin/python benchmark/moe.py [--out benchmark/results/moe-decode.json] [--artifacts DIR [--export-only]]
 
 Four exports of the same shape: the MoE model as exported (a decode step gathers its tokens' experts, a chunk runs
 every expert densely weighted), the MoE model with every graph running every expert ("all experts"), the MoE model
@@ -42,13 +42,20 @@ def strategy(gather: bool | None):
         yield
 
 
-def export(hf, root: Path, name: str, shape: dict, gather: bool | None = None) -> NeuronModelForCausalLM:
+def export(hf, root: Path, name: str, shape: dict, gather: bool | None = None) -> Path:
+    """The artifact `name` under root, exported unless root already holds it (--artifacts)."""
+    if (root / name / "neuron_config.json").is_file():
+        return root / name
     source = root / f"{name}-hf"
     hf.save_pretrained(source)
     with strategy(gather):
         exported = NeuronModelForCausalLM.export(source, NeuronConfig(**shape))
     exported.save_pretrained(root / name)
-    return NeuronModelForCausalLM.from_pretrained(root / name)
+    return root / name
+
+
+def variant_name(args: argparse.Namespace) -> str:
+    return f"h{args.hidden}-e{args.experts}-k{args.top_k}-i{args.expert_size}-b{args.batch_size}-c{args.chunk}"
 
 
 def interleaved(calls: dict, repeats: int) -> dict[str, float]:
@@ -75,6 +82,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("benchmark/results/moe-decode.json"))
+    parser.add_argument("--artifacts", type=Path, default=None, help="keep the exports here and reuse them")
+    parser.add_argument("--export-only", action="store_true", help="export (outside the benchmark lock) and stop")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -95,13 +104,16 @@ def main() -> None:
         context_buckets=(2 * args.chunk,), prefill_buckets=(0, 2 * args.chunk), on_device_sampling=False,
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        models = {
+        root = Path(tmp) if args.artifacts is None else args.artifacts / variant_name(args)
+        paths = {
             "moe": export(moe_hf, root, "moe", shape),
             "all_experts": export(moe_hf, root, "all", shape, gather=False),
             "gathered_chunk": export(moe_hf, root, "gathered", shape, gather=True),
             "dense_same_active": export(dense_hf, root, "dense", shape),
         }
+        if args.export_only:
+            return
+        models = {name: NeuronModelForCausalLM.from_pretrained(path) for name, path in paths.items()}
         prompt = torch.randint(0, COMMON["vocab_size"], (args.chunk,)).tolist()
         rows = list(range(args.batch_size))
         for model in models.values():
@@ -121,7 +133,10 @@ def main() -> None:
             {k: chunk(models[k]) for k in ("moe", "gathered_chunk", "dense_same_active")}, args.repeats
         )
     result = {
-        "command": "benchmark/moe.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+        "command": "benchmark/moe.py "
+        + " ".join(
+            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k not in ("artifacts", "export_only")
+        ),
         "model": dict(COMMON, experts=args.experts, top_k=args.top_k, expert_size=args.expert_size),
         "shape": {k: list(v) if isinstance(v, tuple) else v for k, v in shape.items()},
         "seconds": {"decode_1_row": decode_1, f"decode_{args.batch_size}_rows": decode_b, "chunk": chunks},

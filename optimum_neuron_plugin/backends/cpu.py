@@ -22,6 +22,7 @@ from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from ..models.collectives import GROUP_OPS
 from . import Progress, join_gloo_group
+from .cpu_experts import use_expert_views
 from .cpu_linear import packable, use_packed_linears
 from .cpu_script import Replay, traced_call
 from .program_cache import ProgramCache
@@ -143,8 +144,10 @@ class CpuBackend:
                 bind_group(program, graph.cc.group)
             elif isinstance(program, torch.fx.GraphModule):
                 replayable.add(graph.spec)  # collectives keep running from Python, as exported and rebound
-            if isinstance(program, torch.fx.GraphModule) and packable():
-                use_packed_linears(program, params, packed)
+            if isinstance(program, torch.fx.GraphModule):
+                use_expert_views(program)
+                if packable():
+                    use_packed_linears(program, params, packed)
         return CpuGraphs(programs, params, caches, replayable)
 
     def _load_program(self, path: Path) -> Callable:

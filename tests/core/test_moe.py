@@ -11,6 +11,8 @@ import torch
 from support.references import hf_greedy, runtime_greedy
 from support.tiny_models import quick_first, tiny_model
 
+from optimum_neuron_plugin.backends import cpu_experts
+from optimum_neuron_plugin.graphs import CHUNKED_PREFILL, TOKEN_GENERATION
 from optimum_neuron_plugin.models import moe
 from optimum_neuron_plugin.models.args import ModelArgs
 from optimum_neuron_plugin.models.checkpoint import decoder_weights
@@ -116,3 +118,38 @@ def test_greedy_tokens_equal_hf(zoo, name):
     artifact = zoo.artifact(name, **CHUNKED_LOGITS_LIGHT)
     tokens = prompt(13, seed=71)  # two chunks (dense experts), then decode steps (gathered experts)
     assert runtime_greedy(artifact.model, tokens, 12) == hf_greedy(artifact.hf, tokens, 12)
+
+
+def _expert_products(program: torch.fx.GraphModule) -> tuple[int, int]:
+    """(products on views of the stacked experts, gathers that copy experts' weights) in a CPU program."""
+    calls = [n for n in program.graph.nodes if n.op == "call_function"]
+    views = sum(n.target is cpu_experts._experts_matmul for n in calls)
+    copies = sum(
+        n.target == torch.ops.aten.index_select.default and n.args[0].meta["val"].dim() == 3
+        and "experts" in n.args[0].name
+        for n in calls
+    )  # fmt: skip
+    return views, copies
+
+
+def test_cpu_decode_programs_read_views_of_the_selected_experts(zoo):
+    """The CPU backend runs a gathering graph's products on views of the picked experts, not on a gathered copy
+    (backends/cpu_experts.py); a chunk's graph runs every expert and has no gather. Greedy tokens through these
+    programs: test_greedy_tokens_equal_hf."""
+    model = zoo.artifact("qwen3_moe", **CHUNKED_LOGITS_LIGHT).model
+    products = {spec: _expert_products(program) for spec, program in model.graphs.programs.items()}
+    decode = [spec for spec in products if spec.name == TOKEN_GENERATION]
+    assert decode and all(products[spec] == (2 * 3, 0) for spec in decode)  # 2 MoE layers x gate, up, down
+    chunks = [spec for spec in products if spec.name == CHUNKED_PREFILL]
+    assert chunks and all(products[spec] == (0, 0) for spec in chunks)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_expert_views_product_equals_the_gathered_product(dtype):
+    """Rows picking the same expert twice, several rows per expert product, bf16."""
+    generator = torch.Generator().manual_seed(4)
+    weight = torch.randn(8, 24, 16, generator=generator).to(dtype)
+    x = torch.randn(5, 3, 16, generator=generator).to(dtype)
+    index = torch.tensor([6, 1, 6, 0, 7])
+    want = torch.bmm(x, weight.index_select(0, index).transpose(1, 2))
+    torch.testing.assert_close(cpu_experts._experts_matmul(x, weight, index), want)
