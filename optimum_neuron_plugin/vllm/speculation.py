@@ -11,6 +11,8 @@ or a grammar get no drafts (they decode one token per step as without speculatio
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from vllm.config import VllmConfig
 
@@ -63,11 +65,22 @@ class NgramDrafts:
     """vLLM's NgramProposer over the runner's token lists (the runner keeps each request's tokens itself)."""
 
     def __init__(self, vllm_config: VllmConfig) -> None:
+        import numba
+
+        # The lookup is a numba parallel loop (one thread below 8192 tokens). Numba's default OpenMP pool and the
+        # graphs' OpenMP pool (torch's) then contend for the cores: every graph call ran ~40x slower (SmolLM2 on
+        # the cpu backend, benchmark/results/20261126-speculative-ngram-k4-vs-plain). Numba's own workqueue pool
+        # does not. The layer is fixed at numba's first parallel call; an explicit NUMBA_THREADING_LAYER wins.
+        if "NUMBA_THREADING_LAYER" not in os.environ:
+            numba.config.THREADING_LAYER = "workqueue"
         from vllm.v1.spec_decode.ngram_proposer import NgramProposer
 
         self.proposer = NgramProposer(vllm_config)
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
+        # vLLM's own warm-up proposes for no request, so numba would compile the lookup on the first real proposal
+        # (seconds, inside a request's step): compile it here, at startup.
+        self.propose([[1, 2, 1, 2]])
 
     def propose(self, token_lists: list[list[int]]) -> list[list[int]]:
         """Each request's drafts (at most k, none where no n-gram of its suffix recurs) given all its tokens."""

@@ -73,6 +73,15 @@ def random_prompt(length: int, seed: int) -> list[int]:
     return torch.randint(1000, 40000, (length,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
+def test_the_ngram_lookup_runs_on_numbas_workqueue_pool(llm):
+    """vLLM's n-gram lookup (a numba parallel loop) ran at startup on numba's workqueue layer: the pool of its
+    default OpenMP layer contends with torch's for the cores, making every graph call ~40x slower
+    (benchmark/results/20261126-speculative-ngram-k4-vs-plain)."""
+    import numba
+
+    assert numba.threading_layer() == "workqueue"
+
+
 def test_greedy_with_speculation_equals_greedy_without(llm, tokenizer, tiny_hf, stats_file):
     """Repetitive prompts (drafts hit), random ones (drafts from the output only, most rejected), one ending at the
     sequence length: each equals transformers' greedy tokens (the plugin without drafts equals them: test_engine)."""
