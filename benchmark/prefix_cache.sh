@@ -73,7 +73,7 @@ drive_shared() {
     --seed "$((SEED + round))" --temperature "$TEMPERATURE" --ignore-eos --max-concurrency "$CONCURRENCY" \
     --num-warmups "$NUM_WARMUPS" --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
     --save-result --result-dir "$RUN_DIR" --result-filename "$result" --disable-tqdm \
-    >"$RUN_DIR/${result%.json}.log" 2>&1 || die "vllm bench serve failed (log: $RUN_DIR/${result%.json}.log)"
+    >"$RUN_DIR/${result%.json}.log" 2>&1 || log "vllm bench serve failed (log: $RUN_DIR/${result%.json}.log)"
 }
 
 drive_multi() {
@@ -85,7 +85,7 @@ drive_multi() {
     --tokenizer "$(served_dir "$config")" --conversations "$CONVERSATIONS" --turns "$TURNS" \
     --concurrency "$CONCURRENCY" --first-len "$FIRST_LEN" --question-len "$QUESTION_LEN" --output-len "$OUTPUT_LEN" \
     --seed "$((SEED + round))" --result "$RUN_DIR/$result" \
-    >"$RUN_DIR/${result%.json}.log" 2>&1 || die "multi_turn.py failed (log: $RUN_DIR/${result%.json}.log)"
+    >"$RUN_DIR/${result%.json}.log" 2>&1 || log "multi_turn.py failed (log: $RUN_DIR/${result%.json}.log)"
 }
 
 # The peer starts next to ours (vLLM's CPU backend compiles for minutes); on exports the artifact if needed, then off
@@ -128,6 +128,9 @@ def figures(variant: str, workload: str, r: int) -> dict:
 
 
 rows, ratios = [], {}
+# A drive that failed (see its log) leaves its workload out.
+workloads = [w for w in workloads if all((run / f"{v}-{w}-r{r}.json").exists()
+                                         for v in variants for r in range(1, rounds + 1))]
 for workload in workloads:
     for r in range(1, rounds + 1):
         got = {v: figures(v, workload, r) for v in variants}
