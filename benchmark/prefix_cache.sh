@@ -20,6 +20,7 @@ export SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-2048} CHUNK_SIZE=${CHUNK_SIZE:-128} OU
 export NUM_PROMPTS=${NUM_PROMPTS:-32} CONCURRENCY=${CONCURRENCY:-4}
 # cached_tokens in every answer's usage (the multi-turn driver records it).
 export VLLM_SERVE_ARGS=${VLLM_SERVE_ARGS:---enable-prompt-tokens-details}
+given_run_dir=${RUN_DIR:-}  # common.sh defaults RUN_DIR to results/manual
 # shellcheck source=benchmark/common.sh
 source "$(dirname "$0")/common.sh"
 
@@ -32,7 +33,7 @@ CONVERSATIONS=${CONVERSATIONS:-8}
 TURNS=${TURNS:-4}
 ROUNDS=${ROUNDS:-1}
 WORKLOADS=${WORKLOADS:-shared multi}
-RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/$(date +%Y%m%d)-prefix-cache-on-vs-off-vs-${PEER:-none}}
+RUN_DIR=${given_run_dir:-$RESULTS_ROOT/$(date +%Y%m%d-%H%M)-prefix-cache-on-vs-off-vs-${PEER:-none}}
 BASE_PORT=$PORT
 VARIANTS="on off${PEER:+ peer}"
 mkdir -p "$RUN_DIR"
