@@ -1,104 +1,175 @@
 #!/usr/bin/env bash
-# Prefix caching on and off, same artifact, same run: a shared system prompt workload.
+# Prefix caching: our artifact with it on and off, and vLLM's CPU backend with it on, same host, same run.
 #
 #   benchmark/prefix_cache.sh
 #
-# Two servers of one artifact (CONFIG, default chunked-hybrid) run side by side: prefix caching on (the default)
-# on PORT and off (--no-enable-prefix-caching) on PORT+1. `vllm bench serve` drives them in turn, ROUNDS times
-# (on, off, on, off, ...): vLLM's random dataset with one shared PREFIX_LEN-token prefix before QUESTION_LEN random
-# tokens per prompt, OUTPUT_LEN tokens out, NUM_PROMPTS prompts at concurrency CONCURRENCY. Writes RUN_DIR/summary.json
-# and RUN_DIR/summary.md: TTFT p50 / output tok/s per round and the on/off ratios; the runner's cached_tokens
-# (ONP_STATS_FILE) and the on server's vllm:prefix_cache_queries / _hits.
-# Knobs (environment, besides common.sh's): PREFIX_LEN (1000), QUESTION_LEN (50), ROUNDS (2), CONFIG.
+# Three servers run side by side: the plugin serving one artifact (CONFIG, default chunked-hybrid) with prefix caching
+# on (the default) on PORT and off (--no-enable-prefix-caching) on PORT+1, and PEER (default vllm-cpu: vLLM's own CPU
+# backend on the same weights, prefix caching on) on PORT+2. Each round drives them in turn with two workloads:
+#  shared  `vllm bench serve`'s random dataset: one PREFIX_LEN-token prefix shared by every prompt before
+#          QUESTION_LEN random tokens, OUTPUT_LEN tokens out, NUM_PROMPTS prompts at concurrency CONCURRENCY;
+#  multi   benchmark/multi_turn.py: CONVERSATIONS chat conversations of TURNS turns, CONCURRENCY at a time, each turn
+#          resending the whole history (a FIRST_LEN-token first message, QUESTION_LEN-token questions after it).
+# Writes RUN_DIR/summary.json and RUN_DIR/summary.md: TTFT p50 and output tok/s per server, workload and round, the
+# ratios on/off and on/peer; the runner's cached_tokens (ONP_STATS_FILE) and the on server's
+# vllm:prefix_cache_queries / _hits.
+# Knobs (environment, besides common.sh's): PREFIX_LEN (1000), QUESTION_LEN (50), FIRST_LEN (500), CONVERSATIONS
+# (8), TURNS (4), ROUNDS (1), CONFIG, PEER ("" = no peer), WORKLOADS ("shared multi").
 set -euo pipefail
 export SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-2048} CHUNK_SIZE=${CHUNK_SIZE:-128} OUTPUT_LEN=${OUTPUT_LEN:-64}
 export NUM_PROMPTS=${NUM_PROMPTS:-32} CONCURRENCY=${CONCURRENCY:-4}
+# cached_tokens in every answer's usage (the multi-turn driver records it).
+export VLLM_SERVE_ARGS=${VLLM_SERVE_ARGS:---enable-prompt-tokens-details}
+given_run_dir=${RUN_DIR:-}  # common.sh defaults RUN_DIR to results/manual
 # shellcheck source=benchmark/common.sh
 source "$(dirname "$0")/common.sh"
 
 CONFIG=${CONFIG:-chunked-hybrid}
+PEER=${PEER-vllm-cpu}
 PREFIX_LEN=${PREFIX_LEN:-1000}
 QUESTION_LEN=${QUESTION_LEN:-50}
-ROUNDS=${ROUNDS:-2}
-RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/prefix-$(date +%Y%m%d-%H%M%S)}
+FIRST_LEN=${FIRST_LEN:-500}
+CONVERSATIONS=${CONVERSATIONS:-8}
+TURNS=${TURNS:-4}
+ROUNDS=${ROUNDS:-1}
+WORKLOADS=${WORKLOADS:-shared multi}
+RUN_DIR=${given_run_dir:-$RESULTS_ROOT/$(date +%Y%m%d-%H%M)-prefix-cache-on-vs-off-vs-${PEER:-none}}
 BASE_PORT=$PORT
+VARIANTS="on off${PEER:+ peer}"
 mkdir -p "$RUN_DIR"
 
 variant_dir() { echo "$RUN_DIR/$1"; }
-variant_port() { if [ "$1" = on ]; then echo "$BASE_PORT"; else echo $((BASE_PORT + 1)); fi; }
+variant_port() {
+  case "$1" in
+    on) echo "$BASE_PORT" ;;
+    off) echo $((BASE_PORT + 1)) ;;
+    peer) echo $((BASE_PORT + 2)) ;;
+  esac
+}
+variant_config() { if [ "$1" = peer ]; then echo "$PEER"; else echo "$CONFIG"; fi; }
+# The peer caches prefixes too; off is the plugin with --no-enable-prefix-caching.
+variant_caching() { if [ "$1" = off ]; then echo off; else echo on; fi; }
 
 serve() {
-  RUN_DIR=$(variant_dir "$1") PORT=$(variant_port "$1") PREFIX_CACHING=$1 "$BENCH_DIR/serve.sh" "$CONFIG"
+  RUN_DIR=$(variant_dir "$1") PORT=$(variant_port "$1") PREFIX_CACHING=$(variant_caching "$1") \
+    "$BENCH_DIR/serve.sh" "$(variant_config "$1")"
 }
 
 stop_all() {
-  for variant in on off; do
-    RUN_DIR=$(variant_dir "$variant") "$BENCH_DIR/serve.sh" --stop "$CONFIG" || true
+  for variant in $VARIANTS; do
+    RUN_DIR=$(variant_dir "$variant") "$BENCH_DIR/serve.sh" --stop "$(variant_config "$variant")" || true
   done
 }
 trap stop_all EXIT
 
-drive() {
-  local variant=$1 round=$2 dir result
-  dir=$(variant_dir "$variant")
-  result=$variant-r$round.json
-  log "$variant, round $round: $NUM_PROMPTS prompts of $PREFIX_LEN shared + $QUESTION_LEN tokens, $OUTPUT_LEN out"
+drive_shared() {
+  local variant=$1 round=$2 config result
+  config=$(variant_config "$variant")
+  result=$variant-shared-r$round.json
+  log "$variant ($config), round $round: $NUM_PROMPTS prompts of $PREFIX_LEN shared + $QUESTION_LEN tokens, $OUTPUT_LEN out"
   "$VENV_BIN/vllm" bench serve --backend openai --endpoint /v1/completions \
-    --base-url "http://$HOST:$(variant_port "$variant")" --model "$(served_dir "$CONFIG")" \
-    --tokenizer "$(served_dir "$CONFIG")" --dataset-name random --random-prefix-len "$PREFIX_LEN" \
+    --base-url "http://$HOST:$(variant_port "$variant")" --model "$(served_dir "$config")" \
+    --tokenizer "$(served_dir "$config")" --dataset-name random --random-prefix-len "$PREFIX_LEN" \
     --random-input-len "$QUESTION_LEN" --random-output-len "$OUTPUT_LEN" --num-prompts "$NUM_PROMPTS" \
     --seed "$((SEED + round))" --temperature "$TEMPERATURE" --ignore-eos --max-concurrency "$CONCURRENCY" \
     --num-warmups "$NUM_WARMUPS" --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
     --save-result --result-dir "$RUN_DIR" --result-filename "$result" --disable-tqdm \
-    >"$RUN_DIR/$variant-r$round.log" 2>&1 || die "vllm bench serve failed (log: $RUN_DIR/$variant-r$round.log)"
+    >"$RUN_DIR/${result%.json}.log" 2>&1 || log "vllm bench serve failed (log: $RUN_DIR/${result%.json}.log)"
 }
 
+drive_multi() {
+  local variant=$1 round=$2 config result
+  config=$(variant_config "$variant")
+  result=$variant-multi-r$round.json
+  log "$variant ($config), round $round: $CONVERSATIONS conversations of $TURNS turns, $OUTPUT_LEN out"
+  "$PYTHON" "$BENCH_DIR/multi_turn.py" --base-url "http://$HOST:$(variant_port "$variant")" \
+    --tokenizer "$(served_dir "$config")" --conversations "$CONVERSATIONS" --turns "$TURNS" \
+    --concurrency "$CONCURRENCY" --first-len "$FIRST_LEN" --question-len "$QUESTION_LEN" --output-len "$OUTPUT_LEN" \
+    --seed "$((SEED + round))" --result "$RUN_DIR/$result" \
+    >"$RUN_DIR/${result%.json}.log" 2>&1 || log "multi_turn.py failed (log: $RUN_DIR/${result%.json}.log)"
+}
+
+# The peer starts next to ours (vLLM's CPU backend compiles for minutes); on exports the artifact if needed, then off
+# serves the same one.
+if [ -n "$PEER" ]; then
+  serve peer &
+  peer_pid=$!
+fi
 serve on
 serve off
+if [ -n "$PEER" ]; then wait "$peer_pid" || die "$PEER did not start (log: $(variant_dir peer)/$PEER.server.log)"; fi
 for round in $(seq "$ROUNDS"); do
-  drive on "$round"
-  drive off "$round"
+  for workload in $WORKLOADS; do
+    for variant in $VARIANTS; do "drive_$workload" "$variant" "$round"; done
+  done
 done
 curl -sf "http://$HOST:$(variant_port on)/metrics" >"$RUN_DIR/on.metrics.txt" || true
 stop_all
 trap - EXIT
 
-"$PYTHON" - "$RUN_DIR" "$ROUNDS" "$PREFIX_LEN" "$QUESTION_LEN" "$CONFIG" <<'EOF'
+"$PYTHON" - "$RUN_DIR" "$ROUNDS" "$CONFIG" "${PEER:-}" "$WORKLOADS" <<'EOF'
 import json, re, statistics, sys
 from pathlib import Path
 
-run, rounds, prefix, question, config = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+run, rounds, config, peer, workloads = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5].split()
+variants = ["on", "off"] + (["peer"] * bool(peer))
 meta = json.loads((run / "on" / f"{config}.meta.json").read_text())
-rows, ratios = [], {"ttft_p50": [], "output_throughput": []}
-for r in range(1, rounds + 1):
-    on, off = (json.loads((run / f"{v}-r{r}.json").read_text()) for v in ("on", "off"))
-    for name in ratios:
-        key = "p50_ttft_ms" if name == "ttft_p50" else name
-        ratios[name].append(on[key] / off[key])
-    rows.append({"round": r, **{f"{v}_{k}": d[k] for v, d in (("on", on), ("off", off))
-                                for k in ("p50_ttft_ms", "p50_tpot_ms", "output_throughput", "completed")}})
+
+
+def figures(variant: str, workload: str, r: int) -> dict:
+    """TTFT p50 (ms) and output tok/s of one drive."""
+    d = json.loads((run / f"{variant}-{workload}-r{r}.json").read_text())
+    if workload == "shared":
+        return {"ttft_p50_ms": d["p50_ttft_ms"], "ttft_p99_ms": d["p99_ttft_ms"], "tpot_p50_ms": d["p50_tpot_ms"],
+                "output_throughput": d["output_throughput"], "completed": d["completed"]}
+    return {"ttft_p50_ms": d["ttft_ms"]["p50"], "ttft_p99_ms": d["ttft_ms"]["p99"],
+            "ttft_p50_ms_later_turns": d["ttft_ms_later_turns"]["p50"],
+            "output_throughput": d["output_throughput"], "completed": d["completed"],
+            "prompt_tokens": d["prompt_tokens"], "cached_tokens": d["cached_tokens"]}
+
+
+rows, ratios = [], {}
+# A drive that failed (see its log) leaves its workload out.
+workloads = [w for w in workloads if all((run / f"{v}-{w}-r{r}.json").exists()
+                                         for v in variants for r in range(1, rounds + 1))]
+for workload in workloads:
+    for r in range(1, rounds + 1):
+        got = {v: figures(v, workload, r) for v in variants}
+        rows.append({"workload": workload, "round": r, **got})
+        for other in variants[1:]:
+            for k in ("ttft_p50_ms", "output_throughput"):
+                ratios.setdefault(f"{workload}/{k}/on_{other}", []).append(got["on"][k] / got[other][k])
 stats = [json.loads(line) for line in (run / "on" / f"{config}.stats.jsonl").read_text().splitlines()]
 metrics = (run / "on.metrics.txt").read_text() if (run / "on.metrics.txt").exists() else ""
 counter = lambda name: sum(float(v) for v in re.findall(rf"^vllm:{name}_total\{{[^}}]*\}} (\S+)", metrics, re.M))
+hits = [s for s in stats if s["cached_tokens"] > 0]
 summary = {
-    "workload": {"config": config, "prefix_len": int(prefix), "question_len": int(question), **{
-        k: meta[k] for k in ("batch_size", "sequence_length", "chunk_size", "prefill_batch_size", "prefill_mode")}},
+    "servers": {"on": f"{config}, prefix caching on", "off": f"{config}, --no-enable-prefix-caching",
+                **({"peer": f"{peer}, prefix caching on"} if peer else {})},
+    "artifact": {k: meta[k] for k in ("batch_size", "sequence_length", "chunk_size", "prefill_batch_size",
+                                      "prefill_mode")},
     "rounds": rows,
-    "ratio_on_off": {k: [round(v, 3) for v in vs] for k, vs in ratios.items()},
-    "ratio_on_off_median": {k: round(statistics.median(vs), 3) for k, vs in ratios.items()},
-    "runner_cached_tokens": {"requests": len(stats), "hits": sum(s["cached_tokens"] > 0 for s in stats),
-                             "cached_tokens": sum(s["cached_tokens"] for s in stats),
-                             "prompt_tokens": sum(s["prompt_tokens"] for s in stats)},
-    "vllm_metrics": {"prefix_cache_queries": counter("prefix_cache_queries"),
-                     "prefix_cache_hits": counter("prefix_cache_hits")},
+    "ratios": {k: [round(v, 3) for v in vs] for k, vs in ratios.items()},
+    "ratios_median": {k: round(statistics.median(vs), 3) for k, vs in ratios.items()},
+    "runner_on": {"requests": len(stats), "hits": len(hits),
+                  "cached_tokens": sum(s["cached_tokens"] for s in stats),
+                  "prompt_tokens": sum(s["prompt_tokens"] for s in stats),
+                  "prefill_calls_per_hit_median": statistics.median(s["prefill_calls"] for s in hits) if hits else None,
+                  "prefill_calls_per_miss_median": statistics.median(
+                      s["prefill_calls"] for s in stats if not s["cached_tokens"]) if len(hits) < len(stats) else None},
+    "vllm_metrics_on": {"prefix_cache_queries": counter("prefix_cache_queries"),
+                        "prefix_cache_hits": counter("prefix_cache_hits")},
 }
 (run / "summary.json").write_text(json.dumps(summary, indent=1))
-lines = ["| round | TTFT p50 on (ms) | off (ms) | on/off | out tok/s on | off | on/off |", "|---|---|---|---|---|---|---|"]
-for row, t, o in zip(rows, ratios["ttft_p50"], ratios["output_throughput"]):
-    lines.append(f"| {row['round']} | {row['on_p50_ttft_ms']:.0f} | {row['off_p50_ttft_ms']:.0f} | {t:.2f}x | "
-                 f"{row['on_output_throughput']:.1f} | {row['off_output_throughput']:.1f} | {o:.2f}x |")
+lines = ["| workload | round | server | TTFT p50 (ms) | output tok/s | TTFT on/server | tok/s on/server |",
+         "|---|---|---|---|---|---|---|"]
+for row in rows:
+    for v in variants:
+        f, on = row[v], row["on"]
+        lines.append(f"| {row['workload']} | {row['round']} | {summary['servers'][v]} | {f['ttft_p50_ms']:.0f} | "
+                     f"{f['output_throughput']:.1f} | {on['ttft_p50_ms'] / f['ttft_p50_ms']:.2f}x | "
+                     f"{on['output_throughput'] / f['output_throughput']:.2f}x |")
 (run / "summary.md").write_text("\n".join(lines) + "\n\n```json\n" + json.dumps(summary, indent=1) + "\n```\n")
 print("\n".join(lines))
-print(json.dumps(summary["ratio_on_off_median"]), json.dumps(summary["runner_cached_tokens"]),
-      json.dumps(summary["vllm_metrics"]))
+print(json.dumps(summary["ratios_median"]), json.dumps(summary["runner_on"]), json.dumps(summary["vllm_metrics_on"]))
 EOF

@@ -2,8 +2,9 @@
 
 Rules (prefill_mode=interleaved; NeuronScheduler applies the plan through vLLM's scheduler):
 1. A slice is a whole number of compiled chunks, except the last slice of a prompt. Every slice
-   then starts on a chunk boundary and a prompt of n tokens costs ceil(n / chunk) graph calls,
-   as in serial mode (the runtime pads only a prompt's last chunk).
+   then starts a whole number of chunks after the prompt's first computed token (0, or its prefix
+   cache hit) and n tokens to prefill cost ceil(n / chunk) graph calls, as in serial mode (the
+   runtime pads only a prompt's last chunk).
 2. The step's prefill budget is counted in graph calls (`chunk_budget`), not tokens. Decodes are
    outside it: every decoding request gets its token each step.
 3. Shortest remaining prompt first, so a short prompt overtakes a long one in progress. Aging: a

@@ -3,8 +3,9 @@
 The compiled KV cache has batch_size rows (slots); a request owns one from admission until it finishes. A finished
 request's rows stay as they are until the slot is reused, so a free slot still holds the K/V of the tokens its last
 owner really computed. A new request goes into the free slot holding its longest prefix and starts prefilling after
-it: the hit. Hits are whole compiled chunks (the chunk loop then starts on a chunk boundary, as an interleaved slice
-does) and never reach the prompt's last token, which must be prefilled to produce the first token's logits.
+it: the hit. A hit is the longest common prefix, token-exact (the chunk loop starts at any position: the prefill
+graphs take each row's start), and never reaches the prompt's last token, which must be prefilled to produce the
+first token's logits.
 
 Invariant: a slot's `tokens` are only tokens whose K/V a step the runner reported successful wrote into its rows
 (`commit`). A request's steps write positions from its hit onward, so the tokens before the hit stay valid; a
@@ -34,13 +35,13 @@ class SlotExhaustedError(RuntimeError):
     """vLLM scheduled more requests than there are cache rows (a plugin or configuration bug)."""
 
 
-def chunk_hit(cached: list[int], token_ids: list[int], chunk: int) -> int:
-    """Whole chunks of the common prefix of cached and token_ids, leaving at least the last token to prefill."""
+def prefix_hit(cached: list[int], token_ids: list[int]) -> int:
+    """The common prefix of cached and token_ids, leaving at least the last token to prefill."""
     limit = min(len(cached), len(token_ids) - 1)
     common = 0
     while common < limit and cached[common] == token_ids[common]:
         common += 1
-    return common // chunk * chunk
+    return common
 
 
 class PrefixCache:
@@ -49,9 +50,8 @@ class PrefixCache:
     enabled False: slots are still assigned here (LRU), every hit is 0.
     """
 
-    def __init__(self, batch_size: int, chunk: int, enabled: bool) -> None:
+    def __init__(self, batch_size: int, enabled: bool) -> None:
         self.slots = [Slot(i) for i in range(batch_size)]
-        self.chunk = chunk
         self.enabled = enabled
         self._owned: dict[str, Slot] = {}
         self._committed: dict[str, int] = {}  # req_id -> tokens its successful steps wrote (from position 0)
@@ -62,7 +62,7 @@ class PrefixCache:
         return self._best(token_ids).hit if self.num_free else 0
 
     def claim(self, req_id: str, token_ids: list[int], lookup: bool = True) -> Claim:
-        """Reserve the free slot holding the longest whole-chunk prefix of token_ids (the least recently used one
+        """Reserve the free slot holding the longest prefix of token_ids (the least recently used one
         on a miss). lookup False (e.g. the request skips the prefix cache): the LRU slot, hit 0."""
         if req_id in self._owned:
             self.unclaim(req_id)
@@ -121,5 +121,5 @@ class PrefixCache:
         if not self.enabled:
             return Claim(self._lru().index, 0)
         # Longest hit; among equal hits the least recently used slot (the others stay for later requests).
-        hit, _, index = max((chunk_hit(s.tokens, token_ids, self.chunk), -s.last_used, s.index) for s in self._free())
+        hit, _, index = max((prefix_hit(s.tokens, token_ids), -s.last_used, s.index) for s in self._free())
         return Claim(index, hit)

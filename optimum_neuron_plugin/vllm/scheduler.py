@@ -80,7 +80,7 @@ class NeuronScheduler(Scheduler):
         neuron_config = load_neuron_config(vllm_config.model_config.model)
         # An artifact without prefill chunks runs whole prompts from position 0: no hit is possible.
         enabled = prefix_caching(vllm_config.additional_config) and neuron_config.chunked
-        self.prefix_cache = PrefixCache(neuron_config.batch_size, neuron_config.prefill_length, enabled)
+        self.prefix_cache = PrefixCache(neuron_config.batch_size, enabled)
         self._claims: dict[str, int] = {}  # this step's claims while super().schedule() runs: req_id -> hit
         self.interleave: InterleavePolicy | None = None
         if prefill_mode(vllm_config.additional_config) is PrefillMode.INTERLEAVED:

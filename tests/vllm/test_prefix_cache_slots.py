@@ -1,24 +1,22 @@
-"""PrefixCache (prefix_cache.py), the scheduler's slot bookkeeping: whole-chunk hits, LRU reuse, and a slot never
+"""PrefixCache (prefix_cache.py), the scheduler's slot bookkeeping: token-exact hits, LRU reuse, and a slot never
 claiming more than its owner's successful steps wrote."""
 
 from __future__ import annotations
 
-from optimum_neuron_plugin.vllm.prefix_cache import PrefixCache, chunk_hit
-
-CHUNK = 4
+from optimum_neuron_plugin.vllm.prefix_cache import PrefixCache, prefix_hit
 
 
-def test_a_hit_is_whole_chunks_of_the_common_prefix_and_leaves_the_last_token():
+def test_a_hit_is_the_common_prefix_and_leaves_the_last_token():
     cached = list(range(20))
-    assert chunk_hit(cached, list(range(11)) + [99, 98], CHUNK) == 8  # diverges at 11: chunks 0-1
-    assert chunk_hit(cached, list(range(12)) + [99], CHUNK) == 12
-    assert chunk_hit(cached, list(range(12)), CHUNK) == 8  # an exact resend prefills its last chunk
-    assert chunk_hit(cached[:7], list(range(30)), CHUNK) == 4  # only what the slot holds
-    assert chunk_hit([], list(range(30)), CHUNK) == 0
+    assert prefix_hit(cached, list(range(11)) + [99, 98]) == 11  # diverges at 11
+    assert prefix_hit(cached, list(range(12)) + [99]) == 12
+    assert prefix_hit(cached, list(range(12))) == 11  # an exact resend prefills its last token
+    assert prefix_hit(cached[:7], list(range(30))) == 7  # only what the slot holds
+    assert prefix_hit([], list(range(30))) == 0
 
 
 def test_a_request_goes_into_the_free_slot_holding_its_longest_prefix():
-    cache = PrefixCache(batch_size=3, chunk=CHUNK, enabled=True)
+    cache = PrefixCache(batch_size=3, enabled=True)
     for req_id, tokens in (("a", [1] * 9), ("b", [1] * 5), ("c", [2] * 9)):
         cache.claim(req_id, tokens)
         cache.commit(req_id, len(tokens))
@@ -26,13 +24,13 @@ def test_a_request_goes_into_the_free_slot_holding_its_longest_prefix():
     for req_id, tokens in (("a", [1] * 9), ("b", [1] * 5), ("c", [2] * 9)):
         cache.release(req_id, tokens)
     claim = cache.claim("d", [1] * 12)
-    assert (claim.slot, claim.hit) == (slots["a"], 8)
+    assert (claim.slot, claim.hit) == (slots["a"], 9)
     assert cache.claim("e", [3] * 12).hit == 0
     assert cache.num_free == 1
 
 
 def test_a_miss_takes_the_least_recently_used_slot():
-    cache = PrefixCache(batch_size=2, chunk=CHUNK, enabled=True)
+    cache = PrefixCache(batch_size=2, enabled=True)
     for req_id in ("old", "new"):
         cache.claim(req_id, [ord(req_id[0])] * 8)
         cache.commit(req_id, 8)
@@ -43,23 +41,23 @@ def test_a_miss_takes_the_least_recently_used_slot():
 
 
 def test_a_slot_holds_only_what_committed_steps_wrote():
-    cache = PrefixCache(batch_size=1, chunk=CHUNK, enabled=True)
+    cache = PrefixCache(batch_size=1, enabled=True)
     prompt = list(range(16))
     cache.claim("a", prompt)
-    cache.commit("a", 8)  # one successful step; the next one failed or was aborted: never committed
+    cache.commit("a", 7)  # one successful step; the next one failed or was aborted: never committed
     cache.release("a", prompt)
-    assert cache.claim("b", prompt).hit == 8
+    assert cache.claim("b", prompt).hit == 7
 
 
 def test_an_unclaimed_slot_keeps_its_prefix_and_disabled_caching_never_hits():
-    cache = PrefixCache(batch_size=1, chunk=CHUNK, enabled=True)
+    cache = PrefixCache(batch_size=1, enabled=True)
     cache.claim("a", [5] * 9)
     cache.commit("a", 9)
     cache.release("a", [5] * 9)
     cache.claim("b", [5] * 9)
     cache.unclaim("b")  # not admitted this step
     assert cache.claim("c", [5] * 9).hit == 8
-    off = PrefixCache(batch_size=1, chunk=CHUNK, enabled=False)
+    off = PrefixCache(batch_size=1, enabled=False)
     off.claim("a", [5] * 9)
     off.commit("a", 9)
     off.release("a", [5] * 9)

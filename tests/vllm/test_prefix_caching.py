@@ -1,5 +1,6 @@
-"""Prefix caching (on by default): a request admitted into a free slot that holds its prompt's first whole chunks
-starts prefilling after them, and generates exactly what transformers (and an engine without the cache) generates.
+"""Prefix caching (on by default): a request admitted into a free slot that holds the start of its prompt starts
+prefilling right after it (any position, not only a chunk boundary), and generates exactly what transformers (and an
+engine without the cache) generates.
 
 cached_tokens below is vLLM's RequestOutput.num_cached_tokens (what usage.prompt_tokens_details.cached_tokens
 reports); the runner's own record (ONP_STATS_FILE) says where each request's first prefill call started.
@@ -66,33 +67,35 @@ def other_prompts(tokenizer, count: int, length: int = 3 * CHUNK) -> list[list[i
     return [prompt_of(length, tokenizer, offset=5 + i) for i in range(count)]
 
 
-def test_a_resent_prefix_is_a_hit_of_whole_chunks(engine, tokenizer, tiny_hf):
+def test_a_resent_prefix_is_a_hit_of_every_token_held(engine, tokenizer, tiny_hf):
     first = prompt_of(4 * CHUNK + 6, tokenizer)
     (out,) = engine.generate([first])
     assert out.num_cached_tokens == 0
     longer = first + prompt_of(9, tokenizer, offset=3)
+    assert longer[len(first)] != tokens(out)[0]
     (out,) = engine.generate([longer])
-    # The first prompt's 70 tokens are held (and 5 of its outputs): the hit stops at the last whole chunk inside them.
-    assert out.num_cached_tokens == 4 * CHUNK
+    # The first prompt's 70 tokens are held (and 5 of its outputs, which the longer prompt does not repeat): the hit
+    # ends mid-chunk, and the chunk loop starts there.
+    assert out.num_cached_tokens == 4 * CHUNK + 6
     assert tokens(out) == hf_greedy(tiny_hf, longer, NEW_TOKENS)
 
 
-def test_an_exact_resend_prefills_its_last_chunk(engine, tokenizer, tiny_hf):
+def test_an_exact_resend_prefills_its_last_token(engine, tokenizer, tiny_hf):
     prompt = prompt_of(4 * CHUNK, tokenizer, offset=1)
     engine.generate([prompt])
     (out,) = engine.generate([prompt])
-    # The last token must be prefilled for the first token's logits: the whole last chunk is prefilled again.
-    assert out.num_cached_tokens == 3 * CHUNK
+    # The last token must be prefilled for the first token's logits: a one-token chunk call.
+    assert out.num_cached_tokens == 4 * CHUNK - 1
     assert tokens(out) == hf_greedy(tiny_hf, prompt, NEW_TOKENS)
 
 
-def test_a_prompt_diverging_mid_chunk_reuses_only_the_chunks_before(engine, tokenizer, tiny_hf):
+def test_a_prompt_diverging_mid_chunk_reuses_the_tokens_before(engine, tokenizer, tiny_hf):
     base = prompt_of(5 * CHUNK, tokenizer, offset=2)
     engine.generate([base])
     diverging = base[: 2 * CHUNK + 7] + prompt_of(30, tokenizer, offset=11)
     assert diverging[2 * CHUNK + 7] != base[2 * CHUNK + 7]
     (out,) = engine.generate([diverging])
-    assert out.num_cached_tokens == 2 * CHUNK
+    assert out.num_cached_tokens == 2 * CHUNK + 7
     assert tokens(out) == hf_greedy(tiny_hf, diverging, NEW_TOKENS)
 
 
@@ -109,12 +112,12 @@ def test_a_prefix_whose_slot_was_reused_is_a_miss(engine, tokenizer, tiny_hf):
 
 
 def test_a_system_prompt_shared_by_concurrent_requests(engine, tokenizer, tiny_hf):
-    system = prompt_of(3 * CHUNK, tokenizer, offset=13)
+    system = prompt_of(3 * CHUNK + 5, tokenizer, offset=13)
     prompts = [system + prompt_of(10, tokenizer, offset=i) for i in range(2 * BATCH_SIZE)]
     outputs = engine.generate(prompts)
     assert [tokens(o) for o in outputs] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts]
     # The first BATCH_SIZE are admitted together (no slot holds the system prompt yet); the next ones find it.
-    assert sorted(o.num_cached_tokens for o in outputs) == [0] * BATCH_SIZE + [3 * CHUNK] * BATCH_SIZE
+    assert sorted(o.num_cached_tokens for o in outputs) == [0] * BATCH_SIZE + [len(system)] * BATCH_SIZE
 
 
 def test_the_turns_of_a_conversation_reuse_the_history(engine, tokenizer, tiny_hf):
@@ -124,7 +127,7 @@ def test_the_turns_of_a_conversation_reuse_the_history(engine, tokenizer, tiny_h
         (out,) = engine.generate([history])
         assert tokens(out) == hf_greedy(tiny_hf, history, NEW_TOKENS)
         # The previous turn's prompt and the outputs it fed back (all but its last token) are held.
-        assert out.num_cached_tokens == held // CHUNK * CHUNK
+        assert out.num_cached_tokens == held
         held = len(history) + NEW_TOKENS - 1
         history = history + tokens(out) + prompt_of(7, tokenizer, offset=turn)
 
@@ -136,7 +139,7 @@ def test_a_seeded_sampled_request_samples_the_same_with_a_hit(engine, chunked_di
     params = SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
     engine.generate([prompt])
     (hit,) = engine.generate([prompt], params)
-    assert hit.num_cached_tokens == 3 * CHUNK
+    assert hit.num_cached_tokens == 3 * CHUNK + 4
     fresh = Engine(chunked_dir, vllm_root / "prefix-caching-off.jsonl", enable_prefix_caching=False)
     try:
         fresh.generate([prompt])
@@ -174,18 +177,18 @@ def test_an_aborted_prefill_is_a_hit_only_for_what_it_wrote(interleaved, tokeniz
 
 def test_a_hit_prefills_next_to_decoding_requests(interleaved, tokenizer, tiny_hf):
     """Interleaved slices from the hit on, one of them riding in a chunk_and_decode call with the decodes."""
-    system = prompt_of(2 * CHUNK, tokenizer, offset=9)
+    system = prompt_of(2 * CHUNK + 3, tokenizer, offset=9)
     prompts = [system + prompt_of(3 * CHUNK + i, tokenizer, offset=i) for i in range(2 * BATCH_SIZE + 1)]
     outputs = interleaved.generate(prompts, greedy(12))
     assert [tokens(o) for o in outputs] == [hf_greedy(tiny_hf, p, 12) for p in prompts]
-    assert sum(o.num_cached_tokens == 2 * CHUNK for o in outputs) >= BATCH_SIZE
+    assert sum(o.num_cached_tokens == len(system) for o in outputs) >= BATCH_SIZE
 
 
 def test_hits_prefilled_together(batched_dir, vllm_root, tokenizer, tiny_hf):
     """prefill_batch_size > 1: the prompts of a step start their chunk loops at their own hits in one call."""
     served = Engine(batched_dir, vllm_root / "prefix-batched.jsonl")
     try:
-        system = prompt_of(3 * CHUNK, tokenizer, offset=13)
+        system = prompt_of(3 * CHUNK + 9, tokenizer, offset=13)
         prompts = [system + prompt_of(20 + i, tokenizer, offset=i) for i in range(2 * BATCH_SIZE)]
         outputs = served.generate(prompts)
         served.generate([prompt_of(2, tokenizer)], greedy(1))  # the runner records the previous requests' stats
@@ -193,7 +196,7 @@ def test_hits_prefilled_together(batched_dir, vllm_root, tokenizer, tiny_hf):
         served.close()
     assert [tokens(o) for o in outputs] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts]
     records = [json.loads(line) for line in served.stats_file.read_text().splitlines()]
-    hits = [r for r in records if r["cached_tokens"] == 3 * CHUNK]
+    hits = [r for r in records if r["cached_tokens"] == len(system)]
     assert len(hits) == BATCH_SIZE and all(r["batched"] for r in hits), records
 
 
