@@ -39,13 +39,16 @@ CASES = {
     "gpt_oss": ("gpt_oss", {}),
 }
 SHAPE = dict(batch_size=2, sequence_length=64, prefill_chunk_size=8)
-# Two context buckets where logits are compared, one where tokens are (fewer graphs to export). The logits scenario
-# decodes both slots in every call: only the 2-row token_generation graphs (no 1-row ones to export).
+# Only the graphs the scenario calls: every decode call reads past position 16 (context bucket 64 only), both
+# kinds decode in 2-row graphs (generate's lone request runs in one of their rows). Where logits are compared, the
+# second prompt's third chunk runs prefill bucket 16 (a prior of exactly 16 positions).
 KINDS = {
     "logits": dict(
-        SHAPE, on_device_sampling=False, context_buckets=(16, 64), prefill_buckets=(0, 16, 64), decode_batch_sizes=(2,)
+        SHAPE, on_device_sampling=False, context_buckets=(64,), prefill_buckets=(0, 16, 64), decode_batch_sizes=(2,)
     ),
-    "sampling": dict(SHAPE, on_device_sampling=True, context_buckets=(64,), prefill_buckets=(0, 64)),
+    "sampling": dict(
+        SHAPE, on_device_sampling=True, context_buckets=(64,), prefill_buckets=(0, 64), decode_batch_sizes=(2,)
+    ),
 }
 CASE_PARAMS = quick_first(CASES, quick=("llama-sharded-kv",))
 PROMPTS = [prompt(13, seed=1), prompt(21, seed=2)]  # 2 chunks, 3 chunks (the second crosses bucket 16)

@@ -84,3 +84,16 @@ def gemma3_hf():
     gguf = gemma3_gguf()
     hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     return hf, AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+
+
+def save_gemma3_hf(hf, tokenizer, directory: Path) -> Path:
+    """`hf` and its tokenizer (gemma3_hf) as a plain Hugging Face checkpoint in `directory` (a GGUF-loaded model
+    refuses save_pretrained): an export source that is not dequantized again. Without generation_config.json, like
+    the GGUF (transformers reads no generation config from it)."""
+    config = type(hf.config).from_dict({k: v for k, v in hf.config.to_dict().items() if k != "quantization_config"})
+    plain = type(hf)(config).eval()
+    plain.load_state_dict(hf.state_dict())
+    plain.save_pretrained(directory)
+    tokenizer.save_pretrained(str(directory))
+    (directory / "generation_config.json").unlink(missing_ok=True)
+    return directory

@@ -1,5 +1,9 @@
-"""Gemma 3 270M (the Q4_K_M GGUF from PyPI, support.gemma3) end to end: exported from the GGUF, its greedy text
-equals transformers' (fed <bos> + the prompt) through the runtime and through vllm.LLM given plain text.
+"""Gemma 3 270M (the Q4_K_M GGUF from PyPI, support.gemma3) end to end: exported from the model transformers reads
+from the GGUF, its greedy text equals transformers' (fed <bos> + the prompt) through vllm.LLM given plain text, and
+through the runtime (the first prompt).
+
+The GGUF is dequantized once: the reference model and its GGUF-built tokenizer are saved as a Hugging Face directory,
+the export's source (exporting from a .gguf file itself: tests/cli/test_export.py, SmolLM2).
 
 One export for the module: batch 2, sequence_length 1024, chunk 128, context buckets 256 and 1024, 2-row decode graphs. The long prompt runs
 past the 512-token sliding window, so in bucket 1024 the sliding layers read only their window of the cache.
@@ -10,8 +14,9 @@ real quality from plain prompts.
 from __future__ import annotations
 
 import pytest
+import torch
 from support.engine import close_llm, make_llm
-from support.gemma3 import gemma3_gguf, gemma3_hf
+from support.gemma3 import gemma3_hf, save_gemma3_hf
 from support.references import hf_greedy
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
@@ -42,16 +47,17 @@ SHAPE = dict(
 
 @pytest.fixture(scope="module")
 def gemma3(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gemma3-exported")
-    NeuronModelForCausalLM.export(gemma3_gguf(), NeuronConfig(**SHAPE)).save_pretrained(out)
     hf, gguf_tokenizer = gemma3_hf()
-    return hf, gguf_tokenizer, out
+    source = save_gemma3_hf(hf, gguf_tokenizer, tmp_path_factory.mktemp("gemma3-hf"))
+    out = tmp_path_factory.mktemp("gemma3-exported")
+    NeuronModelForCausalLM.export(source, NeuronConfig(**SHAPE)).save_pretrained(out)
+    return hf, gguf_tokenizer, out, source
 
 
 @pytest.fixture(scope="module")
 def references(gemma3):
     """HF greedy tokens after <bos> + each prompt (the GGUF tokenizer does not add <bos>)."""
-    hf, gguf_tokenizer, _ = gemma3
+    hf, gguf_tokenizer, _, _ = gemma3
     ids = [[BOS] + gguf_tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     assert len(ids[2]) > 512
     return ids, [hf_greedy(hf, i, NEW_TOKENS) for i in ids]
@@ -60,20 +66,22 @@ def references(gemma3):
 def test_the_gguf_tokenizer_lacks_bos_the_exported_one_adds_it(gemma3):
     from transformers import AutoTokenizer
 
-    _, gguf_tokenizer, out = gemma3
+    _, gguf_tokenizer, out, source = gemma3
     assert gguf_tokenizer("Hello")["input_ids"][0] != BOS
+    assert AutoTokenizer.from_pretrained(source)("Hello")["input_ids"][0] != BOS  # the export's source lacks it too
     assert AutoTokenizer.from_pretrained(out)("Hello")["input_ids"][0] == BOS
 
 
 def test_runtime_greedy_equals_transformers(gemma3, references):
-    _, _, out = gemma3
+    """The runtime's tokenizer adds <bos> to every prompt; its greedy text of the first one (the vLLM test runs all
+    three through the same graphs)."""
+    _, _, out, _ = gemma3
     model = NeuronModelForCausalLM.from_pretrained(out)
     ids, expected = references
-    for prompt, prompt_ids, tokens in zip(PROMPTS, ids, expected, strict=True):
-        encoded = model.tokenizer(prompt, return_tensors="pt")
-        assert encoded["input_ids"][0].tolist() == prompt_ids
-        generated = model.generate(encoded["input_ids"], max_new_tokens=NEW_TOKENS, eos_token_id=[])
-        assert generated[0, len(prompt_ids) :].tolist() == tokens, model.tokenizer.decode(tokens)
+    for prompt, prompt_ids in zip(PROMPTS, ids, strict=True):
+        assert model.tokenizer(prompt)["input_ids"] == prompt_ids
+    generated = model.generate(torch.tensor([ids[0]]), max_new_tokens=NEW_TOKENS, eos_token_id=[])
+    assert generated[0, len(ids[0]) :].tolist() == expected[0], model.tokenizer.decode(expected[0])
     # With <bos> the model writes text (" the capital of the country of France. It is the largest city in France
     # and"), not one word repeated.
     assert len(set(expected[0])) > NEW_TOKENS // 2 and "France" in model.tokenizer.decode(expected[0])
@@ -82,7 +90,7 @@ def test_runtime_greedy_equals_transformers(gemma3, references):
 def test_vllm_greedy_text_equals_transformers(gemma3, references):
     from vllm import SamplingParams
 
-    _, gguf_tokenizer, out = gemma3
+    _, gguf_tokenizer, out, _ = gemma3
     ids, expected = references
     llm = make_llm(out)
     try:

@@ -46,7 +46,9 @@ def test_a_failing_batched_prefill_fails_only_the_bad_prompt(vllm_root, tokenize
     one at a time, the bad prompt fails alone, the others are served as transformers serves them."""
     from vllm import SamplingParams
 
+    # One context bucket (11 graphs instead of the default ladder's 40): the prompts and their tokens fit in one chunk.
     config = dict(SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE)
+    config.update(context_buckets=(SHAPE["sequence_length"],), prefill_buckets=(0, SHAPE["sequence_length"]))
     artifact, hf = export_chain_model(vllm_root / "prefill-batch-chain", tokenizer, 1000, 900, 1500, **config)
     good = [[40 + i, 7, 100 + 50 * i] for i in range(BATCH_SIZE - 1)]
     bad = [5, 6, 1000 + 4000, 8]
