@@ -35,12 +35,12 @@ SHARED_FIXTURE_GROUPS = {
     "reliability servers": ("tests/reliability/",),
 }
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
-# one worker on the 2-core machine: the SmolLM2 group ~400, Gemma 3 ~360, reliability ~260, tensor parallel ~240,
-# then 110-150 each; benchmark/results/20261126-test-suite-2-workers/durations.txt).
+# one worker on the 2-core machine, benchmark/results/20261126-test-suite-2-workers/durations.txt: the SmolLM2 group
+# ~400, reliability ~260; Gemma 3 and tensor parallel ~200 and ~160 since their exports shrank; then 110-150 each).
 LONGEST_FIRST = (
     "smollm2",
-    "tests/vllm/test_gemma3_engine.py",
     "reliability servers",
+    "tests/vllm/test_gemma3_engine.py",
     "tests/core/test_tensor_parallel.py",
     "tests/core/test_hf_parity.py",
     "tests/neuron/test_capture.py",
