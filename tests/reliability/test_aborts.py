@@ -98,6 +98,11 @@ def test_abort_in_the_middle_of_an_interleaved_prefill(interleaved_server, alone
     """Interleaved mode prefills a long prompt one chunk per engine step: a client can leave half way."""
     server = interleaved_server
     long = [100 + (7 * i) % 800 for i in range(LONG)]  # ids the small-vocab model knows
+
+    def fresh(attempt: int) -> list[int]:
+        """The long prompt with a first token of its own per send: a prefix-cache hit would skip its prefill."""
+        return [900 + attempt, *long[1:]]
+
     steps_needed = -(-LONG // CHUNK)
     background = [[200 + i, 300 + i, 400 + i] for i in range(BATCH_SIZE - 1)]
 
@@ -124,18 +129,18 @@ def test_abort_in_the_middle_of_an_interleaved_prefill(interleaved_server, alone
 
         def run_or_time(prompt) -> float:
             began = time.perf_counter()
-            run_or_drop((prompt, 1, 0.0) if prompt is long else (prompt, 40, 0.0))
+            run_or_drop((prompt, 1, 0.0) if len(prompt) == LONG else (prompt, 40, 0.0))
             return time.perf_counter() - began
 
-        return concurrently(run_or_time, [*background, long], BATCH_SIZE)[-1]
+        return concurrently(run_or_time, [*background, fresh(0)], BATCH_SIZE)[-1]
 
     prefill_seconds = long_prefill_seconds()
     wait_idle(server.port)
     found = []
-    for fraction in DROP_FRACTIONS:
+    for attempt, fraction in enumerate(DROP_FRACTIONS, start=1):
         # Decoding neighbours keep one prompt slice per step; the long prompt is dropped part way through.
         delay = fraction * prefill_seconds
-        jobs = [(p, 40, 0.0) for p in background] + [(long, 30, delay)]
+        jobs = [(p, 40, 0.0) for p in background] + [(fresh(attempt), 30, delay)]
         concurrently(run_or_drop, jobs, len(jobs))
         wait_idle(server.port)
         found = aborted_mid_prefill()

@@ -60,7 +60,9 @@ def add(scheduler, req_id: str, prompt_len: int, max_tokens: int = 4) -> None:
     from vllm.v1.request import Request
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    request = Request(req_id, list(range(1, prompt_len + 1)), params, None, arrival_time=float(next(_arrivals)))
+    # A first token of its own: no prompt shares a prefix with another, so no prefix-cache hit shortens a prefill.
+    prompt = [100 + len(scheduler.requests), *range(2, prompt_len + 1)]
+    request = Request(req_id, prompt, params, None, arrival_time=float(next(_arrivals)))
     scheduler.add_request(request)
 
 
