@@ -23,7 +23,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from graphs import ARTIFACTS, alternate, default_model, export_variant  # noqa: E402
+from graphs import ARTIFACTS, ab_artifact_name, ab_parser, alternate, default_model, export_variant  # noqa: E402
 
 
 def measure(with_logprobs: Path, without: Path, args: argparse.Namespace) -> dict:
@@ -67,22 +67,13 @@ def measure(with_logprobs: Path, without: Path, args: argparse.Namespace) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=None, help="a .gguf (default: the bundled SmolLM2)")
-    parser.add_argument("--compiler", default="export")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--sequence-length", type=int, default=512)
-    parser.add_argument("--chunk", type=int, default=256)
-    parser.add_argument("--context-buckets", default="512")
-    parser.add_argument("--context", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=31)
+    parser = ab_parser(__doc__)
     parser.add_argument("--max-logprobs", type=int, default=20)
     parser.add_argument("--export-only", action="store_true", help="export the artifacts (outside any timing) and stop")
     args = parser.parse_args()
     model = args.model or default_model()
     torch.set_num_threads(args.threads)
-    name = f"smollm2-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}-l{args.context_buckets.replace(',', '_')}"
+    name = ab_artifact_name(args)
     with_logprobs = export_variant(
         model, ARTIFACTS / f"{name}-{args.compiler}-logprobs", args, max_logprobs=args.max_logprobs
     )

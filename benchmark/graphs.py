@@ -60,6 +60,26 @@ def export(model: Path, out: Path, args: argparse.Namespace, compiler: str) -> f
     return time.perf_counter() - began
 
 
+def ab_parser(doc: str, sequence_length: int = 512, context_buckets: str = "512") -> argparse.ArgumentParser:
+    """The arguments every A/B script takes (shape, compiler, threads, repeats); the script adds its own."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None, help="a .gguf (default: the bundled SmolLM2)")
+    parser.add_argument("--compiler", default="export")
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--sequence-length", type=int, default=sequence_length)
+    parser.add_argument("--chunk", type=int, default=256)
+    parser.add_argument("--context-buckets", default=context_buckets)
+    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=31)
+    return parser
+
+
+def ab_artifact_name(args: argparse.Namespace) -> str:
+    """The A/B artifacts' shared name: the shape in args (each variant adds its suffix)."""
+    return f"smollm2-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}-l{args.context_buckets.replace(',', '_')}"
+
+
 def export_variant(model: Path, out: Path, args: argparse.Namespace, **options) -> Path:
     """An A/B artifact: `model` exported with the shape in args (batch size, sequence length, chunk, context buckets,
     compiler) and `options`, reused when `out` already holds an export with those options."""

@@ -28,7 +28,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from graphs import ARTIFACTS, alternate, default_model, export_variant  # noqa: E402
+from graphs import ARTIFACTS, ab_artifact_name, ab_parser, alternate, default_model, export_variant  # noqa: E402
 
 
 def schema_bitmask(directory: Path, rows: int) -> torch.Tensor:
@@ -114,22 +114,13 @@ def allowed(row: torch.Tensor, vocab: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=None, help="a .gguf (default: the bundled SmolLM2)")
-    parser.add_argument("--compiler", default="export")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--sequence-length", type=int, default=2048)
-    parser.add_argument("--chunk", type=int, default=256)
-    parser.add_argument("--context-buckets", default="512,2048")
-    parser.add_argument("--context", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=31)
+    parser = ab_parser(__doc__, sequence_length=2048, context_buckets="512,2048")
     parser.add_argument("--only", default="decode,decode_1,chunk_and_decode,structured_decode,host_mask")
     parser.add_argument("--out", default="with-vs-without", help="the result file's name after the date")
     args = parser.parse_args()
     model = args.model or default_model()
     torch.set_num_threads(args.threads)
-    name = f"smollm2-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}-l{args.context_buckets.replace(',', '_')}"
+    name = ab_artifact_name(args)
     with_mask = export_variant(model, ARTIFACTS / f"{name}-{args.compiler}", args, token_bitmask=True)
     without = export_variant(model, ARTIFACTS / f"{name}-{args.compiler}-no-bitmask", args, token_bitmask=False)
     figures = measure(with_mask, without, args)
