@@ -3,6 +3,7 @@ ratios in one run.
 
     .venv/bin/python benchmark/prefill.py [--sequence-length 4096] [--chunk 512] [--lengths 2048,4096]
         [--no-context-encoding] [--out benchmark/results/NAME]
+    .venv/bin/python benchmark/prefill.py --profile 8192 [--sequence-length 8192] [--out benchmark/results/NAME]
 
 Exports the model twice (chunked and context_encoding, cached under benchmark/results/artifacts/; with
 --no-context-encoding only the chunked one: a context-encoding graph of 8k tokens needs several GB),
@@ -11,6 +12,11 @@ calls up to the first token's logits: TTFT without the server) and the peak resi
 the prefill; HF's eager forward of the same tokens (logits of the last position only) is measured the
 same way. Writes prefill.json and prefill.md into --out (default benchmark/results/; a run worth keeping is
 committed as benchmark/results/<date>-long-prefill-vs-hf-eager/).
+
+--profile LENGTH instead profiles one prefill of LENGTH tokens, chunked (the exported graphs) and HF eager, each
+in a fresh process under torch.profiler, and writes profile.json and profile.md: self CPU seconds per kind of
+op (attention kernel, matmuls, copies and gathers, elementwise/norms, the rest), so the ratio to HF splits into
+where it comes from.
 """
 
 from __future__ import annotations
@@ -87,6 +93,89 @@ def measure_hf(gguf: str, length: int, repeats: int) -> dict:
     return {"seconds": min(times), "peak_rss_added_mb": (rss_after - rss_before) / 1024}
 
 
+OP_KINDS = {
+    "attention": ("scaled_dot_product", "flash_attention"),
+    "matmul": ("linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "cpu_linear", "_weight_int"),
+    "copy / gather / cat": ("copy_", "index", "cat", "gather", "clone", "contiguous", "select", "slice"),
+    "norm / rope / activation / elementwise": ("mul", "add", "silu", "rsqrt", "pow", "mean", "neg", "sub", "div",
+                                               "cos", "sin", "where", "softmax", "to", "exp"),
+}  # fmt: skip
+
+
+def op_kind(name: str) -> str:
+    return next((kind for kind, keys in OP_KINDS.items() if any(key in name for key in keys)), "other")
+
+
+def profile(target: str, length: int) -> dict:
+    """Self CPU seconds per op kind of one prefill (after one warm-up prefill), and the wall seconds."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    if target.endswith(".gguf"):
+        sys.path.insert(0, str(ROOT))
+        from graphs import hf_model
+
+        model = hf_model(Path(target))
+        ids = torch.tensor([[(i * 7919) % (model.config.vocab_size - 10) + 5 for i in range(length)]])
+
+        def run() -> None:
+            with torch.inference_mode():
+                model(ids, use_cache=True, logits_to_keep=1)
+    else:
+        from optimum_neuron_plugin import NeuronModelForCausalLM
+
+        model = NeuronModelForCausalLM.from_pretrained(target)
+        tokens = [(i * 7919) % (model.config.vocab_size - 10) + 5 for i in range(length)]
+
+        def run() -> None:
+            model.prefill(0, tokens)
+
+    run()
+    with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        run()
+        wall = time.perf_counter() - start
+    kinds: dict[str, float] = {}
+    ops: dict[str, float] = {}
+    for event in prof.key_averages():
+        seconds = event.self_cpu_time_total / 1e6
+        kinds[op_kind(event.key)] = kinds.get(op_kind(event.key), 0.0) + seconds
+        ops[event.key] = seconds
+    top = dict(sorted(ops.items(), key=lambda item: -item[1])[:12])
+    return {"wall_seconds": wall, "self_seconds_by_kind": kinds, "top_ops": top}
+
+
+def run_profile(model: str, chunked: Path, length: int, out: Path) -> None:
+    figures = {}
+    for name, target in {"chunked": str(chunked), "hf": model}.items():
+        print(f"[prefill] profiling {name}: {length}-token prompt", flush=True)
+        cmd = [sys.executable, __file__, "--profile-one", target, str(length)]
+        figures[name] = json.loads(
+            subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1]
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "profile.json").write_text(json.dumps(figures, indent=2) + "\n")
+    chunked_kinds, hf_kinds = figures["chunked"]["self_seconds_by_kind"], figures["hf"]["self_seconds_by_kind"]
+    lines = [
+        f"Prefill of {length} tokens under torch.profiler, {Path(model).name}, chunk {chunked.name} (CPU backend):"
+        " self CPU seconds per op kind",
+        "",
+        "| op kind | chunked s | HF eager s | chunked / HF |",
+        "|---|---:|---:|---:|",
+    ]
+    for kind in [*OP_KINDS, "other"]:
+        c, h = chunked_kinds.get(kind, 0.0), hf_kinds.get(kind, 0.0)
+        lines.append(f"| {kind} | {c:.2f} | {h:.2f} | {c / h if h else float('nan'):.2f} |")
+    c_wall, h_wall = figures["chunked"]["wall_seconds"], figures["hf"]["wall_seconds"]
+    lines.append(f"| wall (profiled) | {c_wall:.2f} | {h_wall:.2f} | {c_wall / h_wall:.2f} |")
+    for name in figures:
+        lines += ["", f"Top ops, {name}:", ""]
+        lines += [f"- `{op}`: {seconds:.2f} s" for op, seconds in figures[name]["top_ops"].items()]
+    (out / "profile.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def run_measure(target: str, length: int, repeats: int) -> dict:
     cmd = [sys.executable, __file__, "--measure", target, str(length), "--repeats", str(repeats)]
     return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.splitlines()[-1])
@@ -101,8 +190,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-context-encoding", action="store_true", help="measure chunked and HF only")
     parser.add_argument("--out", type=Path, default=RESULTS, help="directory of prefill.json and prefill.md")
+    parser.add_argument("--profile", type=int, metavar="LENGTH", help="profile one prefill of LENGTH tokens")
     parser.add_argument("--measure", nargs=2, metavar=("DIR", "LENGTH"), help=argparse.SUPPRESS)
+    parser.add_argument("--profile-one", nargs=2, metavar=("TARGET", "LENGTH"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.profile_one:
+        print(json.dumps(profile(args.profile_one[0], int(args.profile_one[1]))))
+        return
     if args.measure:
         target, length = args.measure[0], int(args.measure[1])
         figures = measure_hf(target, length, args.repeats) if target.endswith(".gguf") else None
@@ -113,6 +207,9 @@ def main() -> None:
     chunked = artifacts / f"prefill-s{args.sequence_length}-c{args.chunk}"
     full = artifacts / f"prefill-s{args.sequence_length}-c0"
     export(model, chunked, args.sequence_length, args.chunk)
+    if args.profile:
+        run_profile(model, chunked, args.profile, args.out)
+        return
     targets = {"chunked": chunked, "context_encoding": full, "hf": model}
     if args.no_context_encoding:
         del targets["context_encoding"]
