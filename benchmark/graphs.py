@@ -150,7 +150,7 @@ def measure(directory: Path, hf, args: argparse.Namespace) -> dict:
     model = NeuronModelForCausalLM.from_pretrained(directory)
     batch = model.neuron_config.batch_size
     vocab = model.config.vocab_size
-    tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(args.chunk * args.chunks)]
+    tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(max(args.chunk * args.chunks, args.context))]
     context = tokens[: args.context]
     for slot in range(batch):
         model.prefill(slot, context)
@@ -198,12 +198,17 @@ def measure(directory: Path, hf, args: argparse.Namespace) -> dict:
         model.decode(decoding, [7] * len(decoding), positions)
         model.prefill(batch - 1, tokens[chunk : 2 * chunk], start=chunk)
 
+    several_rows = batch > 1  # chunk_and_decode and the one-row graph need a batch of rows
     return {
         **decode_long(model, args),
-        "chunk_and_decode": alternate(fused, separate, args.repeats, ("fused", "separate")),
+        **(
+            {"chunk_and_decode": alternate(fused, separate, args.repeats, ("fused", "separate"))}
+            if several_rows
+            else {}
+        ),
         "decode": alternate(plugin_decode, hf_decode(hf_cache, batch), args.repeats),
-        "decode_1": alternate(plugin_decode_1(), hf_decode(hf_cache_1, 1), args.repeats),
-        **decode_rows(model, plugin_decode_1, step, args),
+        **({"decode_1": alternate(plugin_decode_1(), hf_decode(hf_cache_1, 1), args.repeats)} if several_rows else {}),
+        **(decode_rows(model, plugin_decode_1, step, args) if several_rows else {}),
         "chunk": alternate(lambda: model.prefill(0, tokens[:chunk]), hf_forward(chunk), args.repeats),
         f"prompt_{args.chunks}_chunks": alternate(lambda: model.prefill(0, tokens[:prompt]), hf_forward(prompt), 3),
     }
