@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+
+from optimum_neuron_plugin.sources import gguf_read_once
 
 from .cli import CliResult, run_export
 
@@ -24,7 +27,9 @@ def smollm2_gguf() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
 
 
+@functools.cache
 def smollm2_tokenizer():
+    """Built from the GGUF once per process (seconds of CPU each time); callers only read it."""
     from transformers import AutoTokenizer
 
     gguf = smollm2_gguf()
@@ -83,8 +88,9 @@ def export_smollm2(directory: Path) -> SmolLM2:
         "--prefill-chunk-size", SHAPE["prefill_chunk_size"], "--context-buckets", _listed(SHAPE["context_buckets"]),
         "--prefill-buckets", _listed(SHAPE["prefill_buckets"]), "--backend", "cpu", directory, timeout=1800,
     )  # fmt: skip
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
-    return SmolLM2(directory, result, hf, smollm2_tokenizer())
+    with gguf_read_once():
+        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+        return SmolLM2(directory, result, hf, smollm2_tokenizer())
 
 
 def _listed(values: tuple[int, ...]) -> str:
