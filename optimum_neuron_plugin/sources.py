@@ -30,8 +30,8 @@ class Source:
 
 @contextmanager
 def gguf_read_once() -> Iterator[None]:
-    """Within the block each GGUF file is parsed once: transformers parses a GGUF's metadata again for its config, its
-    weights and its tokenizer (an export read it five times), seconds of CPU each for a large vocabulary."""
+    """Within the block each GGUF file is parsed once: transformers otherwise parses a GGUF's metadata for its config,
+    again for its weights and again for its tokenizer, seconds of CPU each for a large vocabulary."""
     try:
         import gguf
     except ImportError:  # transformers then refuses GGUF files itself
