@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +26,31 @@ class Source:
     state_dict: dict[str, torch.Tensor]
     tokenizer: object | None
     generation_config: object | None
+
+
+@contextmanager
+def gguf_read_once() -> Iterator[None]:
+    """Within the block each GGUF file is parsed once: transformers otherwise parses a GGUF's metadata for its config,
+    again for its weights and again for its tokenizer, seconds of CPU each for a large vocabulary."""
+    try:
+        import gguf
+    except ImportError:  # transformers then refuses GGUF files itself
+        yield
+        return
+    parse = gguf.GGUFReader
+    readers: dict[tuple[str, str], object] = {}
+
+    def read(path, mode="r"):
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = parse(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = read
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = parse
 
 
 def _location(model: str | Path) -> tuple[str, dict]:
@@ -57,6 +85,11 @@ def read_config(model: str | Path) -> tuple[dict, ModelArgs]:
 
 
 def load_source(model: str | Path) -> Source:
+    with gguf_read_once():
+        return _load_source(model)
+
+
+def _load_source(model: str | Path) -> Source:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     hf_config, args = read_config(model)

@@ -36,12 +36,13 @@ SHARED_FIXTURE_GROUPS = {
 }
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
 # one worker on the 2-core machine, benchmark/results/20261126-test-suite-2-workers/durations.txt: the SmolLM2 group
-# ~400, reliability ~260; Gemma 3 and tensor parallel ~200 and ~160 since their exports shrank; then 110-150 each).
+# ~400, reliability ~260, then 110-150 each; tensor parallel ~200 and Gemma 3 ~160 alone,
+# benchmark/results/20261126-suite-gguf-once-fewer-graphs/modules.txt).
 LONGEST_FIRST = (
     "smollm2",
     "reliability servers",
-    "tests/vllm/test_gemma3_engine.py",
     "tests/core/test_tensor_parallel.py",
+    "tests/vllm/test_gemma3_engine.py",
     "tests/core/test_hf_parity.py",
     "tests/neuron/test_capture.py",
     "tests/core/test_buckets.py",

@@ -38,15 +38,16 @@ def export(
     """Compiles every graph of `model` (a HF directory, a .gguf file or a hub id) into a temporary directory; the
     returned model runs them until save_pretrained copies them into an artifact."""
     progress = progress or (lambda message: None)
-    from ..sources import load_source, read_config
+    from ..sources import gguf_read_once, load_source, read_config
 
-    _, args = read_config(model)
-    check_model(neuron_config, args)
-    plan = sharding.plan_for(args, neuron_config.tp_degree)
-    backend = make_backend(neuron_config)
-    backend.check_can_compile()
-    progress(f"loading weights of {model}")
-    source = load_source(model)
+    with gguf_read_once():
+        _, args = read_config(model)
+        check_model(neuron_config, args)
+        plan = sharding.plan_for(args, neuron_config.tp_degree)
+        backend = make_backend(neuron_config)
+        backend.check_can_compile()
+        progress(f"loading weights of {model}")
+        source = load_source(model)
     params = to_params(source.state_dict, args, artifact.torch_dtype(neuron_config))
     # The weights are stored dequantized (a GGUF source's quantization_config no longer applies).
     hf_config = {k: v for k, v in source.hf_config.items() if k != "quantization_config"}

@@ -241,6 +241,7 @@ def test_export_smollm2_gguf_matches_hf(smollm2, smollm2_runtime):
     config = neuron_config(output)
     assert config["prefill_chunk_size"] == 32
     assert (config["context_buckets"], config["prefill_buckets"]) == ([64, 256], [0, 64, 256])
+    assert config["decode_batch_sizes"] == [2]
     tokenizer_config = json.loads((output / "tokenizer_config.json").read_text())
     assert tokenizer_config.get("chat_template") or (output / "chat_template.jinja").is_file()
     ids = smollm2.tokenizer(PROMPT)["input_ids"]

@@ -60,9 +60,11 @@ def test_smollm2_2k_prompt_in_chunks_of_512_gives_hf_eager_logits():
     from optimum_neuron_plugin.models.args import ModelArgs
     from optimum_neuron_plugin.models.kv_cache import empty_cache
     from optimum_neuron_plugin.models.llama import decoder_logits, weight_names
+    from optimum_neuron_plugin.sources import gguf_read_once
 
     gguf = smollm2_gguf()
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+    with gguf_read_once():
+        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
     args = ModelArgs.from_hf_config(hf.config.to_dict())
     state = hf.state_dict()
     params = {name: state[name] for name in weight_names(args)}

@@ -81,9 +81,12 @@ def gemma3_hf():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from optimum_neuron_plugin.sources import gguf_read_once
+
     gguf = gemma3_gguf()
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
-    return hf, AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    with gguf_read_once():
+        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+        return hf, AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
 def save_gemma3_hf(hf, tokenizer, directory: Path) -> Path:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+
+from optimum_neuron_plugin.sources import gguf_read_once
 
 from .cli import CliResult, run_export
 
@@ -24,7 +27,9 @@ def smollm2_gguf() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / GGUF_FILE
 
 
+@functools.cache
 def smollm2_tokenizer():
+    """Built from the GGUF once per process (seconds of CPU each time); callers only read it."""
     from transformers import AutoTokenizer
 
     gguf = smollm2_gguf()
@@ -49,12 +54,13 @@ def smollm2_hf_and_checkpoint(directory: Path):
 
 
 # The shape of the session's one SmolLM2 export (tests/conftest.py `smollm2`): every SmolLM2 test that needs no
-# other shape shares it. Two context buckets and three prefill buckets (9 graphs instead of the defaults' 19): short
-# chats decode in bucket 64, long ones in 256; a long prompt's chunks run prefill buckets 0, 64 (a padded prior
-# context at 32, an exact one at 64) and 256.
+# other shape shares it. Two context buckets, three prefill buckets and 2-row decode graphs only (7 graphs instead of
+# the defaults' 19; a lone request decodes in one of their rows): short chats decode in bucket 64, long ones in 256;
+# a long prompt's chunks run prefill buckets 0, 64 (a padded prior context at 32, an exact one at 64) and 256.
 SHAPE = dict(
-    batch_size=2, sequence_length=256, prefill_chunk_size=32, context_buckets=(64, 256), prefill_buckets=(0, 64, 256)
-)
+    batch_size=2, sequence_length=256, prefill_chunk_size=32, context_buckets=(64, 256), prefill_buckets=(0, 64, 256),
+    decode_batch_sizes=(2,),
+)  # fmt: skip
 
 
 @dataclass
@@ -81,10 +87,12 @@ def export_smollm2(directory: Path) -> SmolLM2:
     result = run_export(
         "--model", gguf, "--batch-size", SHAPE["batch_size"], "--sequence-length", SHAPE["sequence_length"],
         "--prefill-chunk-size", SHAPE["prefill_chunk_size"], "--context-buckets", _listed(SHAPE["context_buckets"]),
-        "--prefill-buckets", _listed(SHAPE["prefill_buckets"]), "--backend", "cpu", directory, timeout=1800,
+        "--prefill-buckets", _listed(SHAPE["prefill_buckets"]), "--decode-batch-sizes", _listed(SHAPE["decode_batch_sizes"]),
+        "--backend", "cpu", directory, timeout=1800,
     )  # fmt: skip
-    hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
-    return SmolLM2(directory, result, hf, smollm2_tokenizer())
+    with gguf_read_once():
+        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32).eval()
+        return SmolLM2(directory, result, hf, smollm2_tokenizer())
 
 
 def _listed(values: tuple[int, ...]) -> str:

@@ -5,8 +5,8 @@ through the runtime (the first prompt).
 The GGUF is dequantized once: the reference model and its GGUF-built tokenizer are saved as a Hugging Face directory,
 the export's source (exporting from a .gguf file itself: tests/cli/test_export.py, SmolLM2).
 
-One export for the module: batch 2, sequence_length 1024, chunk 128, context buckets 256 and 1024, 2-row decode graphs. The long prompt runs
-past the 512-token sliding window, so in bucket 1024 the sliding layers read only their window of the cache.
+One export for the module: batch 2, sequence_length 1024, chunk 128, one context bucket (1024), 2-row decode graphs.
+The long prompt runs past the 512-token sliding window, so the sliding layers read only their window of the cache.
 The exported tokenizer adds <bos> (the one transformers builds from the GGUF does not): vLLM users get the model's
 real quality from plain prompts.
 """
@@ -33,13 +33,14 @@ PROMPTS = [
     + " ".join(f"River {i} flows north and then turns east towards the sea." for i in range(45))
     + " The first river mentioned in these notes is",
 ]
-# Three prior-context buckets instead of the default seven: chunks attend up to 512 or 1024 prior positions. Decode
-# graphs of 2 rows only (a lone request runs in one of its rows): 7 graphs of the model's 262k-token vocabulary.
+# Three prior-context buckets instead of the default seven: chunks attend up to 512 or 1024 prior positions. One
+# context bucket and decode graphs of 2 rows only (a lone request runs in one of their rows): 5 graphs of the model's
+# 262k-token vocabulary (the bucket ladder, and a window read whole from buckets below it: tests/core/test_gemma3.py).
 SHAPE = dict(
     batch_size=2,
     sequence_length=1024,
     prefill_chunk_size=128,
-    context_buckets=(256, 1024),
+    context_buckets=(1024,),
     prefill_buckets=(0, 512, 1024),
     decode_batch_sizes=(2,),
 )
