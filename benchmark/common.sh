@@ -27,6 +27,9 @@ CHUNK_SIZE=${CHUNK_SIZE:-128}
 # Chunked configurations: prompts prefilled together per call (--prefill-batch-size; 1 = one prompt per call).
 # Default: up to 4, at most the batch size (one graph per count 2..P and bucket: more is more to compile).
 PREFILL_BATCH_SIZE=${PREFILL_BATCH_SIZE:-$((BATCH_SIZE < 4 ? BATCH_SIZE : 4))}
+# Chunked configurations: tokens of the tail graphs (--prefill-tail-size: a prompt's last piece of at most that many
+# tokens runs on a graph of that width instead of a whole chunk); 0 = none.
+PREFILL_TAIL_SIZE=${PREFILL_TAIL_SIZE:-0}
 # Row counts token_generation is compiled for (--decode-batch-sizes of every plugin export), e.g. "4" for the batch
 # graph only. Default: the exporter's, 1 and the batch size.
 DECODE_BATCH_SIZES=${DECODE_BATCH_SIZES:-$([ "$BATCH_SIZE" = 1 ] && echo 1 || echo "1,$BATCH_SIZE")}
@@ -70,7 +73,7 @@ ARTIFACTS=${ARTIFACTS:-$RESULTS_ROOT/artifacts}
 # Where serve.sh / drive.sh put PID files, logs and raw results; matrix.sh sets a timestamped one.
 RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/manual}
 
-export PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE DECODE_BATCH_SIZES TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
+export PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE PREFILL_TAIL_SIZE DECODE_BATCH_SIZES TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
   NUM_WARMUPS SEED TEMPERATURE THREADS CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 
@@ -121,6 +124,7 @@ config_artifact() {
   if [ "$ods" = 1 ]; then variant=$variant-ods; else variant=$variant-host; fi
   local batched=""
   if [ "$chunk" != 0 ] && [ "$PREFILL_BATCH_SIZE" != 1 ]; then batched=-p$PREFILL_BATCH_SIZE; fi
+  if [ "$chunk" != 0 ] && [ "$PREFILL_TAIL_SIZE" != 0 ]; then batched=$batched-t$PREFILL_TAIL_SIZE; fi
   batched=$batched-d${DECODE_BATCH_SIZES//,/_}
   echo "$ARTIFACTS/$variant-$(model_tag)-b$BATCH_SIZE-s$SEQUENCE_LENGTH-c$chunk$batched-tp$TP-$BACKEND-$CPU_COMPILER"
 }

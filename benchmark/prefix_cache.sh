@@ -13,11 +13,13 @@
 # Writes RUN_DIR/summary.json and RUN_DIR/summary.md: TTFT p50 and output tok/s per server, workload and round, the
 # ratios on/off and on/peer; the runner's cached_tokens (ONP_STATS_FILE) and the on server's
 # vllm:prefix_cache_queries / _hits.
-# Knobs (environment, besides common.sh's): PREFIX_LEN (1000), QUESTION_LEN (50), FIRST_LEN (500), CONVERSATIONS
+# Knobs (environment, besides common.sh's): PREFILL_TAIL_SIZE (64), PREFIX_LEN (1000), QUESTION_LEN (50), FIRST_LEN (500), CONVERSATIONS
 # (8), TURNS (4), ROUNDS (1), CONFIG, PEER ("" = no peer), WORKLOADS ("shared multi").
 set -euo pipefail
 export SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-2048} CHUNK_SIZE=${CHUNK_SIZE:-128} OUTPUT_LEN=${OUTPUT_LEN:-64}
 export NUM_PROMPTS=${NUM_PROMPTS:-32} CONCURRENCY=${CONCURRENCY:-4}
+# A hit leaves the question (~50-70 tokens here) to prefill: tail graphs of 64 tokens run it instead of a 128-token chunk.
+export PREFILL_TAIL_SIZE=${PREFILL_TAIL_SIZE:-64}
 # cached_tokens in every answer's usage (the multi-turn driver records it).
 export VLLM_SERVE_ARGS=${VLLM_SERVE_ARGS:---enable-prompt-tokens-details}
 given_run_dir=${RUN_DIR:-}  # common.sh defaults RUN_DIR to results/manual
@@ -146,7 +148,7 @@ hits = [s for s in stats if s["cached_tokens"] > 0]
 summary = {
     "servers": {"on": f"{config}, prefix caching on", "off": f"{config}, --no-enable-prefix-caching",
                 **({"peer": f"{peer}, prefix caching on"} if peer else {})},
-    "artifact": {k: meta[k] for k in ("batch_size", "sequence_length", "chunk_size", "prefill_batch_size",
+    "artifact": {k: meta.get(k, 0) for k in ("batch_size", "sequence_length", "chunk_size", "prefill_batch_size", "prefill_tail_size",
                                       "prefill_mode")},
     "rounds": rows,
     "ratios": {k: [round(v, 3) for v in vs] for k, vs in ratios.items()},

@@ -59,6 +59,7 @@ export_artifact() {
     --prefill-chunk-size "$chunk" --tensor-parallel-size "$TP" --backend "$BACKEND" --cpu-compiler "$CPU_COMPILER")
   [ "$ods" = 1 ] || args+=(--no-on-device-sampling)
   [ "$chunk" = 0 ] || args+=(--prefill-batch-size "$PREFILL_BATCH_SIZE")
+  [ "$chunk" = 0 ] || [ "$PREFILL_TAIL_SIZE" = 0 ] || args+=(--prefill-tail-size "$PREFILL_TAIL_SIZE")
   args+=(--decode-batch-sizes "$DECODE_BATCH_SIZES")
   log "$name: exporting into $out (optimum-cli export neuron ${args[*]})"
   mkdir -p "$(dirname "$out")"
@@ -77,6 +78,7 @@ json.dump({"name": "$name", "kind": "$kind", "served_dir": "$dir", "chunk_size":
            "on_device_sampling": $([ "$ods" = 1 ] && echo True || echo False), "prefill_mode": "$mode",
            "batch_size": $BATCH_SIZE, "sequence_length": $SEQUENCE_LENGTH, "tp": $TP,
            "prefill_batch_size": $([ "$chunk" = 0 ] && echo 1 || echo "$PREFILL_BATCH_SIZE"),
+           "prefill_tail_size": $([ "$chunk" = 0 ] && echo 0 || echo "$PREFILL_TAIL_SIZE"),
            "decode_batch_sizes": "$DECODE_BATCH_SIZES",
            "port": $PORT, "start_seconds": $seconds}, open(sys.argv[1], "w"), indent=1)
 EOF

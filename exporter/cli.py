@@ -106,6 +106,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "size). Default: 1",
     )
     optional.add_argument(
+        *_spellings("prefill-tail-size"),
+        dest="prefill_tail_size",
+        metavar="T",
+        type=int,
+        default=0,
+        help="chunked prefill only: also compile chunked_prefill (one prompt) and chunk_and_decode with a T-token "
+        "chunk per bucket (T below the chunk size): a prompt's last piece of at most T tokens, such as the question "
+        "after a prefix-cache hit, runs on it instead of a whole chunk. Default: 0 (none)",
+    )
+    optional.add_argument(
         *_spellings("decode-batch-sizes"),
         dest="decode_batch_sizes",
         metavar="N1,N2,...",
@@ -300,6 +310,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         prefill_buckets=args.prefill_buckets,
         cpu_compiler=args.cpu_compiler,
         prefill_batch_size=args.prefill_batch_size,
+        prefill_tail_size=args.prefill_tail_size,
         decode_batch_sizes=args.decode_batch_sizes,
         speculative_tokens=args.speculative_tokens,
     )

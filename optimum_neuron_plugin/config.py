@@ -32,7 +32,7 @@ MAX_DEFAULT_BUCKETS = 4
 # Default prefill buckets: 0 and multiples of the chunk size in half-octave steps, at most this many nonzero ones.
 MAX_DEFAULT_PREFILL_BUCKETS = 10
 # Fields an artifact may leave out of neuron_config.json (their default applies).
-OPTIONAL_FIELDS = ("speculative_tokens", "prompt_logprobs")
+OPTIONAL_FIELDS = ("speculative_tokens", "prompt_logprobs", "prefill_tail_size")
 
 
 class NeuronConfigError(ValueError):
@@ -82,6 +82,10 @@ class NeuronConfig:
     # Chunked exports: also compile prompt_logits (chunked_prefill returning the logits of every position of its
     # chunk) per prefill bucket, for requests asking for prompt logprobs. Absent from older format-6 files: false.
     prompt_logprobs: bool = False
+    # Chunked exports: also compile chunked_prefill (one prompt) and chunk_and_decode with a chunk of this many tokens
+    # (0 < T < prefill_chunk_size): a prompt's last piece of at most T tokens runs on it instead of a whole chunk (the
+    # question after a prefix-cache hit, a prompt's remainder). 0: none. Absent from older format-7 files: 0.
+    prefill_tail_size: int = 0
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -118,12 +122,20 @@ class NeuronConfig:
             _fail("prefill_batch_size", self.prefill_batch_size, "1 without chunked prefill (prefill_chunk_size 0)")
         if self.prompt_logprobs and not self.chunked:
             _fail("prompt_logprobs", self.prompt_logprobs, "false without chunked prefill (prefill_chunk_size 0)")
+        self._check_prefill_tail_size()
         if self.prefill_batch_size > self.batch_size:
             _fail("prefill_batch_size", self.prefill_batch_size, f"at most batch_size ({self.batch_size})")
         object.__setattr__(self, "max_logprobs", self._checked_max_logprobs())
         object.__setattr__(self, "context_buckets", self._checked_buckets())
         object.__setattr__(self, "decode_batch_sizes", self._checked_decode_batch_sizes())
         object.__setattr__(self, "prefill_buckets", self._checked_prefill_buckets())
+
+    def _check_prefill_tail_size(self) -> None:
+        tail = self.prefill_tail_size
+        if type(tail) is not int or tail < 0:
+            _fail("prefill_tail_size", tail, "an integer >= 0 (0: no tail graphs)")
+        if tail and not 0 < tail < self.prefill_chunk_size:
+            _fail("prefill_tail_size", tail, "0, or below prefill_chunk_size with chunked prefill")
 
     def _checked_max_logprobs(self) -> int:
         if self.max_logprobs is None:
@@ -194,6 +206,13 @@ class NeuronConfig:
     def prefill_length(self) -> int:
         """Tokens per prefill graph call: the chunk size, or the whole sequence."""
         return self.prefill_chunk_size or self.sequence_length
+
+    def piece_width(self, remaining: int) -> int:
+        """Tokens of the compiled chunk that runs a prompt piece of `remaining` tokens from its offset: the tail
+        graph's when the rest of the prompt fits in it, else a whole chunk."""
+        if 0 < remaining <= self.prefill_tail_size:
+            return self.prefill_tail_size
+        return self.prefill_length
 
     @property
     def prefill_graph(self) -> str:

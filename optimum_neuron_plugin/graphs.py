@@ -21,6 +21,10 @@ weights and the KV cache.
                      [1 + B, V]. It is how a prompt
                      is prefilled while other requests decode without stalling them or paying for a second
                      call (chunked exports with batch_size > 1)
+- tail graphs      : with prefill_tail_size T, chunked_prefill (1 sequence) and chunk_and_decode again with a
+                     T-token chunk: a prompt's last piece of at most T tokens (the question after a prefix-cache
+                     hit) costs a T-token call instead of a whole chunk's. Files chunked_prefill_tT_L,
+                     chunk_and_decode_tT_L
 - verify           : n sequences x (k + 1) tokens -> logits [n, k + 1, V] of every position (speculative decoding,
                      k = speculative_tokens): each row's last sampled token and its k draft tokens, written at the
                      row's own positions and attended causally; the host accepts drafts from the logits
@@ -76,10 +80,18 @@ class GraphSpec:
     bitmask_words: int = 0  # on-device sampling: int32 words of the token bitmask input per row (0: no such input)
     logprobs: int = 0  # on-device sampling: top logprobs returned per row next to the sampled token's (0: tokens only)
     logit_bias: int = 0  # on-device sampling: (token id, bias) pairs per row of the logit_bias input (0: none)
+    tail: bool = False  # a tail graph: its prompt chunk is prefill_tail_size tokens, not prefill_chunk_size
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of the graph's prompt chunk (chunk_and_decode's chunk, or a prefill chunk)."""
+        return self.chunk or self.tokens
 
     @property
     def key(self) -> str:
         """Unique per compiled graph: names its file in the artifact."""
+        if self.tail:
+            return f"{self.name}_t{self.prompt_tokens}_{self.bucket}"
         if self.is_prefill_batch or self.narrow:
             return f"{self.name}_x{self.rows}_{self.bucket}"
         return f"{self.name}_{self.bucket}"
@@ -107,6 +119,8 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
             specs.append(GraphSpec(CHUNKED_PREFILL, width, nc.prefill_length, samples=False, bucket=bucket))
         if nc.prompt_logprobs:
             specs.append(GraphSpec(PROMPT_LOGITS, 1, nc.prefill_length, samples=False, bucket=bucket))
+        if nc.prefill_tail_size:
+            specs.append(GraphSpec(CHUNKED_PREFILL, 1, nc.prefill_tail_size, samples=False, bucket=bucket, tail=True))
     for bucket in nc.context_buckets:
         if not nc.chunked:
             specs.append(GraphSpec(CONTEXT_ENCODING, 1, nc.prefill_length, samples=False, bucket=bucket))
@@ -119,13 +133,14 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
                 )
             )  # fmt: skip
         if nc.chunked and nc.batch_size > 1:
-            chunk = nc.prefill_length
-            specs.append(
-                GraphSpec(
-                    CHUNK_AND_DECODE, nc.batch_size, 1, nc.on_device_sampling, bucket, chunk, bitmask_words=words,
-                    logprobs=logprobs, logit_bias=bias,
-                )
-            )  # fmt: skip
+            for chunk in (nc.prefill_length, nc.prefill_tail_size):
+                if chunk:
+                    specs.append(
+                        GraphSpec(
+                            CHUNK_AND_DECODE, nc.batch_size, 1, nc.on_device_sampling, bucket, chunk,
+                            bitmask_words=words, logprobs=logprobs, logit_bias=bias, tail=chunk != nc.prefill_length,
+                        )
+                    )  # fmt: skip
         if nc.speculative_tokens:
             for rows in nc.decode_batch_sizes:
                 tokens = nc.speculative_tokens + 1

@@ -2,6 +2,8 @@
 call scattering the chunk's K/V into the prompt's cache slot.
 
 A partial last chunk is padded by repeating its last token and position (the actual-token mask, models/masks.py).
+With tail graphs (prefill_tail_size T), a last piece of at most T tokens runs alone on the T-token graph: a call
+costs about its tokens, so the question after a prefix-cache hit does not pay for a whole chunk.
 """
 
 from __future__ import annotations
@@ -26,10 +28,16 @@ def prefill_batch(gs: GraphSet, prompts: Sequence[Prompt]) -> list[torch.Tensor]
     slots = [seq_id for seq_id, _, _ in checked]
     if not checked or len(set(slots)) != len(slots):
         raise InputError(f"prefill_batch needs prompts in distinct slots, got seq_ids {slots}")
-    size, width = gs.neuron_config.prefill_length, gs.neuron_config.prefill_batch_size
+    nc = gs.neuron_config
+    size, width = nc.prefill_length, nc.prefill_batch_size
     logits: list[torch.Tensor | None] = [None] * len(checked)
     for offset in range(0, max(len(tokens) for _, tokens, _ in checked), size):
         rows = [i for i, (_, tokens, _) in enumerate(checked) if offset < len(tokens)]
+        tails = [i for i in rows if nc.piece_width(len(checked[i][1]) - offset) < size]
+        for i in tails:  # a tail call costs about its tokens, less than a row of a batched chunk
+            tail = nc.prefill_tail_size
+            logits[i] = chunks_call(gs, [chunk_inputs(gs, *checked[i], offset, tail)], tail=True)[0].clone()
+        rows = [i for i in rows if i not in tails]
         for group in (rows[g : g + width] for g in range(0, len(rows), width)):
             output = chunks_call(gs, [chunk_inputs(gs, *checked[i], offset) for i in group])
             for row, i in enumerate(group):
@@ -52,19 +60,22 @@ def prefill_positions(gs: GraphSet, seq_id: int, token_ids: Sequence[int], start
     return torch.cat(rows)
 
 
-def chunks_call(gs: GraphSet, chunks: list[ChunkInputs]) -> torch.Tensor:
+def chunks_call(gs: GraphSet, chunks: list[ChunkInputs], tail: bool = False) -> torch.Tensor:
     """One prefill call for n chunks of distinct slots: the one-prompt graph for one, else the n-prompt graph
-    (one per width: a padding row would cost as much as a real one)."""
+    (one per width: a padding row would cost as much as a real one); tail: one chunk on the tail graph."""
     starts, lasts = [p[0] for _, p in chunks], [p[-1] for _, p in chunks]
-    spec = gs.graph_for(gs.neuron_config.prefill_graph, lasts, rows=len(chunks), starts=starts)
+    spec = gs.graph_for(gs.neuron_config.prefill_graph, lasts, rows=len(chunks), starts=starts, tail=tail)
     if len(chunks) == 1:
         return gs.graphs(spec, *chunks[0][0])
     return gs.graphs(spec, *(torch.cat(column) for column in zip(*(inputs for inputs, _ in chunks), strict=True)))
 
 
-def chunk_inputs(gs: GraphSet, seq_id: int, tokens: list[int], start: int, offset: int) -> ChunkInputs:
-    """The inputs of the chunk of tokens at `offset` (positions from start + offset), and its positions."""
-    size = gs.neuron_config.prefill_length
+def chunk_inputs(
+    gs: GraphSet, seq_id: int, tokens: list[int], start: int, offset: int, size: int | None = None
+) -> ChunkInputs:
+    """The inputs of the chunk of `size` tokens (default: prefill_length) at `offset` (positions from start +
+    offset), and its positions."""
+    size = size or gs.neuron_config.prefill_length
     chunk = tokens[offset : offset + size]
     positions = list(range(start + offset, start + offset + len(chunk)))
     pad = size - len(chunk)

@@ -46,8 +46,10 @@ def fused(
     if fused_at:
         prefill(gs, seq_id, tokens[:fused_at], start)
     inputs, sampling_inputs = batch_inputs(gs, batch, nc.batch_size)
-    chunk, positions = chunk_inputs(gs, seq_id, tokens, start, fused_at)
-    spec = gs.graph_for(CHUNK_AND_DECODE, batch.positions, nc.batch_size, starts=positions[:1])
+    size = nc.piece_width(len(tokens) - fused_at)  # the tail graph when the rest of the prompt fits in it
+    chunk, positions = chunk_inputs(gs, seq_id, tokens, start, fused_at, size)
+    tail = size != nc.prefill_length
+    spec = gs.graph_for(CHUNK_AND_DECODE, batch.positions, nc.batch_size, starts=positions[:1], tail=tail)
     output = gs.graphs(spec, *chunk, *inputs, *sampling_inputs)
     if nc.on_device_sampling:
         chunk_logits, *sampled = output

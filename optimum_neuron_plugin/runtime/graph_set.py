@@ -42,10 +42,10 @@ class GraphSet:
     graphs: GraphCall
     group: dist.ProcessGroup | None = None
     vocab_size: int = 0  # the model's: logit_bias ids are checked against it
-    _by_shape: dict[tuple[str, int, int], GraphSpec] = field(init=False, repr=False)
+    _by_shape: dict[tuple[str, int, int, bool], GraphSpec] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._by_shape = {(spec.name, spec.rows, spec.bucket): spec for spec in self.specs}
+        self._by_shape = {(spec.name, spec.rows, spec.bucket, spec.tail): spec for spec in self.specs}
 
     @property
     def fuses_prefill_and_decode(self) -> bool:
@@ -63,11 +63,11 @@ class GraphSet:
         return max((spec.logit_bias for spec in self.specs), default=0)
 
     def graph_for(
-        self, name: str, last_positions: Sequence[int], rows: int = 1, starts: Sequence[int] = (0,)
+        self, name: str, last_positions: Sequence[int], rows: int = 1, starts: Sequence[int] = (0,), tail: bool = False
     ) -> GraphSpec:
         """The graph `name` of `rows` rows and of the smallest bucket that runs rows starting at `starts` and ending
-        at `last_positions` (graphs.call_bucket)."""
-        return self._by_shape[name, rows, call_bucket(self.neuron_config, name, starts, last_positions)]
+        at `last_positions` (graphs.call_bucket); tail: its prefill_tail_size-token chunk graph."""
+        return self._by_shape[name, rows, call_bucket(self.neuron_config, name, starts, last_positions), tail]
 
     def check_seq_id(self, seq_id: int) -> None:
         if not 0 <= seq_id < self.neuron_config.batch_size:

@@ -99,3 +99,9 @@ def test_max_logit_bias_is_recorded_with_the_config_default():
 
     assert request_from_args(parse(*BASE)).neuron_config.max_logit_bias == NeuronConfig().max_logit_bias == 32
     assert request_from_args(parse("--max-logit-bias", "0", *BASE)).neuron_config.max_logit_bias == 0
+
+
+def test_prefill_tail_size_reaches_the_config():
+    argv = ["--model", "m", "--batch-size", "2", "--sequence-length", "512", "--prefill-chunk-size", "128", "o"]
+    assert request_from_args(parse("--prefill_tail_size", "64", *argv)).neuron_config.prefill_tail_size == 64
+    assert request_from_args(parse(*argv)).neuron_config.prefill_tail_size == 0

@@ -71,6 +71,20 @@ def test_verify_graphs_are_one_dynamo_graph(tiny_models, recorded, name):
     check_captured(graphs, [specs[0], specs[-1]], recorded, name)
 
 
+@pytest.mark.parametrize("name", quick_first(ARCHITECTURES))
+def test_tail_graphs_are_one_dynamo_graph(tiny_models, recorded, name):
+    """The tail graphs (prefill_tail_size 4 of chunk 8): chunked_prefill per prefill bucket and chunk_and_decode per
+    context bucket with a 4-token chunk; the ones of a middle bucket are captured whole."""
+    config = NeuronConfig(backend="neuron", torch_dtype="bfloat16", prefill_tail_size=4, **CONFIGS["chunked"])
+    model = tiny_models[name]
+    backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
+    graphs = NeuronGraphs(backend, model.graphs(config), model.params(config), model.caches(config))
+    tails = [s for s in graph_specs(config, model.args.vocab_size) if s.tail]
+    assert len(tails) == len(config.prefill_buckets) + len(config.context_buckets)
+    assert {s.prompt_tokens for s in tails} == {4}
+    check_captured(graphs, [s for s in tails if s.bucket == 16], recorded, name)
+
+
 def check_captured(graphs, specs, recorded, name: str) -> None:
     for spec in specs:
         before = len(recorded)

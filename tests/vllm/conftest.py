@@ -65,10 +65,11 @@ def full_host_dir(vllm_root, tiny_hf_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def batched_dir(vllm_root, tiny_hf_dir) -> Path:
-    """chunked_dir's shape with prefill_batch_size = batch size: a step's prompt chunks go in one call."""
+    """chunked_dir's shape with prefill_batch_size = batch size: a step's prompt chunks go in one call; and tail
+    graphs of half a chunk: a prompt's last piece of at most that many tokens runs on one alone."""
     return export(
         tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE,
-        prompt_logprobs=True,
+        prompt_logprobs=True, prefill_tail_size=CHUNK // 2,
     )  # fmt: skip
 
 
