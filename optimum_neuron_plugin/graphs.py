@@ -15,7 +15,8 @@ weights and the KV cache.
                      tokens: ids [n, 1 + max_logprobs] int32 (the sampled token first, then the top max_logprobs),
                      their raw logprobs [n, 1 + max_logprobs] fp32 and the sampled token's rank [n] int32.
                      With max_logit_bias M > 0 it takes each row's logit_bias as M (token id, bias) pairs too:
-                     ids [n, M] int32 and biases [n, M] fp32, added to the logits before the mask and the sampler
+                     ids [n, M] int32 and biases [n, M] fp32, added to the masked logits' top-k candidates and to
+                     the biased ids (models.sampling.sampler_candidates)
 - chunk_and_decode : one chunked_prefill chunk and one token_generation batch in a single pass over the
                      weights -> (chunk logits [1, V], token ids [B] or the 3 logprobs tensors) or logits
                      [1 + B, V]. It is how a prompt
@@ -49,7 +50,7 @@ from .models.args import ModelArgs
 from .models.collectives import SINGLE, Collectives
 from .models.layers import rope_inv_freq
 from .models.llama import groups_logits
-from .models.sampling import add_logit_bias, bitmask_words, mask_disallowed, sample, sample_with_logprobs
+from .models.sampling import bitmask_words, mask_disallowed, sample, sample_with_logprobs
 from .models.sharding import VOCAB_OFFSET
 
 CHUNKED_PREFILL = "chunked_prefill"
@@ -164,21 +165,17 @@ class DecoderGraph(nn.Module):
             return self._whole(logits)
         sampling_params, uniform, *extra = inputs[3 * len(groups) :]
         bitmask = extra[:1] if self.spec.bitmask_words else ()
-        bias = extra[len(bitmask) :]
+        bias = tuple(extra[len(bitmask) :]) or None  # applied to the sampler's candidates, after the mask
         prompt, batch = (logits[:1], logits[1:]) if self.spec.chunk else (None, logits)
         vocab, offset = self.args.vocab_size, params.get(VOCAB_OFFSET)
-        if bitmask:
+        if bitmask:  # the logprobs see it too: a masked token's stays near the (finite) fill
             batch = mask_disallowed(batch, bitmask[0], offset)
-        raw = batch
-        if bias:  # after the mask, which the logprobs see: a masked token stays near the (finite) fill
-            batch = add_logit_bias(batch.float(), *bias, offset)
         if self.spec.logprobs:
             sampled = sample_with_logprobs(
-                batch, sampling_params, uniform, self.max_topk, self.spec.logprobs, self.cc, offset, vocab,
-                raw if bias else None,
-            )  # fmt: skip
+                batch, sampling_params, uniform, self.max_topk, self.spec.logprobs, self.cc, offset, vocab, bias
+            )
         else:
-            sampled = sample(batch, sampling_params, uniform, self.max_topk, self.cc, offset, vocab)
+            sampled = sample(batch, sampling_params, uniform, self.max_topk, self.cc, offset, vocab, bias=bias)
         if prompt is None:
             return sampled
         return (self._whole(prompt), *sampled) if self.spec.logprobs else (self._whole(prompt), sampled)
