@@ -88,23 +88,25 @@ def sampler_candidates(
     k = min(max_topk, raw_top.shape[-1])
     if bias is None:
         return Candidates(raw_top[:, :k], raw_top_ids[:, :k], raw_top[:, :k], raw_top, raw_top_ids)
-    ids, raws, values = _with_logit_bias(raw, raw_top, raw_top_ids, bias[0].long(), bias[1].float(), cc, vocab_offset)
+    ids, raws, values = _with_logit_bias(raw, raw_top, raw_top_ids, bias[0], bias[1].float(), cc, vocab_offset)
     values, order = torch.topk(values, k, dim=-1)
     return Candidates(values, ids.gather(-1, order), raws.gather(-1, order), raw_top, raw_top_ids)
 
 
 def _with_logit_bias(raw, raw_top, raw_top_ids, bias_ids, bias_values, cc, vocab_offset):
-    """The raw candidates then the bias slots: ids, raw logits and biased logits [n, K + M] (duplicate slots -inf)."""
+    """The raw candidates then the bias slots: ids, raw logits and biased logits [n, K + M] (duplicate slots -inf).
+    The id comparisons are small [n, M, *] 0/1 matrices; the biases are summed over them by matmuls (exact: one
+    nonzero term per id, vLLM's logit_bias being a dict)."""
     slots = bias_ids.shape[-1]
-    same = bias_ids[:, :, None] == bias_ids[:, None, :]  # [n, M, M]
-    in_top = raw_top_ids[:, :, None] == bias_ids[:, None, :]  # [n, K, M]
-    earlier = torch.ones(slots, slots, dtype=torch.bool, device=raw.device).tril(-1)
-    duplicate = (same & earlier).any(dim=-1) | in_top.any(dim=1)
+    same = (bias_ids[:, :, None] == bias_ids[:, None, :]).float()  # [n, M, M]
+    in_top = (bias_ids[:, :, None] == raw_top_ids.to(bias_ids.dtype)[:, None, :]).float()  # [n, M, K]
+    earlier = torch.ones(slots, slots, device=raw.device).tril(-1)
+    duplicate = ((same * earlier).sum(dim=-1) + in_top.sum(dim=-1)) > 0
     slot_raw = gather_global(raw, bias_ids, cc, vocab_offset)
-    slot_values = (slot_raw + (same * bias_values[:, None, :]).sum(dim=-1)).masked_fill(duplicate, float("-inf"))
-    top_values = raw_top + (in_top * bias_values[:, None, :]).sum(dim=-1)
+    slot_values = (slot_raw + (same @ bias_values[:, :, None]).squeeze(-1)).masked_fill(duplicate, float("-inf"))
+    top_values = raw_top + (bias_values[:, None, :] @ in_top).squeeze(1)
     return (
-        torch.cat((raw_top_ids, bias_ids), dim=-1),
+        torch.cat((raw_top_ids, bias_ids.long()), dim=-1),
         torch.cat((raw_top, slot_raw), dim=-1),
         torch.cat((top_values, slot_values), dim=-1),
     )
@@ -164,9 +166,10 @@ def sample_with_logprobs(
     chosen_ids, chosen = candidates.ids.gather(-1, choice), candidates.raw.gather(-1, choice)
     top, top_ids = candidates.raw_top[:, :num_logprobs], candidates.raw_top_ids[:, :num_logprobs]
     ids = torch.cat((chosen_ids, top_ids), dim=-1).to(torch.int32)
-    logprobs = torch.cat((chosen, top), dim=-1) - log_sum_exp(raw, candidates.raw_top[:, :1], cc)
-    at_least = (raw >= chosen).float().sum(dim=-1, keepdim=True)
-    ranks = cc.all_gather_last(at_least).sum(dim=-1).to(torch.int32)
+    normalizer = log_sum_exp(raw, candidates.raw_top[:, :1], candidates.raw_top_ids[:, :1], cc)
+    logprobs = torch.cat((chosen, top), dim=-1) - normalizer
+    at_least = (raw >= chosen).sum(dim=-1, keepdim=True, dtype=torch.int32)
+    ranks = cc.all_gather_last(at_least.float()).sum(dim=-1).to(torch.int32)
     return ids, logprobs, ranks
 
 
@@ -184,9 +187,14 @@ def gather_global(
     return cc.all_gather_last(picked).view(rows, cc.degree, m).sum(dim=1)
 
 
-def log_sum_exp(values: torch.Tensor, maximum: torch.Tensor, cc: Collectives = SINGLE) -> torch.Tensor:
-    """values [n, V_local] fp32 -> log(sum(exp(values))) over the whole vocabulary [n, 1], given its max [n, 1] (the
-    same on every rank): each rank's shifted sum, added over the ranks."""
+def log_sum_exp(
+    values: torch.Tensor, maximum: torch.Tensor, argmax: torch.Tensor, cc: Collectives = SINGLE
+) -> torch.Tensor:
+    """values [n, V_local] fp32 -> log(sum(exp(values))) over the whole vocabulary [n, 1], given its max [n, 1] and
+    the max's global id [n, 1] (the same on every rank). One rank: the max minus its log-softmax (one fused pass,
+    where the shifted sum takes three); tensor parallel: each rank's shifted sum, added over the ranks."""
+    if cc.degree == 1:
+        return maximum - torch.log_softmax(values, dim=-1).gather(-1, argmax)
     local_sum = torch.exp(values - maximum).sum(dim=-1, keepdim=True)
     return maximum + torch.log(cc.all_gather_last(local_sum).sum(dim=-1, keepdim=True))
 
