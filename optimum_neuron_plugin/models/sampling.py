@@ -99,14 +99,14 @@ def _with_logit_bias(raw, raw_top, raw_top_ids, bias_ids, bias_values, cc, vocab
     nonzero term per id, vLLM's logit_bias being a dict)."""
     slots = bias_ids.shape[-1]
     same = (bias_ids[:, :, None] == bias_ids[:, None, :]).float()  # [n, M, M]
-    in_top = (bias_ids[:, :, None] == raw_top_ids.to(bias_ids.dtype)[:, None, :]).float()  # [n, M, K]
+    in_top = (bias_ids[:, :, None] == raw_top_ids[:, None, :]).float()  # [n, M, K]
     earlier = torch.ones(slots, slots, device=raw.device).tril(-1)
     duplicate = ((same * earlier).sum(dim=-1) + in_top.sum(dim=-1)) > 0
     slot_raw = gather_global(raw, bias_ids, cc, vocab_offset)
     slot_values = (slot_raw + (same @ bias_values[:, :, None]).squeeze(-1)).masked_fill(duplicate, float("-inf"))
     top_values = raw_top + (bias_values[:, None, :] @ in_top).squeeze(1)
     return (
-        torch.cat((raw_top_ids, bias_ids.long()), dim=-1),
+        torch.cat((raw_top_ids, bias_ids), dim=-1),
         torch.cat((raw_top, slot_raw), dim=-1),
         torch.cat((top_values, slot_values), dim=-1),
     )
@@ -165,7 +165,7 @@ def sample_with_logprobs(
     choice = _choose(candidates.values, params, uniform, running_sum)
     chosen_ids, chosen = candidates.ids.gather(-1, choice), candidates.raw.gather(-1, choice)
     top, top_ids = candidates.raw_top[:, :num_logprobs], candidates.raw_top_ids[:, :num_logprobs]
-    ids = torch.cat((chosen_ids, top_ids), dim=-1).to(torch.int32)
+    ids = torch.cat((chosen_ids, top_ids), dim=-1)
     normalizer = log_sum_exp(raw, candidates.raw_top[:, :1], candidates.raw_top_ids[:, :1], cc)
     logprobs = torch.cat((chosen, top), dim=-1) - normalizer
     at_least = (raw >= chosen).sum(dim=-1, keepdim=True, dtype=torch.int32)
@@ -176,15 +176,19 @@ def sample_with_logprobs(
 def gather_global(
     values: torch.Tensor, ids: torch.Tensor, cc: Collectives = SINGLE, vocab_offset: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """values [n, V_local] at global token ids [n, m] -> [n, m]: under tensor parallelism the rank holding each id
-    contributes it, the others 0, summed over the ranks."""
+    """values [n, V_local] at global token ids [n, m] int32 -> [n, m]: under tensor parallelism the rank holding each
+    id contributes it, the others 0, summed over the ranks. An index_select of the flattened values, which takes
+    int32 indices (gather needs int64, emulated on NeuronCores)."""
+    rows, local = values.shape
+    if cc.degree > 1:
+        ids = ids - vocab_offset.to(torch.int32)
+        inside = (ids >= 0) & (ids < local)
+        ids = ids.clamp(0, local - 1)
+    row_starts = torch.arange(rows, dtype=torch.int32, device=values.device)[:, None] * local
+    picked = values.reshape(-1).index_select(0, (ids + row_starts).view(-1)).view(ids.shape)
     if cc.degree == 1:
-        return values.gather(-1, ids.long())
-    local = (ids - vocab_offset).to(torch.int32)
-    inside = (local >= 0) & (local < values.shape[-1])
-    picked = values.gather(-1, local.clamp(0, values.shape[-1] - 1).long()) * inside
-    rows, m = ids.shape
-    return cc.all_gather_last(picked).view(rows, cc.degree, m).sum(dim=1)
+        return picked
+    return cc.all_gather_last(picked * inside).view(rows, cc.degree, -1).sum(dim=1)
 
 
 def log_sum_exp(
@@ -194,7 +198,7 @@ def log_sum_exp(
     the max's global id [n, 1] (the same on every rank). One rank: the max minus its log-softmax (one fused pass,
     where the shifted sum takes three); tensor parallel: each rank's shifted sum, added over the ranks."""
     if cc.degree == 1:
-        return maximum - torch.log_softmax(values, dim=-1).gather(-1, argmax)
+        return maximum - gather_global(torch.log_softmax(values, dim=-1), argmax)
     local_sum = torch.exp(values - maximum).sum(dim=-1, keepdim=True)
     return maximum + torch.log(cc.all_gather_last(local_sum).sum(dim=-1, keepdim=True))
 
@@ -206,15 +210,16 @@ def top_candidates(
     vocab_offset: torch.Tensor | None = None,
     vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The max_topk largest logits [n, k] fp32 in decreasing order and their (global) token ids [n, k]."""
+    """The max_topk largest logits [n, k] fp32 in decreasing order and their (global) token ids [n, k] int32."""
     k = min(max_topk, values.shape[-1])
     top_values, top_ids = torch.topk(values, k, dim=-1)
+    top_ids = top_ids.to(torch.int32)
     if cc.degree > 1:
-        global_ids = (top_ids + vocab_offset).to(torch.int32)
+        global_ids = top_ids + vocab_offset.to(torch.int32)
         top_values, global_ids = cc.all_gather_last(top_values), cc.all_gather_last(global_ids)
         k = min(max_topk, vocab_size)
         top_values, order = torch.topk(top_values, k, dim=-1)
-        top_ids = global_ids.gather(-1, order).long()
+        top_ids = global_ids.gather(-1, order)
     return top_values, top_ids
 
 
