@@ -163,19 +163,10 @@ class DecoderGraph(nn.Module):
             return self._whole(logits).view(self.spec.rows, self.spec.tokens, -1)
         if not self.spec.samples:
             return self._whole(logits)
-        sampling_params, uniform, *extra = inputs[3 * len(groups) :]
-        bitmask = extra[:1] if self.spec.bitmask_words else ()
-        bias = tuple(extra[len(bitmask) :]) or None  # applied to the sampler's candidates, after the mask
         prompt, batch = (logits[:1], logits[1:]) if self.spec.chunk else (None, logits)
-        vocab, offset = self.args.vocab_size, params.get(VOCAB_OFFSET)
-        if bitmask:  # the logprobs see it too: a masked token's stays near the (finite) fill
-            batch = mask_disallowed(batch, bitmask[0], offset)
-        if self.spec.logprobs:
-            sampled = sample_with_logprobs(
-                batch, sampling_params, uniform, self.max_topk, self.spec.logprobs, self.cc, offset, vocab, bias
-            )
-        else:
-            sampled = sample(batch, sampling_params, uniform, self.max_topk, self.cc, offset, vocab, bias=bias)
+        sampling = inputs[3 * len(groups) :]
+        offset, vocab = params.get(VOCAB_OFFSET), self.args.vocab_size
+        sampled = sample_rows(self.spec, batch, sampling, self.max_topk, self.cc, offset, vocab)
         if prompt is None:
             return sampled
         return (self._whole(prompt), *sampled) if self.spec.logprobs else (self._whole(prompt), sampled)
@@ -183,6 +174,30 @@ class DecoderGraph(nn.Module):
     def _whole(self, logits: torch.Tensor) -> torch.Tensor:
         """Every rank returns the whole logits (host sampling, prefill)."""
         return self.cc.all_gather_last(logits)[:, : self.args.vocab_size] if self.cc.degree > 1 else logits
+
+
+def sample_rows(
+    spec: GraphSpec,
+    logits: torch.Tensor,
+    sampling: Sequence[torch.Tensor],
+    max_topk: int,
+    cc: Collectives = SINGLE,
+    vocab_offset: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """On-device sampling of the decode rows' logits [n, V_local]: sampling = (sampling_params, uniform[, token_bitmask]
+    [, bias_ids, bias_values]) as spec declares them -> token ids, or the (ids, logprobs, ranks) tensors. vocab_size:
+    the model's (tensor parallelism: the logits are a padded slice)."""
+    sampling_params, uniform, *extra = sampling
+    bitmask = extra[:1] if spec.bitmask_words else ()
+    bias = tuple(extra[len(bitmask) :]) or None  # applied to the sampler's candidates, after the mask
+    if bitmask:  # the logprobs see it too: a masked token's stays near the (finite) fill
+        logits = mask_disallowed(logits, bitmask[0], vocab_offset)
+    if spec.logprobs:
+        return sample_with_logprobs(
+            logits, sampling_params, uniform, max_topk, spec.logprobs, cc, vocab_offset, vocab_size, bias
+        )
+    return sample(logits, sampling_params, uniform, max_topk, cc, vocab_offset, vocab_size, bias=bias)
 
 
 def call_bucket(nc: NeuronConfig, name: str, starts: Sequence[int], last_positions: Sequence[int]) -> int:
