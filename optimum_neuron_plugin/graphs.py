@@ -15,7 +15,8 @@ weights and the KV cache.
                      tokens: ids [n, 1 + max_logprobs] int32 (the sampled token first, then the top max_logprobs),
                      their raw logprobs [n, 1 + max_logprobs] fp32 and the sampled token's rank [n] int32.
                      With max_logit_bias M > 0 it takes each row's logit_bias as M (token id, bias) pairs too:
-                     ids [n, M] int32 and biases [n, M] fp32, added to the logits before the mask and the sampler
+                     ids [n, M] int32 and biases [n, M] fp32, added to the masked logits' top-k candidates and to
+                     the biased ids (models.sampling.sampler_candidates)
 - chunk_and_decode : one chunked_prefill chunk and one token_generation batch in a single pass over the
                      weights -> (chunk logits [1, V], token ids [B] or the 3 logprobs tensors) or logits
                      [1 + B, V]. It is how a prompt
@@ -53,7 +54,7 @@ from .models.args import ModelArgs
 from .models.collectives import SINGLE, Collectives
 from .models.layers import rope_inv_freq
 from .models.llama import groups_logits
-from .models.sampling import add_logit_bias, bitmask_words, mask_disallowed, sample, sample_with_logprobs
+from .models.sampling import bitmask_words, mask_disallowed, sample, sample_with_logprobs
 from .models.sharding import VOCAB_OFFSET
 
 CHUNKED_PREFILL = "chunked_prefill"
@@ -177,23 +178,10 @@ class DecoderGraph(nn.Module):
             return self._whole(logits).view(self.spec.rows, self.spec.tokens, -1)
         if not self.spec.samples:
             return self._whole(logits)
-        sampling_params, uniform, *extra = inputs[3 * len(groups) :]
-        bitmask = extra[:1] if self.spec.bitmask_words else ()
-        bias = extra[len(bitmask) :]
         prompt, batch = (logits[:1], logits[1:]) if self.spec.chunk else (None, logits)
-        vocab, offset = self.args.vocab_size, params.get(VOCAB_OFFSET)
-        if bitmask:
-            batch = mask_disallowed(batch, bitmask[0], offset)
-        raw = batch
-        if bias:  # after the mask, which the logprobs see: a masked token stays near the (finite) fill
-            batch = add_logit_bias(batch.float(), *bias, offset)
-        if self.spec.logprobs:
-            sampled = sample_with_logprobs(
-                batch, sampling_params, uniform, self.max_topk, self.spec.logprobs, self.cc, offset, vocab,
-                raw if bias else None,
-            )  # fmt: skip
-        else:
-            sampled = sample(batch, sampling_params, uniform, self.max_topk, self.cc, offset, vocab)
+        sampling = inputs[3 * len(groups) :]
+        offset, vocab = params.get(VOCAB_OFFSET), self.args.vocab_size
+        sampled = sample_rows(self.spec, batch, sampling, self.max_topk, self.cc, offset, vocab)
         if prompt is None:
             return sampled
         return (self._whole(prompt), *sampled) if self.spec.logprobs else (self._whole(prompt), sampled)
@@ -201,6 +189,30 @@ class DecoderGraph(nn.Module):
     def _whole(self, logits: torch.Tensor) -> torch.Tensor:
         """Every rank returns the whole logits (host sampling, prefill)."""
         return self.cc.all_gather_last(logits)[:, : self.args.vocab_size] if self.cc.degree > 1 else logits
+
+
+def sample_rows(
+    spec: GraphSpec,
+    logits: torch.Tensor,
+    sampling: Sequence[torch.Tensor],
+    max_topk: int,
+    cc: Collectives = SINGLE,
+    vocab_offset: torch.Tensor | None = None,
+    vocab_size: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """On-device sampling of the decode rows' logits [n, V_local]: sampling = (sampling_params, uniform[, token_bitmask]
+    [, bias_ids, bias_values]) as spec declares them -> token ids, or the (ids, logprobs, ranks) tensors. vocab_size:
+    the model's (tensor parallelism: the logits are a padded slice)."""
+    sampling_params, uniform, *extra = sampling
+    bitmask = extra[:1] if spec.bitmask_words else ()
+    bias = tuple(extra[len(bitmask) :]) or None  # applied to the sampler's candidates, after the mask
+    if bitmask:  # the logprobs see it too: a masked token's stays near the (finite) fill
+        logits = mask_disallowed(logits, bitmask[0], vocab_offset)
+    if spec.logprobs:
+        return sample_with_logprobs(
+            logits, sampling_params, uniform, max_topk, spec.logprobs, cc, vocab_offset, vocab_size, bias
+        )
+    return sample(logits, sampling_params, uniform, max_topk, cc, vocab_offset, vocab_size, bias=bias)
 
 
 def call_bucket(nc: NeuronConfig, name: str, starts: Sequence[int], last_positions: Sequence[int]) -> int:

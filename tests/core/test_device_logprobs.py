@@ -16,7 +16,7 @@ from support.tensor_parallel import run_ranks
 
 from optimum_neuron_plugin.config import NeuronConfig, NeuronConfigError
 from optimum_neuron_plugin.models.collectives import Collectives
-from optimum_neuron_plugin.models.sampling import add_logit_bias, sample_with_logprobs
+from optimum_neuron_plugin.models.sampling import sample_with_logprobs
 from optimum_neuron_plugin.sampling import SamplingParams, make_generator
 
 from .helpers import CHUNK, CHUNKED, prompt
@@ -121,8 +121,7 @@ def tp_worker(rank: int, out: Path) -> None:
     cc = Collectives(2, dist.group.WORLD.group_name)
     offset = torch.tensor([rank * TP_LOCAL], dtype=torch.int32)
     torch.save(sample_with_logprobs(local, params, uniform, 16, 4, cc, offset, TP_VOCAB), out / f"rank{rank}.pt")
-    biased = add_logit_bias(local, *TP_BIAS, offset)
-    got = sample_with_logprobs(biased, params, uniform, 16, 4, cc, offset, TP_VOCAB, raw=local)
+    got = sample_with_logprobs(local, params, uniform, 16, 4, cc, offset, TP_VOCAB, bias=TP_BIAS)
     torch.save(got, out / f"biased{rank}.pt")
 
 
@@ -132,7 +131,7 @@ def test_tensor_parallel_logprobs_combine_the_ranks_slices(tmp_path):
     sampler draws from the biased logits, the logprobs stay the raw ones)."""
     logits, params, uniform = tp_inputs()
     want = sample_with_logprobs(logits, params, uniform, 16, 4)
-    want_biased = sample_with_logprobs(add_logit_bias(logits, *TP_BIAS), params, uniform, 16, 4, raw=logits)
+    want_biased = sample_with_logprobs(logits, params, uniform, 16, 4, bias=TP_BIAS)
     run_ranks(tp_worker, 2, tmp_path)
     for rank in range(2):
         for name, expected in ((f"rank{rank}", want), (f"biased{rank}", want_biased)):

@@ -14,7 +14,7 @@ import torch
 from support.references import hf_last_logits
 
 from optimum_neuron_plugin.errors import InputError
-from optimum_neuron_plugin.models.sampling import add_logit_bias, sorted_probs, top_candidates
+from optimum_neuron_plugin.models.sampling import sampler_candidates, sorted_probs
 from optimum_neuron_plugin.sampling import SamplingParams, make_generator, params_tensor, sample_on_host
 
 from .helpers import CHUNK, CHUNKED, VOCAB, prompt
@@ -73,17 +73,27 @@ ROWS = [
 ]
 
 
-def test_logit_bias_is_vllms_processor_on_every_vocabulary_slice():
-    logits = random_logits(len(ROWS), 1000, seed=1)
-    ids, values = bias_inputs(ROWS, 4)
-    expected = vllm_processed(logits, [SamplingParams(logit_bias=s.logit_bias) for s in ROWS])
-    assert torch.equal(add_logit_bias(logits, ids, values), expected)
-    # Under tensor parallelism each rank adds the pairs of its slice of 256 ids (the last slice padded).
-    padded = torch.cat((logits, torch.zeros(len(ROWS), 24)), dim=-1)
-    slices = [
-        add_logit_bias(padded[:, r * 256 : (r + 1) * 256], ids, values, torch.tensor([r * 256])) for r in range(4)
+def test_the_sampler_candidates_are_the_top_k_of_vllms_biased_logits():
+    """One top-k of the raw logits (max_topk + M candidates) and the gathered biased ids give exactly the top max_topk
+    of vLLM's processed logits: a token raised from the bottom, the raw top sunk under the next M, duplicate unused
+    slots (0, 0.0) next to a real bias on token 0, and each candidate's raw logit alongside."""
+    logits = random_logits(4, 1000, seed=1)
+    order = logits.argsort(dim=-1, descending=True)
+    sunk = tuple((int(t), -50.0) for t in order[3, :4])  # all 4 slots: the next 4 raw candidates fill in
+    sampling = [
+        *ROWS[:3],
+        SamplingParams(logit_bias=sunk),
+        SamplingParams(logit_bias=((0, 30.0), (int(order[0, -1]), 40.0), (int(order[0, 3]), -1.0))),
     ]
-    assert torch.equal(torch.cat(slices, dim=-1)[:, :1000], expected)
+    logits = torch.cat((logits, logits[:1]))
+    expected = vllm_processed(logits, [SamplingParams(logit_bias=s.logit_bias) for s in sampling])
+    for max_topk in (8, 1000):
+        got = sampler_candidates(logits, max_topk, bias_inputs(sampling, 4))
+        values, ids = expected.topk(max_topk)
+        assert torch.equal(got.ids, ids) and torch.equal(got.values, values)
+        assert torch.equal(got.raw, logits.gather(-1, ids))
+    assert got.ids[4, :2].tolist() == [int(order[0, -1]), 0]
+    assert set(got.ids[3, :8].tolist()) == set(order[3, 4:12].tolist())
 
 
 def test_the_sampler_draws_from_vllms_distribution_with_min_p_and_bias():
@@ -91,10 +101,9 @@ def test_the_sampler_draws_from_vllms_distribution_with_min_p_and_bias():
     top-p) equal vLLM's, over the whole vocabulary (on device the candidates are the top max_topk)."""
     logits = random_logits(len(ROWS) - 1, 1000, seed=2)
     sampling = ROWS[:-1]
-    biased = add_logit_bias(logits, *bias_inputs(sampling, 4))
-    values, ids = top_candidates(biased, 1000)
-    probs = sorted_probs(values, params_tensor(sampling, 1000), lambda p: p.cumsum(-1))
-    got = torch.zeros_like(logits).scatter(-1, ids, probs / probs.sum(-1, keepdim=True))
+    candidates = sampler_candidates(logits, 1000, bias_inputs(sampling, 4))
+    probs = sorted_probs(candidates.values, params_tensor(sampling, 1000), lambda p: p.cumsum(-1))
+    got = torch.zeros_like(logits).scatter(-1, candidates.ids, probs / probs.sum(-1, keepdim=True))
     expected = vllm_distribution(logits, sampling)
     assert torch.allclose(got, expected, atol=1e-5)
     support = (expected > 0).sum(-1).tolist()

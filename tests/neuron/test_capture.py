@@ -96,8 +96,8 @@ def check_captured(graphs, specs, recorded, name: str) -> None:
         code = recorded[-1].code
         assert "cumsum" not in code, f"{name} {spec.key} computes a cumsum"
         assert "index_copy_" in code, f"{name} {spec.key} does not write the KV cache in place"
-        if spec.samples:  # logit_bias pairs (int32 ids) added by index_add; min_p is the fourth sampling parameter
-            assert spec.logit_bias == 32 and "index_add" in code, f"{name} {spec.key} adds no logit_bias"
+        if spec.samples:  # logit_bias pairs (int32 ids) applied to the raw top-k's candidates, then a top-k of those
+            assert spec.logit_bias == 32 and code.count("torch.topk(") == 2, f"{name} {spec.key} applies no logit_bias"
         assert int64_values(code) <= {"seq_ids", "heads"}, f"{name} {spec.key} builds int64 values"
 
 
