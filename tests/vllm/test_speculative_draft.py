@@ -155,7 +155,7 @@ def test_sampled_tokens_follow_the_target_distribution(llm, tokenizer, tiny_hf):
 
     params = Params(temperature=1.0, top_k=5)
     prompt = prompt_of(20, tokenizer)
-    requests = [SamplingParams(max_tokens=48, temperature=1.0, top_k=5, seed=s, ignore_eos=True) for s in range(16)]
+    requests = [SamplingParams(max_tokens=32, temperature=1.0, top_k=5, seed=s, ignore_eos=True) for s in range(8)]
     outputs = generate(llm, [prompt] * len(requests), requests)
     contexts, drawn = [], []
     for tokens in outputs:
@@ -178,13 +178,28 @@ def edited_copy(source, target, file: str, **changes):
     return target
 
 
+def swapped_tokens(source, target):
+    """A copy of an artifact's configuration files whose tokenizer maps two tokens to each other's ids."""
+    edited_copy(source, target, "config.json")
+    data = json.loads((target / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab["alpha"], vocab["beta"] = vocab["beta"], vocab["alpha"]
+    (target / "tokenizer.json").write_text(json.dumps(data))
+    return target
+
+
 REFUSED = {
     # vLLM's own check, before the plugin's: the draft's config.json is read when the configuration is built
     "missing": (lambda root, draft, hf: root / "nowhere", "Invalid repository ID or local directory specified"),
     "hf-model": (lambda root, draft, hf: hf, "is not a model exported with this plugin"),
+    # vLLM's own check, before the plugin's
     "vocabulary": (
         lambda root, draft, hf: edited_copy(draft, root / "vocab", "config.json", vocab_size=1000),
-        "the draft's vocabulary (1000 tokens) differs from the target's (49152): use a draft model of the same",
+        "Target and draft model should have the same vocabulary size",
+    ),
+    "tokenizer": (
+        lambda root, draft, hf: swapped_tokens(draft, root / "tokenizer"),
+        "the draft's tokenizer differs from the target's: use a draft model of the same tokenizer",
     ),
     "batch": (
         lambda root, draft, hf: edited_copy(draft, root / "batch", "neuron_config.json", batch_size=2),
