@@ -188,6 +188,7 @@ def swapped_tokens(source, target):
     return target
 
 
+SHORT = dict(sequence_length=64, context_buckets=[64], prefill_buckets=[0, 16, 32, 64])
 REFUSED = {
     # vLLM's own check, before the plugin's: the draft's config.json is read when the configuration is built
     "missing": (lambda root, draft, hf: root / "nowhere", "Invalid repository ID or local directory specified"),
@@ -202,11 +203,13 @@ REFUSED = {
         "the draft's tokenizer differs from the target's: use a draft model of the same tokenizer",
     ),
     "batch": (
-        lambda root, draft, hf: edited_copy(draft, root / "batch", "neuron_config.json", batch_size=2),
+        lambda root, draft, hf: edited_copy(
+            draft, root / "batch", "neuron_config.json", batch_size=2, decode_batch_sizes=[1, 2]
+        ),
         "the draft's batch_size 2 is below the target's: export the draft again with --batch-size 4",
     ),
     "length": (
-        lambda root, draft, hf: edited_copy(draft, root / "length", "neuron_config.json", sequence_length=64),
+        lambda root, draft, hf: edited_copy(draft, root / "length", "neuron_config.json", **SHORT),
         "the draft's sequence_length 64 is below max_model_len 128: export the draft again with --sequence-length 128",
     ),
     "eagle": (None, "speculative decoding method 'eagle3' is not supported by the Neuron plugin: use"),
