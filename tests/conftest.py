@@ -33,6 +33,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 SHARED_FIXTURE_GROUPS = {
     "smollm2": ("tests/cli/test_export.py", "tests/core/test_smollm2.py", "tests/vllm/test_smollm2_engine.py"),
     "reliability servers": ("tests/reliability/",),
+    "speculative": ("tests/vllm/test_speculative.py", "tests/vllm/test_speculative_draft.py"),
 }
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
 # one worker on the 2-core machine, benchmark/results/20261126-test-suite-2-workers/durations.txt: the SmolLM2 group

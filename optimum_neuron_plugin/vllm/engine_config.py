@@ -446,7 +446,8 @@ def _fit_kv_cache(vllm_config: VllmConfig, user: UserArgs) -> None:
     # The runtime owns the KV cache (batch_size rows); vLLM's blocks are bookkeeping only.
     needed = kv_blocks_needed(
         vllm_config.scheduler_config.max_num_seqs,
-        vllm_config.model_config.max_model_len + num_speculative_tokens(vllm_config),
+        # drafts, and the slots vLLM reserves past them for a draft model (num_lookahead_tokens)
+        vllm_config.model_config.max_model_len + num_speculative_tokens(vllm_config) + vllm_config.num_lookahead_tokens,
         cache_config.block_size,
     )
     explicit = cache_config.num_gpu_blocks_override

@@ -14,7 +14,7 @@ logprobs is prefilled alone on the prompt_logits graphs (runtime.prefill_positio
 
 Speculative decoding (speculation.py): decoding requests with draft tokens go in one verify call (runtime.verify) and
 keep their accepted drafts plus one token (speculative.accept); after each step the runner proposes the next drafts
-with vLLM's n-gram proposer, which vLLM collects with take_draft_token_ids.
+(vLLM's n-gram proposer, or the draft model's graphs: draft_model.py), which vLLM collects with take_draft_token_ids.
 
 Structured outputs (grammar.py): a step whose requests sample under a grammar runs once vLLM's bitmask is known. Host
 sampling masks its logits with vLLM's own bitmask application; on-device sampling passes the bitmask to the decode
@@ -41,7 +41,7 @@ from .log import get_logger
 from .prompt_logprobs import record_prompt_logprobs, wants_prompt_logprobs
 from .requests import RequestState, SeedSource
 from .scheduler import NeuronRunnerOutput
-from .speculation import NgramDrafts
+from .speculation import make_drafter
 from .stats import StatsSink
 from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids, scheduled_drafts
 from .token_constraints import constrained_bitmask
@@ -64,7 +64,7 @@ class NeuronModelRunner:
         self.seeds = SeedSource(vllm_config.model_config.seed)
         self.health = GraphHealth()
         self.grammar = StepGrammar(SchedulerOutput.make_empty(), None)  # the step's (execute)
-        self.drafter = NgramDrafts(vllm_config) if vllm_config.speculative_config is not None else None
+        self.drafter = make_drafter(vllm_config)
         self._drafts: DraftTokenIds | None = None  # proposed after the last step, for take_draft_token_ids
 
     # ---- request bookkeeping ------------------------------------------------------------------
@@ -217,11 +217,12 @@ class NeuronModelRunner:
         return []
 
     def _propose_drafts(self, sampled: dict[str, list[int]]) -> None:
-        """vLLM's n-gram proposer over every request that sampled this step and may speculate."""
+        """The proposer's drafts for every request that sampled this step and may speculate."""
         if self.drafter is None:
             return
-        req_ids = [r for r, tokens in sampled.items() if tokens and self._speculates(self.requests[r])]
-        drafts = self.drafter.propose([self.requests[r].all_token_ids for r in req_ids])
+        states = [self.requests[r] for r, tokens in sampled.items() if tokens and self._speculates(self.requests[r])]
+        drafts = self.drafter.propose([s.slot for s in states], [s.all_token_ids for s in states])
+        req_ids = [s.req_id for s in states]
         self._drafts = DraftTokenIds(req_ids, drafts)
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
@@ -392,6 +393,8 @@ class NeuronModelRunner:
         """Every compiled graph once (runtime.warm_up): a graph that cannot run stops the startup, naming its file."""
         began = time.perf_counter()
         self.model.warm_up()
+        if self.drafter is not None:
+            self.drafter.warm_up()
         return time.perf_counter() - began
 
     def shutdown(self) -> None:

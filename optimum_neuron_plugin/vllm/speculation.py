@@ -1,5 +1,6 @@
 """Speculative decoding through vLLM's `--speculative-config`: n-gram (prompt lookup) drafts from vLLM's own
-NgramProposer, verified by the artifact's verify graph (runtime/verify.py), accepted on the host (speculative.py).
+NgramProposer, or greedy drafts of a second export (draft_model.py), verified by the artifact's verify graph
+(runtime/verify.py), accepted on the host (speculative.py).
 
 vLLM 0.32's protocol (v1/core/sched/scheduler.py, v1/engine/core.py): after each step the engine asks the worker
 for drafts (take_draft_token_ids) and stores them on the requests (spec_token_ids); the next schedule() gives a
@@ -12,14 +13,17 @@ or a grammar get no drafts (they decode one token per step as without speculatio
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 from vllm.config import VllmConfig
 
 from ..config import NeuronConfig
+from .draft_model import DRAFT_MODEL, DraftModelDrafts, draft_problems
 from .options import PREFILL_MODE_ENV, PrefillMode
 
 NGRAM = "ngram"
+METHODS = (NGRAM, DRAFT_MODEL)
 
 
 def speculation_problems(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: PrefillMode) -> list[str]:
@@ -28,12 +32,19 @@ def speculation_problems(vllm_config: VllmConfig, neuron_config: NeuronConfig, m
     if spec is None:
         return []
     k, compiled = spec.num_speculative_tokens, neuron_config.speculative_tokens
-    if spec.method != NGRAM:
+    if spec.method not in METHODS:
         return [
             f"speculative decoding method {spec.method!r} is not supported by the Neuron plugin: use "
-            f'--speculative-config \'{{"method": "ngram", "num_speculative_tokens": {compiled or k}}}\' (prompt lookup)'
+            f'--speculative-config \'{{"method": "ngram", "num_speculative_tokens": {compiled or k}}}\' (prompt lookup) '
+            f'or \'{{"method": "draft_model", "model": "<draft export dir>", "num_speculative_tokens": {compiled or k}}}\''
         ]
     problems = []
+    if spec.method == DRAFT_MODEL:
+        model_config = vllm_config.model_config
+        max_model_len = min(model_config.max_model_len, neuron_config.sequence_length)
+        problems += draft_problems(
+            spec.model, neuron_config, model_config.model, model_config.get_vocab_size(), max_model_len
+        )
     if not compiled:
         problems.append(
             f"--speculative-config needs verify graphs: export the model again with --speculative-tokens {k}"
@@ -54,6 +65,16 @@ def speculation_problems(vllm_config: VllmConfig, neuron_config: NeuronConfig, m
             "without --tensor-parallel-size"
         )
     return problems
+
+
+def make_drafter(vllm_config: VllmConfig) -> NgramDrafts | DraftModelDrafts | None:
+    """The proposer --speculative-config asks for (speculation_problems refused the others)."""
+    spec = vllm_config.speculative_config
+    if spec is None:
+        return None
+    if spec.method == DRAFT_MODEL:
+        return DraftModelDrafts(spec.model, spec.num_speculative_tokens, vllm_config.model_config.max_model_len)
+    return NgramDrafts(vllm_config)
 
 
 def num_speculative_tokens(vllm_config: VllmConfig) -> int:
@@ -80,10 +101,14 @@ class NgramDrafts:
         self.max_model_len = vllm_config.model_config.max_model_len
         # vLLM's own warm-up proposes for no request, so numba would compile the lookup on the first real proposal
         # (seconds, inside a request's step): compile it here, at startup.
-        self.propose([[1, 2, 1, 2]])
+        self.propose([0], [[1, 2, 1, 2]])
 
-    def propose(self, token_lists: list[list[int]]) -> list[list[int]]:
-        """Each request's drafts (at most k, none where no n-gram of its suffix recurs) given all its tokens."""
+    def warm_up(self) -> None:
+        pass
+
+    def propose(self, slots: Sequence[int], token_lists: Sequence[list[int]]) -> list[list[int]]:
+        """Each request's drafts (at most k, none where no n-gram of its suffix recurs) given all its tokens (its
+        slot is not needed)."""
         if not token_lists:
             return []
         lengths = np.array([len(tokens) for tokens in token_lists], dtype=np.int32)

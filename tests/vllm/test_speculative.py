@@ -163,10 +163,6 @@ def test_sampled_requests_speculate_and_reproduce(llm, tokenizer):
 
 REFUSED = {
     "another-k": (dict(speculative_config=dict(NGRAM, num_speculative_tokens=2)), 'set "num_speculative_tokens": 3'),
-    "draft-model": (
-        dict(speculative_config={"method": "draft_model", "model": "ARTIFACT", "num_speculative_tokens": K}),
-        "speculative decoding method 'draft_model' is not supported by the Neuron plugin: use --speculative-config",
-    ),
     "interleaved": (
         dict(speculative_config=NGRAM, additional_config={"prefill_mode": "interleaved"}),
         "speculative decoding is not supported with ONP_PREFILL_MODE=interleaved",
@@ -181,8 +177,5 @@ def test_what_the_verify_graphs_cannot_check_is_refused(spec_dir, monkeypatch, n
 
     monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
     kwargs, message = REFUSED[name]
-    spec = {key: str(spec_dir) if value == "ARTIFACT" else value for key, value in kwargs["speculative_config"].items()}
     with pytest.raises(ValueError, match=re.escape(message)):
-        EngineArgs(model=str(spec_dir), **{**kwargs, "speculative_config": spec}).create_engine_config(
-            UsageContext.LLM_CLASS
-        )
+        EngineArgs(model=str(spec_dir), **kwargs).create_engine_config(UsageContext.LLM_CLASS)
