@@ -34,6 +34,7 @@ from ..models.sampling import bitmask_words
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY, host_topk
 from ..speculative import accept
+from .draft_gate import DraftGate, min_acceptance
 from .grammar import StepGrammar
 from .health import GraphHealth
 from .host_sampling import HostSampler, TokenLogprobs, device_token_logprobs, logprobs_lists, token_logprobs
@@ -65,6 +66,7 @@ class NeuronModelRunner:
         self.health = GraphHealth()
         self.grammar = StepGrammar(SchedulerOutput.make_empty(), None)  # the step's (execute)
         self.drafter = make_drafter(vllm_config)
+        self.min_acceptance = min_acceptance() if self.drafter is not None else 0.0
         self._drafts: DraftTokenIds | None = None  # proposed after the last step, for take_draft_token_ids
 
     # ---- request bookkeeping ------------------------------------------------------------------
@@ -213,6 +215,7 @@ class NeuronModelRunner:
             state.output_token_ids.extend(tokens)
             state.stats.draft_tokens += len(w.drafts)
             state.stats.accepted_tokens += len(tokens) - 1
+            self._gate(state).verified(len(w.drafts), len(tokens) - 1)
             sampled[state.req_id] = tokens
         return []
 
@@ -221,9 +224,15 @@ class NeuronModelRunner:
         if self.drafter is None:
             return
         states = [self.requests[r] for r, tokens in sampled.items() if tokens and self._speculates(self.requests[r])]
+        states = [s for s in states if self._gate(s).open()]
         drafts = self.drafter.propose([s.slot for s in states], [s.all_token_ids for s in states])
         req_ids = [s.req_id for s in states]
         self._drafts = DraftTokenIds(req_ids, drafts)
+
+    def _gate(self, state: RequestState) -> DraftGate:
+        if state.draft_gate is None:
+            state.draft_gate = DraftGate(self.min_acceptance)
+        return state.draft_gate
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         """The drafts proposed after the last step (vLLM's engine stores them on its requests for the next)."""

@@ -13,6 +13,8 @@ with `VLLM_`, so the plugin never uses that prefix.
   data-parallel x tensor-parallel ranks, placement.py).
 - `ONP_PREFILL_CHUNK_BUDGET`: interleaved mode only, prefill graph calls (compiled chunks) per
   engine step next to the decodes (default 2); additional_config key `prefill_chunk_budget`.
+- `ONP_SPECULATION_MIN_ACCEPTANCE`: speculative decoding, the draft acceptance below which a request pauses
+  drafting (draft_gate.py).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.outputs import LogprobsTensors
 
 from ..sampling import GREEDY, SamplingParams, make_generator
+from .draft_gate import DraftGate
 
 _GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy
 
@@ -43,6 +44,7 @@ class RequestState:
     stats: RequestStats = field(default_factory=RequestStats)
     prompt_logprobs: LogprobsTensors | None = None  # prompt_logprobs.py: filled slice by slice
     prompt_logprobs_sent: bool = False
+    draft_gate: DraftGate | None = None  # speculative decoding: set by the runner on the first proposal
 
     @classmethod
     def create(

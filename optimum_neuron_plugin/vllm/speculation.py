@@ -19,6 +19,7 @@ import numpy as np
 from vllm.config import VllmConfig
 
 from ..config import NeuronConfig
+from .draft_gate import min_acceptance
 from .draft_model import DRAFT_MODEL, DraftModelDrafts, draft_problems
 from .options import PREFILL_MODE_ENV, PrefillMode
 
@@ -64,6 +65,10 @@ def speculation_problems(vllm_config: VllmConfig, neuron_config: NeuronConfig, m
             "speculative decoding is not supported with tensor parallelism: remove --speculative-config, or export "
             "without --tensor-parallel-size"
         )
+    try:
+        min_acceptance()
+    except ValueError as error:
+        problems.append(str(error))
     return problems
 
 

@@ -18,6 +18,8 @@ from support.references import hf_greedy
 from support.served import CHUNK, SEQUENCE_LENGTH, SHAPE, prompt_of
 from support.tiny_models import export
 
+from optimum_neuron_plugin.vllm.draft_gate import MIN_ACCEPTANCE_ENV, DraftGate
+
 K = 3
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
@@ -39,6 +41,9 @@ def stats_file(vllm_root):
 def llm(spec_dir, stats_file):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ONP_STATS_FILE", str(stats_file))
+        # Every request drafts whatever its acceptance: these tests check what verified drafts do (the pause after
+        # rejected drafts: test_rejected_drafts_pause_drafting_for_doubling_pauses, and test_speculative_draft.py).
+        patch.setenv(MIN_ACCEPTANCE_ENV, "0")
         engine = make_llm(spec_dir, speculative_config=NGRAM, disable_log_stats=False)
     yield engine
     close_llm(engine)
@@ -179,3 +184,39 @@ def test_what_the_verify_graphs_cannot_check_is_refused(spec_dir, monkeypatch, n
     kwargs, message = REFUSED[name]
     with pytest.raises(ValueError, match=re.escape(message)):
         EngineArgs(model=str(spec_dir), **kwargs).create_engine_config(UsageContext.LLM_CLASS)
+
+
+def test_a_bad_min_acceptance_is_refused_at_startup(spec_dir, monkeypatch):
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    monkeypatch.setenv(MIN_ACCEPTANCE_ENV, "1.5")
+    with pytest.raises(ValueError, match=re.escape("ONP_SPECULATION_MIN_ACCEPTANCE='1.5' is outside [0, 1]")):
+        EngineArgs(model=str(spec_dir), speculative_config=NGRAM).create_engine_config(UsageContext.LLM_CLASS)
+
+
+def paused_steps(gate: DraftGate, steps: int) -> list[bool]:
+    return [not gate.open() for _ in range(steps)]
+
+
+def test_rejected_drafts_pause_drafting_for_doubling_pauses():
+    """A request whose drafts keep failing stops drafting for 4, then 8 steps; good drafts keep it drafting and
+    reset the pause; a threshold of 0 never pauses."""
+    first = DraftGate(threshold=0.35)
+    first.verified(drafted=4, accepted=1)  # the first verify counts alone: 0.25
+    assert paused_steps(first, 5) == [True] * 4 + [False]
+    gate = DraftGate(threshold=0.35)
+    gate.verified(drafted=4, accepted=4)
+    gate.verified(drafted=4, accepted=1)  # running rate 0.625: above the threshold
+    assert paused_steps(gate, 3) == [False] * 3
+    gate.verified(drafted=4, accepted=0)  # 0.31
+    assert paused_steps(gate, 5) == [True] * 4 + [False]
+    gate.verified(drafted=4, accepted=0)  # right after a pause one bad verify pauses again, twice as long
+    assert paused_steps(gate, 9) == [True] * 8 + [False]
+    gate.verified(drafted=4, accepted=3)  # a good one resets the pause
+    gate.verified(drafted=4, accepted=0)
+    assert paused_steps(gate, 5) == [True] * 4 + [False]
+    never = DraftGate(threshold=0.0)
+    for _ in range(10):
+        never.verified(drafted=4, accepted=0)
+    assert paused_steps(never, 3) == [False] * 3
