@@ -120,16 +120,17 @@ def slot_positions(cache: torch.Tensor, seq_id: int, sequence_length: int) -> to
 
 
 class CallLog:
-    """Wraps a loaded model's graphs and records (graph name, bucket, last position of row 0) per call, and the
-    graph's rows in `rows`."""
+    """Wraps a loaded model's graphs and records (graph name, bucket, last position of row 0) per call, the
+    graph's rows in `rows` and its spec in `specs`."""
 
     def __init__(self, model) -> None:
-        self.model, self.graphs, self.calls, self.rows = model, model.graphs, [], []
+        self.model, self.graphs, self.calls, self.rows, self.specs = model, model.graphs, [], [], []
 
     def __enter__(self):
         def record(spec, *inputs):
             self.calls.append((spec.name, spec.bucket, int(inputs[1][0].max())))
             self.rows.append(spec.rows)
+            self.specs.append(spec)
             return self.graphs(spec, *inputs)
 
         self.model.graphs = record
@@ -141,3 +142,8 @@ class CallLog:
     @property
     def graphs_and_buckets(self) -> list[tuple[str, int]]:
         return [(name, bucket) for name, bucket, _ in self.calls]
+
+    @property
+    def graphs_rows_and_tokens(self) -> list[tuple[str, int, int]]:
+        """(graph, rows, prompt tokens) per call."""
+        return [(s.name, s.rows, s.prompt_tokens) for s in self.specs]

@@ -11,7 +11,7 @@ from support.references import hf_greedy, hf_last_logits
 from optimum_neuron_plugin import NeuronConfig
 from optimum_neuron_plugin.config import NeuronConfigError
 
-from .helpers import CHUNK, CHUNKED_LOGITS_LIGHT, SEQUENCE_LENGTH, prompt, slot_positions
+from .helpers import CHUNK, CHUNKED_LOGITS_LIGHT, SEQUENCE_LENGTH, CallLog, prompt, slot_positions
 
 TAIL = 4
 MARKER = 7.0  # cache positions never written keep it
@@ -27,29 +27,6 @@ def tail(zoo):
 def whole(zoo):
     """The same shape without tail graphs (shared with test_families)."""
     return zoo.artifact("llama", **CHUNKED_LOGITS_LIGHT)
-
-
-class SpecLog:
-    """Records the spec of every graph call of a loaded model."""
-
-    def __init__(self, model) -> None:
-        self.model, self.graphs, self.specs = model, model.graphs, []
-
-    def __enter__(self):
-        def record(spec, *inputs):
-            self.specs.append(spec)
-            return self.graphs(spec, *inputs)
-
-        self.model.graphs = record
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.model.graphs = self.graphs
-
-    @property
-    def calls(self) -> list[tuple[str, int, int]]:
-        """(graph, rows, prompt tokens) per call."""
-        return [(s.name, s.rows, s.prompt_tokens) for s in self.specs]
 
 
 def marked(*models) -> None:
@@ -74,11 +51,11 @@ def test_a_last_piece_that_fits_the_tail_runs_on_it(tail, whole, length):
     """Same logits and cache bytes as whole chunks; the last piece runs on the tail graph when it fits."""
     tokens = prompt(length, seed=length)
     marked(tail.model, whole.model)
-    with SpecLog(tail.model) as log:
+    with CallLog(tail.model) as log:
         logits = tail.model.prefill(1, tokens)
     expected = whole.model.prefill(1, tokens)
     last = TAIL if length % CHUNK and length % CHUNK <= TAIL else CHUNK
-    assert log.calls == [("chunked_prefill", 1, CHUNK)] * 2 + [("chunked_prefill", 1, last)]
+    assert log.graphs_rows_and_tokens == [("chunked_prefill", 1, CHUNK)] * 2 + [("chunked_prefill", 1, last)]
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits, hf_last_logits(tail.hf, tokens), atol=1e-4, rtol=1e-4)
     for got, want in zip(tail.model.caches, whole.model.caches, strict=True):
@@ -92,7 +69,7 @@ def test_a_prefix_hit_prefills_its_question_in_one_tail_call(tail):
     held = prompt(30, seed=5)
     model.prefill(0, held)
     asked = held[:19] + prompt(3, seed=6)
-    with SpecLog(model) as log:
+    with CallLog(model) as log:
         logits = model.prefill(0, asked[19:], start=19)
     assert [(s.name, s.prompt_tokens, s.bucket) for s in log.specs] == [("chunked_prefill", TAIL, 64)]
     torch.testing.assert_close(logits, hf_last_logits(tail.hf, asked), atol=1e-4, rtol=1e-4)
@@ -115,7 +92,7 @@ def test_a_tail_chunk_rides_with_the_decode_batch(tail):
     decode = ([0], [3], [21])  # context bucket 64, as the piece at 16..18
     expected = separate.decode(*decode)
     expected_logits = separate.prefill(2, rest[16:], start=16)
-    with SpecLog(fused) as log:
+    with CallLog(fused) as log:
         logits, result = fused.prefill_and_decode(2, rest[16:], 16, *decode)
     assert [(s.name, s.prompt_tokens, s.tail) for s in log.specs] == [("chunk_and_decode", TAIL, True)]
     torch.testing.assert_close(result.logits, expected.logits, atol=1e-5, rtol=1e-5)
@@ -128,9 +105,9 @@ def test_a_tail_chunk_rides_with_the_decode_batch(tail):
 def test_prompts_prefilled_together_run_their_tails_alone(tail):
     """Chunk k of every prompt whose rest exceeds the tail goes in one call; a piece that fits runs on the tail."""
     prompts = [prompt(n, seed=70 + n) for n in (20, 11, 3)]
-    with SpecLog(tail.model) as log:
+    with CallLog(tail.model) as log:
         logits = tail.model.prefill_batch([(slot, p, 0) for slot, p in enumerate(prompts)])
-    assert log.calls == [
+    assert log.graphs_rows_and_tokens == [
         ("chunked_prefill", 1, TAIL),  # offset 0: the 3-token prompt
         ("chunked_prefill", 2, CHUNK),  # the first chunks of the other two
         ("chunked_prefill", 1, TAIL),  # offset 8: the 11-token prompt's last 3

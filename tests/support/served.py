@@ -14,6 +14,7 @@ from .tiny_models import save_tiny
 BATCH_SIZE = 4
 SEQUENCE_LENGTH = 128
 CHUNK = 16
+SPECULATIVE_TOKENS = 3  # the draft tokens of spec_dir's verify graphs (tests/vllm/conftest.py)
 SHAPE = dict(batch_size=BATCH_SIZE, sequence_length=SEQUENCE_LENGTH)
 
 # Words whose tokens make prompts of exact lengths (SmolLM2 tokenizer).

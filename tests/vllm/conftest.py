@@ -16,7 +16,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from support.served import BATCH_SIZE, CHUNK, SHAPE, save_served_tiny  # noqa: E402
+from support.served import BATCH_SIZE, CHUNK, SHAPE, SPECULATIVE_TOKENS, save_served_tiny  # noqa: E402
 from support.tiny_models import export  # noqa: E402
 from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
@@ -70,6 +70,15 @@ def batched_dir(vllm_root, tiny_hf_dir) -> Path:
     return export(
         tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE,
         prompt_logprobs=True, prefill_tail_size=CHUNK // 2,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def spec_dir(vllm_root, tiny_hf_dir) -> Path:
+    """chunked_dir's shape with verify graphs of SPECULATIVE_TOKENS drafts (speculative decoding)."""
+    return export(
+        tiny_hf_dir, vllm_root / "speculative", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
+        speculative_tokens=SPECULATIVE_TOKENS,
     )  # fmt: skip
 
 

@@ -15,21 +15,12 @@ import pytest
 import torch
 from support.engine import close_llm, make_llm
 from support.references import hf_greedy
-from support.served import CHUNK, SEQUENCE_LENGTH, SHAPE, prompt_of
-from support.tiny_models import export
+from support.served import SEQUENCE_LENGTH, SPECULATIVE_TOKENS, prompt_of
 
 from optimum_neuron_plugin.vllm.draft_gate import MIN_ACCEPTANCE_ENV, DraftGate
 
-K = 3
+K = SPECULATIVE_TOKENS
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-
-
-@pytest.fixture(scope="module")
-def spec_dir(vllm_root, tiny_hf_dir):
-    return export(
-        tiny_hf_dir, vllm_root / "speculative", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
-        speculative_tokens=K,
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")

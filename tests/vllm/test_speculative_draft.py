@@ -19,21 +19,13 @@ import torch
 from support.distributions import Params, compare
 from support.engine import close_llm, make_llm
 from support.references import hf_greedy
-from support.served import CHUNK, SEQUENCE_LENGTH, SHAPE, prompt_of
+from support.served import CHUNK, SEQUENCE_LENGTH, SHAPE, SPECULATIVE_TOKENS, prompt_of
 from support.smollm2 import smollm2_tokenizer
 from support.tiny_models import export, save_tiny
 from transformers import LlamaForCausalLM
 
-K = 3
+K = SPECULATIVE_TOKENS
 FAILURE = 1e-6
-
-
-@pytest.fixture(scope="module")
-def spec_dir(vllm_root, tiny_hf_dir):
-    return export(
-        tiny_hf_dir, vllm_root / "speculative", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
-        speculative_tokens=K,
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
