@@ -7,9 +7,6 @@ and write the caller's cache tensors in place (index_copy_ stays an in-place op,
 
 from __future__ import annotations
 
-import functools
-import types
-import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +22,7 @@ from . import Progress, join_gloo_group
 from .cpu_experts import use_expert_views
 from .cpu_linear import packable, use_packed_linears
 from .cpu_script import Replay, traced_call
+from .cpu_serde import load_program, save_program
 from .program_cache import ProgramCache
 
 GRAPH_DIR = "graphs"
@@ -46,45 +44,11 @@ def _save_aoti(program: torch.export.ExportedProgram, path: Path) -> None:
         torch._inductor.aoti_compile_and_package(program, package_path=str(path))
 
 
-def _save_exported(program: torch.export.ExportedProgram, path: Path) -> None:
-    # The program would otherwise save its example inputs: a full copy of the weights per graph.
-    program._example_inputs = None
-    torch.export.save(program, str(path))
-
-
-def _load_exported(path: Path) -> torch.fx.GraphModule:
-    _memoize_schema_type_hints()
-    return torch.export.load(str(path)).module()
-
-
-@functools.cache
-def _memoize_schema_type_hints() -> None:
-    """torch.export.load computes typing.get_type_hints of a schema class again for every node it reads: half of
-    the time a program takes to load. A class's hints never change, so the deserializer's module gets a `typing`
-    whose get_type_hints computes each once (a tiny model's 19 programs: 3.0 s of CPU instead of 6.0 s)."""
-    from torch._export.serde import serialize
-
-    if getattr(serialize, "typing", None) is not typing:
-        return  # another torch: its deserializer is left as it is
-    known: dict[tuple, dict] = {}
-
-    def get_type_hints(obj, globalns=None, localns=None, include_extras=False):
-        key = (obj, id(globalns), id(localns), include_extras)
-        if key not in known:
-            known[key] = typing.get_type_hints(obj, globalns, localns, include_extras)
-        return known[key]
-
-    memoized = types.ModuleType("typing")
-    memoized.__dict__.update(typing.__dict__)
-    memoized.get_type_hints = get_type_hints
-    serialize.typing = memoized
-
-
 FORMATS = {
     "inductor": ProgramFormat(
         ".aoti.pt2", "AOTInductor", _save_aoti, lambda p: torch._inductor.aoti_load_package(str(p))
     ),
-    "export": ProgramFormat(".pt2", "torch.export", _save_exported, _load_exported),
+    "export": ProgramFormat(".pt2", "torch.export", save_program, load_program),
 }
 
 
