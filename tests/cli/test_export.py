@@ -152,6 +152,7 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     assert_same_greedy(output, load_hf(tiny_models["llama"]), ids, eos=set())
 
 
+@pytest.mark.slow  # AOTInductor: a C++ compile per graph
 def test_inductor_export_is_cpp_programs_that_match_hf(tiny_models, tmp_path):
     """--cpu-compiler inductor (AOTInductor, minutes per graph): the fewest graphs a chunked export has (one row,
     one context bucket), each a C++ package that generates HF's greedy tokens."""

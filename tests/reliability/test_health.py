@@ -40,6 +40,7 @@ def health_or_none(port: int) -> int | None:
         return None
 
 
+@pytest.mark.slow  # its own live server
 def test_consecutive_graph_failures_stop_the_server(failing_server):
     server = failing_server
     for n in range(LIMIT - 1):

@@ -173,6 +173,7 @@ def test_a_field_the_plugin_does_not_list_is_refused(host_llm, prompts, params, 
         tokens(host_llm, prompts[:1], SamplingParams(max_tokens=2, **params))
 
 
+@pytest.mark.slow  # two more engines
 def test_seed_makes_unseeded_sampling_reproducible_across_engines(host_dir, prompts):
     from vllm import SamplingParams
 

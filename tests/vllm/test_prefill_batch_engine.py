@@ -16,7 +16,8 @@ NEW_TOKENS = 6
 LENGTHS = [3 * CHUNK + 5, 7, 2 * CHUNK, CHUNK + 1, 40, 2]
 
 
-@pytest.mark.parametrize("mode", ["serial", "interleaved"])
+# The quick loop (-m "not slow") runs the serial mode; interleaved batches the same prompts through the scheduler.
+@pytest.mark.parametrize("mode", ["serial", pytest.param("interleaved", marks=pytest.mark.slow)])
 def test_prompts_prefilled_together_equal_transformers(batched_dir, tokenizer, tiny_hf, vllm_root, mode):
     from vllm import SamplingParams
 
