@@ -15,7 +15,9 @@
 # ratios on/off, on/peer and on/alt; the runner's cached_tokens (ONP_STATS_FILE) of on and alt and the on server's
 # vllm:prefix_cache_queries / _hits.
 # Knobs (environment, besides common.sh's): PREFILL_TAIL_SIZE (64), PREFIX_LEN (1000), QUESTION_LEN (50), FIRST_LEN (500), CONVERSATIONS
-# (8), TURNS (4), ROUNDS (1), CONFIG, PEER ("" = no peer), ALT ("" = none), WORKLOADS ("shared multi").
+# (8), TURNS (4), ROUNDS (1), CONFIG, PEER ("" = no peer), ALT ("" = none), WORKLOADS ("shared multi"),
+# BENCH_LOCK ("" = none): a lock file, e.g. /tmp/bench.lock on a shared host: the servers start (and the artifact
+# exports) at nice 19 without it, then the drives run under `flock BENCH_LOCK` with the servers at normal priority.
 set -euo pipefail
 export SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-2048} CHUNK_SIZE=${CHUNK_SIZE:-128} OUTPUT_LEN=${OUTPUT_LEN:-64}
 export NUM_PROMPTS=${NUM_PROMPTS:-32} CONCURRENCY=${CONCURRENCY:-4}
@@ -61,9 +63,20 @@ variant_config() {
 # The peer and alt cache prefixes too; off is the plugin with --no-enable-prefix-caching.
 variant_caching() { if [ "$1" = off ]; then echo off; else echo on; fi; }
 
+BENCH_LOCK=${BENCH_LOCK:-}
+START_NICE=$([ -n "$BENCH_LOCK" ] && echo 19 || echo 0)
+
 serve() {
   RUN_DIR=$(variant_dir "$1") PORT=$(variant_port "$1") PREFIX_CACHING=$(variant_caching "$1") \
-    "$BENCH_DIR/serve.sh" "$(variant_config "$1")"
+    nice -n "$START_NICE" "$BENCH_DIR/serve.sh" "$(variant_config "$1")"
+}
+
+# Every thread of every server (each leads its own process group) at priority $1.
+renice_servers() {
+  local variant
+  for variant in $VARIANTS; do
+    renice -n "$1" -g "$(cat "$(variant_dir "$variant")/$(variant_config "$variant").pid")" >/dev/null
+  done
 }
 
 stop_all() {
@@ -110,12 +123,20 @@ serve on
 serve off
 if [ -n "$ALT" ]; then serve alt; fi
 if [ -n "$PEER" ]; then wait "$peer_pid" || die "$PEER did not start (log: $(variant_dir peer)/$PEER.server.log)"; fi
+if [ -n "$BENCH_LOCK" ]; then
+  exec {lock_fd}>"$BENCH_LOCK"
+  log "servers ready; waiting for $BENCH_LOCK"
+  flock "$lock_fd"
+  renice_servers 0
+  log "holding $BENCH_LOCK: driving at normal priority"
+fi
 for round in $(seq "$ROUNDS"); do
   for workload in $WORKLOADS; do
     for variant in $VARIANTS; do "drive_$workload" "$variant" "$round"; done
   done
 done
 curl -sf "http://$HOST:$(variant_port on)/metrics" >"$RUN_DIR/on.metrics.txt" || true
+if [ -n "$BENCH_LOCK" ]; then flock -u "$lock_fd"; fi
 stop_all
 trap - EXIT
 
