@@ -67,15 +67,33 @@ BENCH_LOCK=${BENCH_LOCK:-}
 START_NICE=$([ -n "$BENCH_LOCK" ] && echo 19 || echo 0)
 
 serve() {
+  if running "$1"; then
+    await_health "$1"
+    return
+  fi
   RUN_DIR=$(variant_dir "$1") PORT=$(variant_port "$1") PREFIX_CACHING=$(variant_caching "$1") \
     nice -n "$START_NICE" "$BENCH_DIR/serve.sh" "$(variant_config "$1")"
+}
+
+server_pid_file() { echo "$(variant_dir "$1")/$(variant_config "$1").pid"; }
+running() { [ -f "$(server_pid_file "$1")" ] && kill -0 "$(cat "$(server_pid_file "$1")")" 2>/dev/null; }
+
+# A server an interrupted run left starting or running in this RUN_DIR is reused.
+await_health() {
+  local waited=0
+  log "$1: reusing the server of pid $(cat "$(server_pid_file "$1")")"
+  until curl -sf "http://$HOST:$(variant_port "$1")/health" >/dev/null 2>&1; do
+    [ "$waited" -lt "$SERVER_TIMEOUT" ] || die "$1: no /health answer in $SERVER_TIMEOUT s"
+    sleep 2
+    waited=$((waited + 2))
+  done
 }
 
 # Every thread of every server (each leads its own process group) at priority $1.
 renice_servers() {
   local variant
   for variant in $VARIANTS; do
-    renice -n "$1" -g "$(cat "$(variant_dir "$variant")/$(variant_config "$variant").pid")" >/dev/null
+    renice -n "$1" -g "$(cat "$(server_pid_file "$variant")")" >/dev/null
   done
 }
 
@@ -113,16 +131,26 @@ drive_multi() {
     >"$RUN_DIR/${result%.json}.log" 2>&1 || log "multi_turn.py failed (log: $RUN_DIR/${result%.json}.log)"
 }
 
-# The peer starts next to ours (vLLM's CPU backend compiles for minutes); on exports the artifact if needed, then off
-# serves the same one.
+# The servers start side by side (vLLM's CPU backend compiles for minutes); off and alt serve on's artifact.
+pids=()
 if [ -n "$PEER" ]; then
   serve peer &
-  peer_pid=$!
+  pids+=($!)
 fi
-serve on
-serve off
-if [ -n "$ALT" ]; then serve alt; fi
-if [ -n "$PEER" ]; then wait "$peer_pid" || die "$PEER did not start (log: $(variant_dir peer)/$PEER.server.log)"; fi
+# on exports the artifact if it is missing, alone.
+if [ -f "$(served_dir "$CONFIG")/neuron_config.json" ]; then
+  serve on &
+  pids+=($!)
+else
+  serve on
+fi
+serve off &
+pids+=($!)
+if [ -n "$ALT" ]; then
+  serve alt &
+  pids+=($!)
+fi
+for pid in "${pids[@]}"; do wait "$pid" || die "a server did not start (logs: $RUN_DIR/*/*.server.log)"; done
 if [ -n "$BENCH_LOCK" ]; then
   exec {lock_fd}>"$BENCH_LOCK"
   log "servers ready; waiting for $BENCH_LOCK"
