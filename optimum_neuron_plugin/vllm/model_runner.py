@@ -46,6 +46,7 @@ from .speculation import make_drafter
 from .stats import StatsSink
 from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids, scheduled_drafts
 from .token_constraints import constrained_bitmask
+from .verify_cost import UNVERIFIED_RATE, NextRow, VerifyCosts
 
 logger = get_logger(__name__)
 
@@ -68,6 +69,8 @@ class NeuronModelRunner:
         self.drafter = make_drafter(vllm_config)
         self.min_acceptance = min_acceptance() if self.drafter is not None else 0.0
         self._drafts: DraftTokenIds | None = None  # proposed after the last step, for take_draft_token_ids
+        # Measured at warm-up unless ONP_SPECULATION_MIN_ACCEPTANCE=0 (then every draft is verified).
+        self.verify_costs: VerifyCosts | None = None
 
     # ---- request bookkeeping ------------------------------------------------------------------
 
@@ -226,8 +229,26 @@ class NeuronModelRunner:
         states = [self.requests[r] for r, tokens in sampled.items() if tokens and self._speculates(self.requests[r])]
         states = [s for s in states if self._gate(s).open()]
         drafts = self.drafter.propose([s.slot for s in states], [s.all_token_ids for s in states])
+        if not self._drafts_pay(sampled, dict(zip((s.req_id for s in states), drafts, strict=True))):
+            drafts = [[] for _ in states]
         req_ids = [s.req_id for s in states]
         self._drafts = DraftTokenIds(req_ids, drafts)
+
+    def _drafts_pay(self, sampled: dict[str, list[int]], drafts: dict[str, list[int]]) -> bool:
+        """Whether next step's verify call is worth its cost (verify_cost.py), the requests that sampled this step
+        decoding next."""
+        if self.verify_costs is None:
+            return True
+        rows = []
+        for req_id, tokens in sampled.items():
+            if not tokens:
+                continue
+            state = self.requests[req_id]
+            rate = state.draft_gate.rate if state.draft_gate is not None else -1.0
+            speculates = self._speculates(state)
+            rate = rate if rate >= 0 else UNVERIFIED_RATE
+            rows.append(NextRow(state.num_tokens, len(drafts.get(req_id, ())), rate, speculates))
+        return self.verify_costs.drafts_pay(self.model, rows)
 
     def _gate(self, state: RequestState) -> DraftGate:
         if state.draft_gate is None:
@@ -404,6 +425,8 @@ class NeuronModelRunner:
         self.model.warm_up()
         if self.drafter is not None:
             self.drafter.warm_up()
+            if self.min_acceptance > 0:
+                self.verify_costs = VerifyCosts.measure(self.model)
         return time.perf_counter() - began
 
     def shutdown(self) -> None:

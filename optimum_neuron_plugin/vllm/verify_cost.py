@@ -1,0 +1,85 @@
+"""Whether a step's drafts pay for the verify call they need.
+
+When one decoding row has drafts, every row that may speculate runs in the verify call: k + 1 positions per row
+instead of one (runtime/verify.py). Next step's n decoding rows then yield n + sum(rate_i x drafts_i) tokens (rate_i:
+request i's running acceptance, DraftGate; 1 before its first verify) in the time of a verify call of the m
+speculating rows plus a decode call of the n - m others, against n tokens in the time of one decode call of all n
+rows. The drafts go to vLLM only when they yield more tokens per second:
+
+    sum(rate_i x drafts_i) > n x (verify time / decode time - 1)
+
+Both times are measured once at startup (VerifyCosts.measure: every token_generation and verify graph, per row count
+and context bucket). On SmolLM2's cpu export (batch 4) a verify call of 4 rows takes about 2.5 decode calls: one row
+drafting alone among 4 never pays, however good its drafts (at most k = 4 more tokens against 6 lost), which is what
+kept answers that do not quote their prompt below plain decoding at concurrency 4
+(benchmark/results/20261126-speculative-ngram-draft-gate-k4-vs-plain). Withheld drafts change no token, only speed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..graphs import TOKEN_GENERATION, VERIFY, GraphSpec, example_inputs
+from ..runtime import NeuronModelForCausalLM
+
+UNVERIFIED_RATE = 1.0  # a request's expected acceptance before its first verify
+
+
+@dataclass
+class NextRow:
+    """A request that decodes next step: its tokens so far, its drafts (none if it may not speculate) and rate."""
+
+    num_tokens: int
+    drafts: int
+    rate: float
+    speculates: bool = True
+
+
+@dataclass
+class VerifyCosts:
+    seconds: dict[GraphSpec, float]
+
+    @classmethod
+    def measure(cls, model: NeuronModelForCausalLM, calls: int = 3) -> VerifyCosts:
+        """The fastest of `calls` calls of every token_generation and verify graph (after the model's warm-up)."""
+        return cls({s: fastest_call(model, s, calls) for s in model.specs if s.name in (TOKEN_GENERATION, VERIFY)})
+
+    def decode_seconds(self, model: NeuronModelForCausalLM, rows: Sequence[NextRow]) -> float:
+        if not rows:
+            return 0.0
+        rows_n = model.neuron_config.decode_rows_for(len(rows))
+        return self.seconds[
+            model.graph_for(TOKEN_GENERATION, [self._last(model, r.num_tokens - 1) for r in rows], rows_n)
+        ]
+
+    def verify_seconds(self, model: NeuronModelForCausalLM, rows: Sequence[NextRow]) -> float:
+        rows_n = model.neuron_config.decode_rows_for(len(rows))
+        last = [self._last(model, r.num_tokens - 1 + r.drafts) for r in rows]
+        return self.seconds[model.graph_for(VERIFY, last, rows_n)]
+
+    @staticmethod
+    def _last(model: NeuronModelForCausalLM, position: int) -> int:
+        return min(position, model.neuron_config.sequence_length - 1)
+
+    def drafts_pay(self, model: NeuronModelForCausalLM, rows: Sequence[NextRow]) -> bool:
+        """Whether verifying the rows' drafts yields more tokens per second than decoding without them."""
+        speculating = [r for r in rows if r.speculates]
+        if not any(r.drafts for r in speculating):
+            return False
+        others = [r for r in rows if not r.speculates]
+        with_drafts = self.verify_seconds(model, speculating) + self.decode_seconds(model, others)
+        expected = sum(r.rate * r.drafts for r in speculating)
+        return (len(rows) + expected) / with_drafts > len(rows) / self.decode_seconds(model, rows)
+
+
+def fastest_call(model: NeuronModelForCausalLM, spec: GraphSpec, calls: int) -> float:
+    """Seconds of the fastest of `calls` calls of one graph on its example inputs (slot 0, as the warm-up)."""
+    inputs = example_inputs(spec)
+    best = float("inf")
+    for _ in range(calls):
+        began = time.perf_counter()
+        model.graphs(spec, *inputs)
+        best = min(best, time.perf_counter() - began)
+    return best
