@@ -46,7 +46,7 @@ from .speculation import make_drafter
 from .stats import StatsSink
 from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids, scheduled_drafts
 from .token_constraints import constrained_bitmask
-from .verify_cost import UNVERIFIED_RATE, NextRow, VerifyCosts
+from .verify_cost import NextRow, PooledRate, VerifyCosts
 
 logger = get_logger(__name__)
 
@@ -71,6 +71,7 @@ class NeuronModelRunner:
         self._drafts: DraftTokenIds | None = None  # proposed after the last step, for take_draft_token_ids
         # Measured at warm-up unless ONP_SPECULATION_MIN_ACCEPTANCE=0 (then every draft is verified).
         self.verify_costs: VerifyCosts | None = None
+        self.pooled_acceptance = PooledRate()  # a request's expected acceptance before its own first verify
 
     # ---- request bookkeeping ------------------------------------------------------------------
 
@@ -213,6 +214,7 @@ class NeuronModelRunner:
             return self._graph_failed(VERIFY, work, error)
         nc = self.model.neuron_config
         max_topk = host_topk(nc.on_device_sampling, nc.max_topk)
+        accepted = 0
         for row, (state, w) in enumerate(zip(states, work, strict=True)):
             tokens = accept(logits[row], list(w.drafts), state.sampling, state.generator, max_topk)
             state.output_token_ids.extend(tokens)
@@ -220,6 +222,8 @@ class NeuronModelRunner:
             state.stats.accepted_tokens += len(tokens) - 1
             self._gate(state).verified(len(w.drafts), len(tokens) - 1)
             sampled[state.req_id] = tokens
+            accepted += len(tokens) - 1
+        self.pooled_acceptance.verified(sum(len(w.drafts) for w in work), accepted)
         return []
 
     def _propose_drafts(self, sampled: dict[str, list[int]]) -> None:
@@ -246,7 +250,7 @@ class NeuronModelRunner:
             state = self.requests[req_id]
             rate = state.draft_gate.rate if state.draft_gate is not None else -1.0
             speculates = self._speculates(state)
-            rate = rate if rate >= 0 else UNVERIFIED_RATE
+            rate = rate if rate >= 0 else self.pooled_acceptance.rate
             rows.append(NextRow(state.num_tokens, len(drafts.get(req_id, ())), rate, speculates))
         return self.verify_costs.drafts_pay(self.model, rows)
 
@@ -427,6 +431,11 @@ class NeuronModelRunner:
             self.drafter.warm_up()
             if self.min_acceptance > 0:
                 self.verify_costs = VerifyCosts.measure(self.model)
+                logger.info(
+                    "speculative decoding: a verify call takes %s decode calls (per row count): drafts go to vLLM "
+                    "only when their expected accepted tokens pay for it",
+                    self.verify_costs.verify_over_decode(self.model),
+                )
         return time.perf_counter() - began
 
     def shutdown(self) -> None:

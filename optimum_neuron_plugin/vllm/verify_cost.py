@@ -1,10 +1,11 @@
 """Whether a step's drafts pay for the verify call they need.
 
 When one decoding row has drafts, every row that may speculate runs in the verify call: k + 1 positions per row
-instead of one (runtime/verify.py). Next step's n decoding rows then yield n + sum(rate_i x drafts_i) tokens (rate_i:
-request i's running acceptance, DraftGate; 1 before its first verify) in the time of a verify call of the m
-speculating rows plus a decode call of the n - m others, against n tokens in the time of one decode call of all n
-rows. The drafts go to vLLM only when they yield more tokens per second:
+instead of one (runtime/verify.py). Next step's n decoding rows then yield n + sum(rate_i x drafts_i) tokens in the
+time of a verify call of the m speculating rows plus a decode call of the n - m others, against n tokens in the time
+of one decode call of all n rows; rate_i is request i's running acceptance (DraftGate) or, before its first verify,
+the running acceptance of all verify calls (PooledRate: 1 before any). The drafts go to vLLM only when they yield
+more tokens per second:
 
     sum(rate_i x drafts_i) > n x (verify time / decode time - 1)
 
@@ -24,7 +25,16 @@ from dataclasses import dataclass
 from ..graphs import TOKEN_GENERATION, VERIFY, GraphSpec, example_inputs
 from ..runtime import NeuronModelForCausalLM
 
-UNVERIFIED_RATE = 1.0  # a request's expected acceptance before its first verify
+
+@dataclass
+class PooledRate:
+    """The acceptance of all requests' verified drafts, each verify call weighing half of what came before."""
+
+    rate: float = 1.0
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.rate = 0.5 * self.rate + 0.5 * accepted / drafted
 
 
 @dataclass
@@ -62,6 +72,11 @@ class VerifyCosts:
     @staticmethod
     def _last(model: NeuronModelForCausalLM, position: int) -> int:
         return min(position, model.neuron_config.sequence_length - 1)
+
+    def verify_over_decode(self, model: NeuronModelForCausalLM) -> dict[int, float]:
+        """Per row count: a verify call's time over a decode call's, in the first context bucket (for the log)."""
+        rows = [[NextRow(1, 0, 0.0)] * n for n in model.neuron_config.decode_batch_sizes]
+        return {len(r): round(self.verify_seconds(model, r) / self.decode_seconds(model, r), 2) for r in rows}
 
     def drafts_pay(self, model: NeuronModelForCausalLM, rows: Sequence[NextRow]) -> bool:
         """Whether verifying the rows' drafts yields more tokens per second than decoding without them."""

@@ -19,7 +19,7 @@ from support.served import SEQUENCE_LENGTH, SPECULATIVE_TOKENS, prompt_of
 
 from optimum_neuron_plugin.graphs import TOKEN_GENERATION, VERIFY
 from optimum_neuron_plugin.vllm.draft_gate import MIN_ACCEPTANCE_ENV, DraftGate
-from optimum_neuron_plugin.vllm.verify_cost import NextRow, VerifyCosts
+from optimum_neuron_plugin.vllm.verify_cost import NextRow, PooledRate, VerifyCosts
 
 K = SPECULATIVE_TOKENS
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -257,6 +257,11 @@ def test_drafts_pay_when_their_expected_tokens_outrun_the_verify_calls_cost(pric
     # A row that may not speculate decodes apart: a verify call of 1 row (1.3) plus a decode call of 1 (1.0)
     # against one decode call of both (1.0): 2 + 3 x rate tokens must beat 2 x 2.3.
     assert costs.drafts_pay(model, rows(1.0, plain=1)) and not costs.drafts_pay(model, rows(0.8, plain=1))
+    assert costs.verify_over_decode(model) == {1: 1.3, 4: 2.5}
+    pooled = PooledRate()  # a request's rate before its first verify: all verify calls' running acceptance
+    pooled.verified(drafted=8, accepted=2)
+    pooled.verified(drafted=0, accepted=0)
+    assert pooled.rate == 0.625
 
 
 def test_drafts_that_do_not_pay_never_reach_vllm(llm, priced_runner, tokenizer, tiny_hf, stats_file):
