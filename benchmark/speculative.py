@@ -1,7 +1,7 @@
 """Speculative decoding (n-gram prompt lookup, draft models) against plain decoding, same artifact, one run.
 
 Usage: ONP_BACKEND=cpu python benchmark/speculative.py ARTIFACT OUT_DIR [--k K] [--draft NAME=DIR ...]
-    [--modes plain,ngram,NAME] [--workloads copy,random,nohit]
+    [--modes plain,ngram,NAME] [--workloads copy,random,nohit] [--vllm-cpu HF_DIR]
 The artifact must be exported with --speculative-tokens K. In-process vllm.LLM engines of the same artifact run one
 after the other: without speculation (plain), with --speculative-config '{"method": "ngram",
 "num_speculative_tokens": K, "prompt_lookup_max": 4, "prompt_lookup_min": 2}' (ngram), and with
@@ -11,6 +11,11 @@ concurrency 1 (one request at a time) and 4 (four requests per generate call), -
 - random: random token prompts (no text for a lookup to copy), greedy;
 - nohit: open chat questions whose answers do not quote them, sampled (temperature 0.8, top_p 0.95, seeded): the
   answers neither copy the prompt nor fall into greedy loops, so n-gram drafts rarely exist or hit.
+With --vllm-cpu HF_DIR (the Hugging Face directory the artifact was exported from), vLLM's own CPU backend then
+serves the same weights, workloads and n-gram config, plain and ngram, each in a child process of this script
+(ONP_BACKEND=off, float32, --max-model-len and --max-num-seqs of the artifact, VLLM_CPU_KVCACHE_SPACE=2,
+VLLM_CPU_OMP_THREADS_BIND=0-<cores - 1> unless set); a mode that fails to start or run is recorded with the last
+lines it printed.
 Writes results.json (output tokens, seconds, tok/s, vLLM's spec-decode counters) and results.md (ratios).
 """
 
@@ -19,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -108,6 +115,38 @@ def run(llm, workload: str, prompts: list[list[int]], concurrency: int) -> dict:
     return {"output_tokens": tokens, "seconds": seconds, "tok_per_s": tokens / seconds, **counters}
 
 
+def ngram_spec(k: int) -> dict:
+    return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def vllm_cpu_results(args: argparse.Namespace) -> dict:
+    """Runs this script on vLLM's own CPU backend (plugin off) for plain and ngram, one child process each."""
+    shape = json.loads((Path(args.artifact) / "neuron_config.json").read_text())
+    env = {
+        **os.environ,
+        "ONP_BACKEND": "off",
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", f"0-{os.cpu_count() - 1}"),
+    }
+    results = {}
+    for mode in ("plain", "ngram"):
+        out = args.out_dir / f"vllm-cpu-{mode}"
+        command = [sys.executable, __file__, args.vllm_cpu, str(out), "--engine", "vllm-cpu", "--modes", mode]
+        command += ["--k", str(args.k), "--prompts", str(args.prompts), "--workloads", args.workloads]
+        command += ["--max-model-len", str(shape["sequence_length"]), "--max-num-seqs", str(shape["batch_size"])]
+        print("vllm-cpu", mode, " ".join(command), flush=True)
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        (args.out_dir / f"vllm-cpu-{mode}.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            tail = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()][-15:]
+            results[f"vllm-cpu-{mode}/error"] = {"returncode": done.returncode, "tail": tail}
+            print("vllm-cpu", mode, "failed:", *tail, sep="\n", flush=True)
+            continue
+        child = json.loads((out / "results.json").read_text())
+        results.update({f"vllm-cpu-{key}": value for key, value in child.items()})
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("artifact")
@@ -117,6 +156,10 @@ def main() -> None:
     parser.add_argument("--draft", action="append", default=[], help="NAME=DIR: a draft model export to compare")
     parser.add_argument("--modes", default=None, help="comma-separated: plain, ngram, draft names (default: all)")
     parser.add_argument("--workloads", default="copy,random", help="comma-separated: copy, random, nohit")
+    parser.add_argument("--vllm-cpu", default=None, help="HF_DIR: also run vLLM's CPU backend on these weights")
+    parser.add_argument("--engine", default="ours", choices=("ours", "vllm-cpu"), help=argparse.SUPPRESS)
+    parser.add_argument("--max-model-len", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--max-num-seqs", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     from transformers import AutoTokenizer
     from vllm import LLM
@@ -129,16 +172,16 @@ def main() -> None:
         "nohit": lambda: chat_prompts(tokenizer, QUESTIONS[:count]),
     }
     workloads = {name: every[name]() for name in args.workloads.split(",")}
-    specs = {
-        "plain": None,
-        "ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 4, "prompt_lookup_min": 2},
-    }
+    specs = {"plain": None, "ngram": ngram_spec(args.k)}
     for name, directory in (d.split("=", 1) for d in args.draft):
         specs[name] = {"method": "draft_model", "model": directory, "num_speculative_tokens": args.k}
     modes = args.modes.split(",") if args.modes else list(specs)
     results = {}
     for mode in modes:
-        llm = LLM(model=args.artifact, seed=0, speculative_config=specs[mode], disable_log_stats=False)
+        shape = {}
+        if args.engine == "vllm-cpu":
+            shape = {"dtype": "float32", "max_model_len": args.max_model_len, "max_num_seqs": args.max_num_seqs}
+        llm = LLM(model=args.artifact, seed=0, speculative_config=specs[mode], disable_log_stats=False, **shape)
         run(llm, "copy", copy_prompts(tokenizer)[:1], 1)  # warm-up
         for workload, prompts in workloads.items():
             for concurrency in (1, 4):
@@ -147,8 +190,14 @@ def main() -> None:
         llm.llm_engine.engine_core.shutdown()
         del llm
     args.out_dir.mkdir(parents=True, exist_ok=True)
+    if args.vllm_cpu:
+        results.update(vllm_cpu_results(args))
     (args.out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if args.engine == "vllm-cpu":
+        return
     text = summary(results, args.k, [m for m in modes if m != "plain"], list(workloads))
+    if args.vllm_cpu:
+        text += "\n" + peer_summary(results, list(workloads))
     (args.out_dir / "results.md").write_text(text)
     print(text)
 
@@ -169,6 +218,41 @@ def summary(results: dict, k: int, modes: list[str], workloads: list[str]) -> st
             f"| {workload} | {concurrency} | {mode} | {plain['tok_per_s']:.1f} | {spec['tok_per_s']:.1f} "
             f"| {ratio:.2f}x | {rate} | {per_step} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def acceptance(result: dict) -> str:
+    drafted, accepted = result.get("num_draft_tokens", 0), result.get("num_accepted_tokens", 0)
+    return f"{accepted / drafted:.2f}" if drafted else "-"
+
+
+def peer_summary(results: dict, workloads: list[str]) -> str:
+    """Ours and vLLM's CPU backend, plain and ngram: tok/s, the three ratios and each ngram's acceptance."""
+    lines = [
+        "| workload | concurrency | ours plain | ours ngram | vLLM CPU plain | vLLM CPU ngram | ours ngram/plain "
+        "| vLLM CPU ngram/plain | ours ngram/vLLM CPU ngram | acceptance ours | acceptance vLLM CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for workload, concurrency in ((w, c) for w in workloads for c in (1, 4)):
+        keys = ("plain", "ngram", "vllm-cpu-plain", "vllm-cpu-ngram")
+        runs = [results.get(f"{key}/{workload}/c{concurrency}") for key in keys]
+        speeds = [f"{r['tok_per_s']:.1f}" if r else "failed" for r in runs]
+
+        def ratio(a: dict | None, b: dict | None) -> str:
+            return f"{a['tok_per_s'] / b['tok_per_s']:.2f}x" if a and b else "-"
+
+        ratios = [ratio(runs[1], runs[0]), ratio(runs[3], runs[2]), ratio(runs[1], runs[3])]
+        rates = [acceptance(r) if r else "-" for r in (runs[1], runs[3])]
+        lines.append(f"| {workload} | {concurrency} | " + " | ".join(speeds + ratios + rates) + " |")
+    errors = {key: value for key, value in results.items() if key.endswith("/error")}
+    for key, error in errors.items():
+        lines += [
+            "",
+            f"{key.removesuffix('/error')} failed (exit {error['returncode']}):",
+            "```",
+            *error["tail"],
+            "```",
+        ]
     return "\n".join(lines) + "\n"
 
 

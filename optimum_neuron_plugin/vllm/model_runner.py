@@ -46,6 +46,7 @@ from .speculation import make_drafter
 from .stats import StatsSink
 from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids, scheduled_drafts
 from .token_constraints import constrained_bitmask
+from .verify_cost import NextRow, PooledRate, VerifyCosts
 
 logger = get_logger(__name__)
 
@@ -68,6 +69,9 @@ class NeuronModelRunner:
         self.drafter = make_drafter(vllm_config)
         self.min_acceptance = min_acceptance() if self.drafter is not None else 0.0
         self._drafts: DraftTokenIds | None = None  # proposed after the last step, for take_draft_token_ids
+        # Measured at warm-up unless ONP_SPECULATION_MIN_ACCEPTANCE=0 (then every draft is verified).
+        self.verify_costs: VerifyCosts | None = None
+        self.pooled_acceptance = PooledRate()  # a request's expected acceptance before its own first verify
 
     # ---- request bookkeeping ------------------------------------------------------------------
 
@@ -210,6 +214,7 @@ class NeuronModelRunner:
             return self._graph_failed(VERIFY, work, error)
         nc = self.model.neuron_config
         max_topk = host_topk(nc.on_device_sampling, nc.max_topk)
+        accepted = 0
         for row, (state, w) in enumerate(zip(states, work, strict=True)):
             tokens = accept(logits[row], list(w.drafts), state.sampling, state.generator, max_topk)
             state.output_token_ids.extend(tokens)
@@ -217,6 +222,8 @@ class NeuronModelRunner:
             state.stats.accepted_tokens += len(tokens) - 1
             self._gate(state).verified(len(w.drafts), len(tokens) - 1)
             sampled[state.req_id] = tokens
+            accepted += len(tokens) - 1
+        self.pooled_acceptance.verified(sum(len(w.drafts) for w in work), accepted)
         return []
 
     def _propose_drafts(self, sampled: dict[str, list[int]]) -> None:
@@ -226,8 +233,26 @@ class NeuronModelRunner:
         states = [self.requests[r] for r, tokens in sampled.items() if tokens and self._speculates(self.requests[r])]
         states = [s for s in states if self._gate(s).open()]
         drafts = self.drafter.propose([s.slot for s in states], [s.all_token_ids for s in states])
+        if not self._drafts_pay(sampled, dict(zip((s.req_id for s in states), drafts, strict=True))):
+            drafts = [[] for _ in states]
         req_ids = [s.req_id for s in states]
         self._drafts = DraftTokenIds(req_ids, drafts)
+
+    def _drafts_pay(self, sampled: dict[str, list[int]], drafts: dict[str, list[int]]) -> bool:
+        """Whether next step's verify call is worth its cost (verify_cost.py), the requests that sampled this step
+        decoding next."""
+        if self.verify_costs is None:
+            return True
+        rows = []
+        for req_id, tokens in sampled.items():
+            if not tokens:
+                continue
+            state = self.requests[req_id]
+            rate = state.draft_gate.rate if state.draft_gate is not None else -1.0
+            speculates = self._speculates(state)
+            rate = rate if rate >= 0 else self.pooled_acceptance.rate
+            rows.append(NextRow(state.num_tokens, len(drafts.get(req_id, ())), rate, speculates))
+        return self.verify_costs.drafts_pay(self.model, rows)
 
     def _gate(self, state: RequestState) -> DraftGate:
         if state.draft_gate is None:
@@ -404,6 +429,13 @@ class NeuronModelRunner:
         self.model.warm_up()
         if self.drafter is not None:
             self.drafter.warm_up()
+            if self.min_acceptance > 0:
+                self.verify_costs = VerifyCosts.measure(self.model)
+                logger.info(
+                    "speculative decoding: a verify call takes %s decode calls (per row count): drafts go to vLLM "
+                    "only when their expected accepted tokens pay for it",
+                    self.verify_costs.verify_over_decode(self.model),
+                )
         return time.perf_counter() - began
 
     def shutdown(self) -> None:

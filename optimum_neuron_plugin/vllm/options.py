@@ -14,7 +14,7 @@ with `VLLM_`, so the plugin never uses that prefix.
 - `ONP_PREFILL_CHUNK_BUDGET`: interleaved mode only, prefill graph calls (compiled chunks) per
   engine step next to the decodes (default 2); additional_config key `prefill_chunk_budget`.
 - `ONP_SPECULATION_MIN_ACCEPTANCE`: speculative decoding, the draft acceptance below which a request pauses
-  drafting (draft_gate.py).
+  drafting (draft_gate.py); 0 also verifies every draft whatever the verify call costs (verify_cost.py).
 """
 
 from __future__ import annotations

@@ -17,7 +17,9 @@ from support.engine import close_llm, make_llm
 from support.references import hf_greedy
 from support.served import SEQUENCE_LENGTH, SPECULATIVE_TOKENS, prompt_of
 
+from optimum_neuron_plugin.graphs import TOKEN_GENERATION, VERIFY
 from optimum_neuron_plugin.vllm.draft_gate import MIN_ACCEPTANCE_ENV, DraftGate
+from optimum_neuron_plugin.vllm.verify_cost import NextRow, PooledRate, VerifyCosts
 
 K = SPECULATIVE_TOKENS
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
@@ -211,3 +213,81 @@ def test_rejected_drafts_pause_drafting_for_doubling_pauses():
     for _ in range(10):
         never.verified(drafted=4, accepted=0)
     assert paused_steps(never, 3) == [False] * 3
+
+
+def runner(llm):
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.runner
+
+
+@pytest.fixture
+def priced_runner(llm):
+    """The engine's runner, whose verify costs a test sets (the module's engine verifies every draft:
+    ONP_SPECULATION_MIN_ACCEPTANCE=0 measures none); put back to none after the test."""
+    run = runner(llm)
+    yield run
+    run.verify_costs = None
+
+
+def priced(model, decode: dict[int, float], verify: dict[int, float]) -> VerifyCosts:
+    """Seconds per call of every token_generation / verify graph by its rows (all context buckets alike)."""
+    prices = {TOKEN_GENERATION: decode, VERIFY: verify}
+    return VerifyCosts({s: prices[s.name][s.rows] for s in model.specs if s.name in prices})
+
+
+def test_drafts_pay_when_their_expected_tokens_outrun_the_verify_calls_cost(priced_runner):
+    """A verify call of 4 rows at 2.5 decode calls loses 6 tokens' worth: one row's drafts (at most K = 3 more
+    tokens) never pay, two rows' do at a high rate; a lone row's verify call at 1.3 decode calls pays above 0.1."""
+    model = priced_runner.model
+    assert model.neuron_config.decode_batch_sizes == (1, 4)
+    costs = priced(model, decode={1: 1.0, 4: 1.0}, verify={1: 1.3, 4: 2.5})
+
+    def rows(*drafting: float, idle: int = 0, plain: int = 0) -> list[NextRow]:
+        return (
+            [NextRow(20, K, rate) for rate in drafting]
+            + [NextRow(20, 0, 1.0)] * idle
+            + [NextRow(20, 0, 1.0, speculates=False)] * plain
+        )
+
+    assert not costs.drafts_pay(model, rows(1.0, idle=3))  # 3 > 4 x 1.5 fails
+    assert costs.drafts_pay(model, rows(1.0, 1.0, 1.0, idle=1))  # 9 > 6
+    assert not costs.drafts_pay(model, rows(0.9, 0.9, idle=2))  # 5.4 < 6
+    assert costs.drafts_pay(model, rows(0.2))  # 0.6 > 0.3
+    assert not costs.drafts_pay(model, rows(0.05))  # 0.15 < 0.3
+    assert not costs.drafts_pay(model, rows(idle=1))  # no drafts
+    # A row that may not speculate decodes apart: a verify call of 1 row (1.3) plus a decode call of 1 (1.0)
+    # against one decode call of both (1.0): 2 + 3 x rate tokens must beat 2 x 2.3.
+    assert costs.drafts_pay(model, rows(1.0, plain=1)) and not costs.drafts_pay(model, rows(0.8, plain=1))
+    assert costs.verify_over_decode(model) == {1: 1.3, 4: 2.5}
+    pooled = PooledRate()  # a request's rate before its first verify: all verify calls' running acceptance
+    pooled.verified(drafted=8, accepted=2)
+    pooled.verified(drafted=0, accepted=0)
+    assert pooled.rate == 0.625
+
+
+def test_drafts_that_do_not_pay_never_reach_vllm(llm, priced_runner, tokenizer, tiny_hf, stats_file):
+    """With a verify call priced at 100 decode calls the runner proposes no drafts (none verified) and the tokens
+    are greedy decoding's; priced like a decode call, the same prompts draft again."""
+    model = priced_runner.model
+    prompts = [prompt_of(n, tokenizer, offset=i) for i, n in enumerate([40, 61, 23])]
+    expected = [hf_greedy(tiny_hf, p, 16) for p in prompts]
+    drafted = {}
+    for verify_seconds in (100.0, 1.0):
+        priced_runner.verify_costs = priced(
+            model, decode={1: 1.0, 4: 1.0}, verify={1: verify_seconds, 4: verify_seconds}
+        )
+        served, ids = generate(llm, prompts, greedy(16))
+        assert served == expected
+        generate(llm, [prompts[0]], greedy(1))  # a later step writes the runner's records of the requests above
+        drafted[verify_seconds] = sum(r["draft_tokens"] for r in stats(stats_file, ids))
+    assert drafted[100.0] == 0 and drafted[1.0] > 0, drafted
+
+
+def test_startup_times_every_decode_and_verify_graph(llm, priced_runner):
+    """VerifyCosts.measure (the warm-up's, with drafts gated) times each token_generation and verify graph; it runs
+    them on slot 0, so the prefix cache is reset after it here (at startup nothing is cached yet)."""
+    model = priced_runner.model
+    measured = VerifyCosts.measure(model, calls=1)
+    llm.reset_prefix_cache()
+    wanted = {s for s in model.specs if s.name in (TOKEN_GENERATION, VERIFY)}
+    assert set(measured.seconds) == wanted and {s.rows for s in wanted} == {1, 4}
+    assert all(0 < seconds < 10 for seconds in measured.seconds.values())

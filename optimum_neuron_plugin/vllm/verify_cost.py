@@ -1,0 +1,100 @@
+"""Whether a step's drafts pay for the verify call they need.
+
+When one decoding row has drafts, every row that may speculate runs in the verify call: k + 1 positions per row
+instead of one (runtime/verify.py). Next step's n decoding rows then yield n + sum(rate_i x drafts_i) tokens in the
+time of a verify call of the m speculating rows plus a decode call of the n - m others, against n tokens in the time
+of one decode call of all n rows; rate_i is request i's running acceptance (DraftGate) or, before its first verify,
+the running acceptance of all verify calls (PooledRate: 1 before any). The drafts go to vLLM only when they yield
+more tokens per second:
+
+    sum(rate_i x drafts_i) > n x (verify time / decode time - 1)
+
+Both times are measured once at startup (VerifyCosts.measure: every token_generation and verify graph, per row count
+and context bucket; the host's acceptance of the returned logits is not in them). SmolLM2's cpu export (batch 4)
+logged 1.77 decode calls per verify call of 4 rows: one row drafting among 4 then pays only above 0.77 acceptance of
+4 drafts; with the draft gate alone such rows kept answers that do not quote their prompt at 0.85x plain decoding at
+concurrency 4 (benchmark/results/20261126-speculative-ngram-k4-vs-vllm-cpu). Withheld drafts change no token, only speed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..graphs import TOKEN_GENERATION, VERIFY, GraphSpec, example_inputs
+from ..runtime import NeuronModelForCausalLM
+
+
+@dataclass
+class PooledRate:
+    """The acceptance of all requests' verified drafts, each verify call weighing half of what came before."""
+
+    rate: float = 1.0
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.rate = 0.5 * self.rate + 0.5 * accepted / drafted
+
+
+@dataclass
+class NextRow:
+    """A request that decodes next step: its tokens so far, its drafts (none if it may not speculate) and rate."""
+
+    num_tokens: int
+    drafts: int
+    rate: float
+    speculates: bool = True
+
+
+@dataclass
+class VerifyCosts:
+    seconds: dict[GraphSpec, float]
+
+    @classmethod
+    def measure(cls, model: NeuronModelForCausalLM, calls: int = 3) -> VerifyCosts:
+        """The fastest of `calls` calls of every token_generation and verify graph (after the model's warm-up)."""
+        return cls({s: fastest_call(model, s, calls) for s in model.specs if s.name in (TOKEN_GENERATION, VERIFY)})
+
+    def decode_seconds(self, model: NeuronModelForCausalLM, rows: Sequence[NextRow]) -> float:
+        if not rows:
+            return 0.0
+        rows_n = model.neuron_config.decode_rows_for(len(rows))
+        return self.seconds[
+            model.graph_for(TOKEN_GENERATION, [self._last(model, r.num_tokens - 1) for r in rows], rows_n)
+        ]
+
+    def verify_seconds(self, model: NeuronModelForCausalLM, rows: Sequence[NextRow]) -> float:
+        rows_n = model.neuron_config.decode_rows_for(len(rows))
+        last = [self._last(model, r.num_tokens - 1 + r.drafts) for r in rows]
+        return self.seconds[model.graph_for(VERIFY, last, rows_n)]
+
+    @staticmethod
+    def _last(model: NeuronModelForCausalLM, position: int) -> int:
+        return min(position, model.neuron_config.sequence_length - 1)
+
+    def verify_over_decode(self, model: NeuronModelForCausalLM) -> dict[int, float]:
+        """Per row count: a verify call's time over a decode call's, in the first context bucket (for the log)."""
+        rows = [[NextRow(1, 0, 0.0)] * n for n in model.neuron_config.decode_batch_sizes]
+        return {len(r): round(self.verify_seconds(model, r) / self.decode_seconds(model, r), 2) for r in rows}
+
+    def drafts_pay(self, model: NeuronModelForCausalLM, rows: Sequence[NextRow]) -> bool:
+        """Whether verifying the rows' drafts yields more tokens per second than decoding without them."""
+        speculating = [r for r in rows if r.speculates]
+        if not any(r.drafts for r in speculating):
+            return False
+        others = [r for r in rows if not r.speculates]
+        with_drafts = self.verify_seconds(model, speculating) + self.decode_seconds(model, others)
+        expected = sum(r.rate * r.drafts for r in speculating)
+        return (len(rows) + expected) / with_drafts > len(rows) / self.decode_seconds(model, rows)
+
+
+def fastest_call(model: NeuronModelForCausalLM, spec: GraphSpec, calls: int) -> float:
+    """Seconds of the fastest of `calls` calls of one graph on its example inputs (slot 0, as the warm-up)."""
+    inputs = example_inputs(spec)
+    best = float("inf")
+    for _ in range(calls):
+        began = time.perf_counter()
+        model.graphs(spec, *inputs)
+        best = min(best, time.perf_counter() - began)
+    return best
