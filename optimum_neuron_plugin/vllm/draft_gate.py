@@ -1,9 +1,9 @@
 """When a request's drafts keep being rejected, stop proposing them for a while.
 
-A verify call checks k drafts per row at once: on the cpu backend one of SmolLM2's (4 rows x 5 positions) costs about
-2.5 decode calls, so it pays only while a row accepts more than about 0.35 of its drafts (1 + 4 x 0.35 tokens per
-call; benchmark/results/20261126-speculative-draft-model-k4-vs-ngram-vs-plain: answers that do not quote their prompt
-accept 0.2 and ran at 0.71x plain decoding). Each request keeps a running acceptance rate; below
+A request whose drafts are mostly rejected gains nothing from a verify call that costs more than a decode call
+(benchmark/results/20261126-speculative-draft-model-k4-vs-ngram-vs-plain: answers that do not quote their prompt
+accept 0.2 of SmolLM2's n-gram drafts and ran at 0.71x plain decoding without the gate). verify_cost.py prices each
+step's drafts from the graphs' measured times; this gate also rests a request that keeps failing. Each request keeps a running acceptance rate; below
 ONP_SPECULATION_MIN_ACCEPTANCE it decodes without drafts for a pause that doubles each time (4, 8, ... 64 steps),
 then tries again. Drafts are optional in every step, so the output does not change, only its speed.
 """
