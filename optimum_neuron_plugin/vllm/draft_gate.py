@@ -3,9 +3,10 @@
 A request whose drafts are mostly rejected gains nothing from a verify call that costs more than a decode call
 (benchmark/results/20261126-speculative-draft-model-k4-vs-ngram-vs-plain: answers that do not quote their prompt
 accept 0.2 of SmolLM2's n-gram drafts and ran at 0.71x plain decoding without the gate). verify_cost.py prices each
-step's drafts from the graphs' measured times; this gate also rests a request that keeps failing. Each request keeps a running acceptance rate; below
-ONP_SPECULATION_MIN_ACCEPTANCE it decodes without drafts for a pause that doubles each time (4, 8, ... 64 steps),
-then tries again. Drafts are optional in every step, so the output does not change, only its speed.
+step's drafts from the graphs' measured times; this gate also rests a request that keeps failing. Each request keeps
+a running acceptance rate; below ONP_SPECULATION_MIN_ACCEPTANCE it decodes without drafts for a pause that doubles
+each time (4, 8, ... 64 steps), then tries again. Drafts are optional in every step, so the output does not change,
+only its speed.
 """
 
 from __future__ import annotations
