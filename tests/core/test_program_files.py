@@ -10,6 +10,7 @@ from support.tiny_models import save_tiny
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 from optimum_neuron_plugin.backends.cpu_serde import load_program, save_program
+from optimum_neuron_plugin.backends.program_cache import CACHE_ENV
 
 from .helpers import VOCAB
 
@@ -28,6 +29,7 @@ def test_a_saved_program_is_what_torch_saves(tmp_path, monkeypatch):
         return traced[-1]
 
     monkeypatch.setattr(torch.export, "export", keep)
+    monkeypatch.delenv(CACHE_ENV, raising=False)  # traced here, not copied from the session's compile cache
     source = save_tiny(tmp_path / "hf", "llama", seed=3, vocab_size=VOCAB)
     config = NeuronConfig(batch_size=1, sequence_length=16, prefill_chunk_size=0, context_buckets=(16,))
     NeuronModelForCausalLM.export(source, config)
