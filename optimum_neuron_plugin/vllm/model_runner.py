@@ -214,16 +214,17 @@ class NeuronModelRunner:
             return self._graph_failed(VERIFY, work, error)
         nc = self.model.neuron_config
         max_topk = host_topk(nc.on_device_sampling, nc.max_topk)
-        accepted = 0
+        all_accepted = 0
         for row, (state, w) in enumerate(zip(states, work, strict=True)):
             tokens = accept(logits[row], list(w.drafts), state.sampling, state.generator, max_topk)
+            accepted = len(tokens) - 1  # the last token is the model's own
             state.output_token_ids.extend(tokens)
             state.stats.draft_tokens += len(w.drafts)
-            state.stats.accepted_tokens += len(tokens) - 1
-            self._gate(state).verified(len(w.drafts), len(tokens) - 1)
+            state.stats.accepted_tokens += accepted
+            self._gate(state).verified(len(w.drafts), accepted)
             sampled[state.req_id] = tokens
-            accepted += len(tokens) - 1
-        self.pooled_acceptance.verified(sum(len(w.drafts) for w in work), accepted)
+            all_accepted += accepted
+        self.pooled_acceptance.verified(sum(len(w.drafts) for w in work), all_accepted)
         return []
 
     def _propose_drafts(self, sampled: dict[str, list[int]]) -> None:
@@ -248,10 +249,9 @@ class NeuronModelRunner:
             if not tokens:
                 continue
             state = self.requests[req_id]
-            rate = state.draft_gate.rate if state.draft_gate is not None else -1.0
-            speculates = self._speculates(state)
-            rate = rate if rate >= 0 else self.pooled_acceptance.rate
-            rows.append(NextRow(state.num_tokens, len(drafts.get(req_id, ())), rate, speculates))
+            own = state.draft_gate.rate if state.draft_gate is not None else -1.0  # -1: not verified yet
+            rate = own if own >= 0 else self.pooled_acceptance.rate
+            rows.append(NextRow(state.num_tokens, len(drafts.get(req_id, ())), rate, self._speculates(state)))
         return self.verify_costs.drafts_pay(self.model, rows)
 
     def _gate(self, state: RequestState) -> DraftGate:
