@@ -1,15 +1,18 @@
 """The CPU backend's program files: saved without torch's canonical-form self-test, byte for byte what torch's own
-save writes, and loaded back to the same logits."""
+save writes; read into the same schema objects as torch's reader, and loaded back to the same logits."""
 
 from __future__ import annotations
 
+import json
 import zipfile
 
 import torch
 from support.tiny_models import save_tiny
+from torch._export.serde import schema, serialize
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
-from optimum_neuron_plugin.backends.cpu_serde import load_program, save_program
+from optimum_neuron_plugin.backends import cpu_serde
+from optimum_neuron_plugin.backends.cpu_serde import load_program, planned_dict_to_dataclass, save_program
 from optimum_neuron_plugin.backends.program_cache import CACHE_ENV
 
 from .helpers import VOCAB
@@ -42,4 +45,9 @@ def test_a_saved_program_is_what_torch_saves(tmp_path, monkeypatch):
     assert ours.keys() == theirs.keys() and len(ours) > 2
     assert ours == theirs
     loaded = load_program(tmp_path / "ours" / "graph.pt2")
+    program_json = json.loads(next(data for name, data in ours.items() if name.endswith("models/model.json")))
+    planned = planned_dict_to_dataclass(schema.ExportedProgram, program_json)
+    assert cpu_serde.torch_dict_to_dataclass not in (None, planned_dict_to_dataclass)
+    assert planned == cpu_serde.torch_dict_to_dataclass(schema.ExportedProgram, program_json)
+    assert serialize._dataclass_to_dict(planned) == program_json
     assert sum(1 for n in loaded.graph.nodes if n.op == "call_function") > 50
