@@ -8,6 +8,8 @@ from support.engine import close_llm, make_llm
 from support.references import hf_greedy
 from support.served import BATCH_SIZE, prompt_of
 
+pytestmark = pytest.mark.slow  # an in-process vLLM engine
+
 NEW_TOKENS = 6
 LENGTHS = [3, 20, 45, 100, 7, 1]
 

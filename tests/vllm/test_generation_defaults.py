@@ -20,6 +20,8 @@ from support.served import CHUNK, SHAPE, prompt_of
 from support.tiny_models import export
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
+pytestmark = pytest.mark.slow  # an in-process vLLM engine
+
 PENALTY = 1.3
 NEW_TOKENS = 10
 LENGTHS = [5, 23, 40]

@@ -213,6 +213,7 @@ def llm(chunked_dir, stats_file):
         close_llm(engine)
 
 
+@pytest.mark.slow  # an in-process vLLM engine
 def test_mixed_long_and_short_traffic_equals_transformers(llm, tokenizer, tiny_hf, stats_file):
     from vllm import SamplingParams
 

@@ -9,6 +9,8 @@ from support.engine import close_llm, make_llm
 from support.references import hf_greedy
 from support.served import prompt_of
 
+pytestmark = pytest.mark.slow  # an in-process vLLM engine
+
 NEW_TOKENS = 40
 PROMPT = 50
 

@@ -11,6 +11,8 @@ from support.references import assert_prompt_logprobs_are_hf, hf_greedy
 from support.served import BATCH_SIZE, CHUNK, SHAPE, prompt_of
 from support.tiny_models import export_chain_model
 
+pytestmark = pytest.mark.slow  # an in-process vLLM engine
+
 NEW_TOKENS = 6
 # More prompts than slots; below one chunk, several chunks, a rest.
 LENGTHS = [3 * CHUNK + 5, 7, 2 * CHUNK, CHUNK + 1, 40, 2]

@@ -26,6 +26,8 @@ from support.distributions import Params, compare, detects
 from support.references import hf_greedy, hf_next_logits
 from support.tiny_models import build_atomically, export, tiny_model
 
+pytestmark = pytest.mark.slow  # an in-process vLLM engine
+
 VOCAB = 32
 MAX_TOPK = 6  # below the vocabulary: top_k=-1 means "at most 6 tokens" on the device, and so on the host
 BATCH_SIZE = 32  # draws per engine step

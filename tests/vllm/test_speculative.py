@@ -21,6 +21,8 @@ from optimum_neuron_plugin.graphs import TOKEN_GENERATION, VERIFY
 from optimum_neuron_plugin.vllm.draft_gate import MIN_ACCEPTANCE_ENV, DraftGate
 from optimum_neuron_plugin.vllm.verify_cost import NextRow, PooledRate, VerifyCosts
 
+pytestmark = pytest.mark.slow  # an in-process vLLM engine
+
 K = SPECULATIVE_TOKENS
 NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 

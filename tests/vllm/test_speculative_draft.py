@@ -24,6 +24,8 @@ from support.smollm2 import smollm2_tokenizer
 from support.tiny_models import export, save_tiny
 from transformers import LlamaForCausalLM
 
+pytestmark = pytest.mark.slow  # an in-process vLLM engine
+
 K = SPECULATIVE_TOKENS
 FAILURE = 1e-6
 
