@@ -42,6 +42,8 @@ from tests.neuron.fake_compiler import (
     read_log,
 )
 
+pytestmark = pytest.mark.slow  # rank processes export and serve the artifact
+
 TP = 2
 SHAPE = dict(
     backend="neuron",

@@ -10,6 +10,8 @@ import pytest
 
 from .helpers import Refusals
 
+pytestmark = pytest.mark.slow  # a live `vllm serve`
+
 
 @pytest.fixture(scope="module")
 def refused(chunked_dir, rel_root):
