@@ -44,8 +44,25 @@ class Engine:
 
         The runner writes a request's record when the next step tells it the request finished.
         """
+        return {req_id: r["cached_tokens"] for req_id, r in self.runner_records().items()}
+
+    def runner_records(self) -> dict[str, dict]:
         records = [json.loads(line) for line in self.stats_file.read_text().splitlines()]
-        return {r["req_id"].split("-")[0]: r["cached_tokens"] for r in records}
+        return {r["req_id"].split("-")[0]: r for r in records}
+
+    def run(self, requests: dict[str, list[int]], params=None, steps_before: int = 0) -> dict[str, object]:
+        """The first request, then `steps_before` engine steps, then the others at once, all to the end; the final
+        outputs by request id (ids without a dash)."""
+        engine, (first, *others) = self.llm.llm_engine, requests.items()
+        engine.add_request(first[0], {"prompt_token_ids": first[1]}, params or greedy())
+        for _ in range(steps_before):
+            engine.step()
+        for req_id, prompt in others:
+            engine.add_request(req_id, {"prompt_token_ids": prompt}, params or greedy())
+        finished = {}
+        while engine.has_unfinished_requests():
+            finished.update({o.request_id: o for o in engine.step() if o.finished})
+        return finished
 
     def close(self) -> None:
         close_llm(self.llm)
@@ -78,6 +95,34 @@ def test_a_resent_prefix_is_a_hit_of_every_token_held(engine, tokenizer, tiny_hf
     # ends mid-chunk, and the chunk loop starts there.
     assert out.num_cached_tokens == 4 * CHUNK + 6
     assert tokens(out) == hf_greedy(tiny_hf, longer, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("served", ["engine", "interleaved"])
+def test_a_wave_sharing_a_held_prefix_copies_it_from_the_busy_slot(served, request, tokenizer, tiny_hf):
+    """A finished request left a system prompt in a free slot; a wave of BATCH_SIZE requests sharing it arrives in one
+    step. The first takes that slot; the others find the prefix in it, busy now, and get it copied into theirs."""
+    served = request.getfixturevalue(served)
+    system = prompt_of(4 * CHUNK + 5, tokenizer, offset=17)
+    served.generate([system + prompt_of(6, tokenizer, offset=5)])
+    prompts = {f"wave{i}": system + prompt_of(8 + i, tokenizer, offset=8 + i) for i in range(BATCH_SIZE)}
+    outputs = served.run(prompts)
+    assert [outputs[r].num_cached_tokens for r in prompts] == [len(system)] * BATCH_SIZE
+    assert [tokens(outputs[r]) for r in prompts] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts.values()]
+    served.generate([prompt_of(2, tokenizer)], greedy(1))  # the runner records the previous requests' stats
+    records = served.runner_records()
+    assert sorted(records[r]["copied"] for r in prompts) == [False] + [True] * (BATCH_SIZE - 1)
+    assert all(records[r]["cached_tokens"] == len(system) for r in prompts)
+
+
+def test_requests_arriving_while_the_holder_runs_copy_its_prefix(engine, tokenizer, tiny_hf):
+    """The prefix is held only by a request still decoding (no finished request ever held it)."""
+    system = prompt_of(5 * CHUNK + 3, tokenizer, offset=19)
+    prompts = {"holder": system + prompt_of(5, tokenizer, offset=2)}
+    prompts |= {f"late{i}": system + prompt_of(7 + i, tokenizer, offset=30 + i) for i in range(BATCH_SIZE - 1)}
+    outputs = engine.run(prompts, greedy(12), steps_before=3)  # the holder prefilled and decoding
+    hits = [outputs[r].num_cached_tokens for r in prompts]
+    assert hits[0] < CHUNK and hits[1:] == [len(system)] * (BATCH_SIZE - 1)  # the holder's own prefill was a miss
+    assert [tokens(outputs[r]) for r in prompts] == [hf_greedy(tiny_hf, p, 12) for p in prompts.values()]
 
 
 def test_an_exact_resend_prefills_its_last_token(engine, tokenizer, tiny_hf):
