@@ -230,10 +230,12 @@ def test_a_hit_prefills_next_to_decoding_requests(interleaved, tokenizer, tiny_h
 
 
 def test_hits_prefilled_together(batched_dir, vllm_root, tokenizer, tiny_hf):
-    """prefill_batch_size > 1: the prompts of a step start their chunk loops at their own hits in one call."""
+    """prefill_batch_size > 1: the prompts of a step start their chunk loops at their own hits in one call, the hits
+    copied from a busy slot included."""
     served = Engine(batched_dir, vllm_root / "prefix-batched.jsonl")
     try:
         system = prompt_of(3 * CHUNK + 9, tokenizer, offset=13)
+        served.generate([system + prompt_of(4, tokenizer, offset=12)])  # leaves the system prompt in a free slot
         prompts = [system + prompt_of(20 + i, tokenizer, offset=i) for i in range(2 * BATCH_SIZE)]
         outputs = served.generate(prompts)
         served.generate([prompt_of(2, tokenizer)], greedy(1))  # the runner records the previous requests' stats
@@ -242,7 +244,9 @@ def test_hits_prefilled_together(batched_dir, vllm_root, tokenizer, tiny_hf):
     assert [tokens(o) for o in outputs] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts]
     records = [json.loads(line) for line in served.stats_file.read_text().splitlines()]
     hits = [r for r in records if r["cached_tokens"] == len(system)]
-    assert len(hits) == BATCH_SIZE and all(r["batched"] for r in hits), records
+    # The first BATCH_SIZE: one takes the slot holding the system prompt, the others copy it; the next ones find it.
+    assert len(hits) == 2 * BATCH_SIZE and all(r["batched"] for r in hits), records
+    assert sum(r["copied"] for r in hits) == BATCH_SIZE - 1, records
 
 
 def test_vllm_reports_exactly_the_hits_the_runner_used(engine, tokenizer):
