@@ -64,13 +64,15 @@ def describe(directory: str | Path) -> list[str]:
         lines.append(f"  {key}: {json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value}")
 
     from optimum_neuron_plugin.backends import get_backend
-    from optimum_neuron_plugin.graphs import graph_specs
+    from optimum_neuron_plugin.graphs import COPY_PREFIX, graph_specs
 
     specs = graph_specs(neuron_config, int(config.get("vocab_size") or 0))
     lines.append(f"graphs ({len(specs)}):")
     for spec in specs:
         shape = f"[{spec.rows} x {spec.tokens}]"
         output = "sampling on device" if spec.samples else "returns logits"
+        if spec.name == COPY_PREFIX:
+            output = "copies a slot's rows"
         lines.append(f"  {spec.name:<18} {shape:<10} {spec.bucket_label:<20} {output}")
     # One file per graph on the cpu backend; a manifest per graph plus its NEFF cache files on the neuron backend.
     programs = get_backend(neuron_config).graph_files(directory, specs)

@@ -32,7 +32,7 @@ MAX_DEFAULT_BUCKETS = 4
 # Default prefill buckets: 0 and multiples of the chunk size in half-octave steps, at most this many nonzero ones.
 MAX_DEFAULT_PREFILL_BUCKETS = 10
 # Fields an artifact may leave out of neuron_config.json (their default applies).
-OPTIONAL_FIELDS = ("speculative_tokens", "prompt_logprobs", "prefill_tail_size")
+OPTIONAL_FIELDS = ("speculative_tokens", "prompt_logprobs", "prefill_tail_size", "prefix_copy")
 
 
 class NeuronConfigError(ValueError):
@@ -86,6 +86,10 @@ class NeuronConfig:
     # (0 < T < prefill_chunk_size): a prompt's last piece of at most T tokens runs on it instead of a whole chunk (the
     # question after a prefix-cache hit, a prompt's remainder). 0: none. Absent from older format-7 files: 0.
     prefill_tail_size: int = 0
+    # Chunked exports: also compile copy_prefix per context bucket (prefix caching copies a prefix held by a running
+    # request's slot into a new request's). None: true for chunked exports. Absent from older format-7 files: false
+    # (that artifact never copies).
+    prefix_copy: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -123,6 +127,7 @@ class NeuronConfig:
         if self.prompt_logprobs and not self.chunked:
             _fail("prompt_logprobs", self.prompt_logprobs, "false without chunked prefill (prefill_chunk_size 0)")
         self._check_prefill_tail_size()
+        object.__setattr__(self, "prefix_copy", self._checked_prefix_copy())
         if self.prefill_batch_size > self.batch_size:
             _fail("prefill_batch_size", self.prefill_batch_size, f"at most batch_size ({self.batch_size})")
         object.__setattr__(self, "max_logprobs", self._checked_max_logprobs())
@@ -136,6 +141,13 @@ class NeuronConfig:
             _fail("prefill_tail_size", tail, "an integer >= 0 (0: no tail graphs)")
         if tail and not 0 < tail < self.prefill_chunk_size:
             _fail("prefill_tail_size", tail, "0, or below prefill_chunk_size with chunked prefill")
+
+    def _checked_prefix_copy(self) -> bool:
+        if self.prefix_copy is None:
+            return self.chunked
+        if not isinstance(self.prefix_copy, bool) or (self.prefix_copy and not self.chunked):
+            _fail("prefix_copy", self.prefix_copy, "true or false, and false without chunked prefill")
+        return self.prefix_copy
 
     def _checked_max_logprobs(self) -> int:
         if self.max_logprobs is None:
@@ -271,6 +283,7 @@ class NeuronConfig:
         missing = [f.name for f in fields(cls) if f.name not in data and f.name not in OPTIONAL_FIELDS]
         if missing:
             raise NeuronConfigError(f"{path}: missing field(s) {', '.join(missing)}; export the model again")
+        data = {"prefix_copy": False, **data}  # written before copy_prefix graphs existed: it has none
         try:
             return cls.from_dict(data)
         except NeuronConfigError as error:

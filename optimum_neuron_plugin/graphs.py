@@ -31,6 +31,10 @@ weights and the KV cache.
                      row's own positions and attended causally; the host accepts drafts from the logits
                      (speculative.py). For every n in decode_batch_sizes; a row with fewer drafts repeats its last
                      real token and position (the actual-token mask)
+- copy_prefix      : source slot [1], destination slot [1] -> positions [0, L) of every layer's K and V rows of the
+                     source written onto the destination's, in place (prefix caching: a prefix held by a busy slot
+                     is copied into a new request's slot). No collectives: under tensor parallelism each rank copies
+                     its own KV heads. Chunked exports (NeuronConfig.prefix_copy)
 
 Each kind is compiled once per bucket L: that graph reads only cache positions [0, L).
 - chunked_prefill and prompt_logits, per prefill bucket (NeuronConfig.prefill_buckets, starting at 0): a chunk attends the prior
@@ -38,7 +42,8 @@ Each kind is compiled once per bucket L: that graph reads only cache positions [
   starting at s runs the smallest bucket >= s; the bucket-0 graph runs first chunks, which attend only themselves.
 - the others, per context bucket (NeuronConfig.context_buckets): decode rows and context_encoding attend cache
   positions [0, L) up to themselves, so a call runs the smallest bucket > its largest position; chunk_and_decode's
-  chunk attends its prior in the same bucket (start <= L) and its own block.
+  chunk attends its prior in the same bucket (start <= L) and its own block; a copy of n positions runs the
+  smallest bucket >= n.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import torch
 from torch import nn
 
 from .config import NeuronConfig
+from .models import kv_cache
 from .models.args import ModelArgs
 from .models.collectives import SINGLE, Collectives
 from .models.layers import rope_inv_freq
@@ -64,6 +70,7 @@ PREFILL_CHUNKS = (CHUNKED_PREFILL, PROMPT_LOGITS)  # graphs of prompt chunks: pe
 TOKEN_GENERATION = "token_generation"
 CHUNK_AND_DECODE = "chunk_and_decode"
 VERIFY = "verify"
+COPY_PREFIX = "copy_prefix"
 # dtype of the token id, position and seq id inputs of every graph (int64 is emulated on NeuronCores).
 INDEX_DTYPE = torch.int32
 
@@ -146,6 +153,8 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
             for rows in nc.decode_batch_sizes:
                 tokens = nc.speculative_tokens + 1
                 specs.append(GraphSpec(VERIFY, rows, tokens, samples=False, bucket=bucket, narrow=rows < nc.batch_size))
+        if nc.prefix_copy:
+            specs.append(GraphSpec(COPY_PREFIX, 1, bucket, samples=False, bucket=bucket))
     return specs
 
 
@@ -167,6 +176,8 @@ class DecoderGraph(nn.Module):
         self.register_buffer("sliding_inv_freq", rope_inv_freq(args, sliding=True), persistent=True)
 
     def forward(self, params, caches, *inputs):
+        if self.spec.name == COPY_PREFIX:
+            return self._copy_prefix(caches, *inputs)
         groups = [inputs[0:3], inputs[3:6]] if self.spec.chunk else [inputs[0:3]]
         chunks = 1 if self.spec.chunk or self.spec.name in PREFILL_CHUNKS else 0
         every = self.spec.name in (VERIFY, PROMPT_LOGITS)
@@ -185,6 +196,12 @@ class DecoderGraph(nn.Module):
         if prompt is None:
             return sampled
         return (self._whole(prompt), *sampled) if self.spec.logprobs else (self._whole(prompt), sampled)
+
+    def _copy_prefix(self, caches, source: torch.Tensor, destination: torch.Tensor) -> torch.Tensor:
+        """copy_prefix: every layer's K and V; returns the destination (a graph returns a tensor)."""
+        for cache in caches:
+            kv_cache.copy_prefix(cache, source, destination, self.spec.bucket)
+        return destination.clone()
 
     def _whole(self, logits: torch.Tensor) -> torch.Tensor:
         """Every rank returns the whole logits (host sampling, prefill)."""
@@ -229,6 +246,8 @@ def example_inputs(spec: GraphSpec) -> tuple[torch.Tensor, ...]:
     """The small per-call inputs (everything but weights and caches), with the graph's shapes.
 
     Token ids, positions and seq ids are int32 (INDEX_DTYPE): the graph widens them only where an op needs int64."""
+    if spec.name == COPY_PREFIX:  # source and destination slots: slot 0 onto itself
+        return torch.zeros(1, dtype=INDEX_DTYPE), torch.zeros(1, dtype=INDEX_DTYPE)
     chunk = _rows_inputs(1, spec.chunk) if spec.chunk else ()
     batch = _rows_inputs(spec.rows, spec.tokens)
     if not spec.samples:

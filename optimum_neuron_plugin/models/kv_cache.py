@@ -46,6 +46,14 @@ def write(cache: torch.Tensor, rows: CallRows, values: torch.Tensor) -> None:
     cache.view(-1, head_dim).index_copy_(0, rows.flat_index, values.reshape(-1, head_dim))
 
 
+def copy_prefix(cache: torch.Tensor, source: torch.Tensor, destination: torch.Tensor, length: int) -> None:
+    """Positions [0, length) of row source[0] written onto row destination[0] (int tensors [1]), in place: the
+    rows are read first (a copy), then scattered like a call's new K/V, so source == destination changes nothing."""
+    positions = torch.arange(length, dtype=torch.int32, device=cache.device)[None]
+    values = read(cache, source, length).transpose(1, 2)  # [1, length, kv_heads, head_dim]
+    write(cache, CallRows.of(cache, destination, positions), values)
+
+
 def read(cache: torch.Tensor, seq_ids: torch.Tensor, bucket: int) -> torch.Tensor:
     """Positions [0, bucket) of the rows seq_ids: [n, kv_heads, bucket, head_dim] (a copy of n rows)."""
     return cache[:, :, :bucket].index_select(0, seq_ids)

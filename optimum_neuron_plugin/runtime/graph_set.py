@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from ..config import NeuronConfig
 from ..errors import InputError
-from ..graphs import CHUNK_AND_DECODE, GraphSpec, call_bucket
+from ..graphs import CHUNK_AND_DECODE, COPY_PREFIX, GraphSpec, call_bucket
 
 GraphCall = Callable[..., torch.Tensor]  # graphs(spec, *inputs): runs the compiled graph of spec
 
@@ -51,6 +51,11 @@ class GraphSet:
     def fuses_prefill_and_decode(self) -> bool:
         """The artifact has chunk_and_decode graphs (chunked, batch_size > 1)."""
         return any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
+
+    @property
+    def copies_prefixes(self) -> bool:
+        """The artifact has copy_prefix graphs (NeuronConfig.prefix_copy)."""
+        return any(spec.name == COPY_PREFIX for spec in self.specs)
 
     @property
     def bitmask_words(self) -> int:

@@ -15,7 +15,7 @@ from .. import artifact, backends
 from ..backends import BackendFactory
 from ..config import NeuronConfig
 from ..errors import ArtifactError, InputError
-from ..graphs import DecoderGraph, GraphSpec, example_inputs, graph_specs
+from ..graphs import COPY_PREFIX, INDEX_DTYPE, DecoderGraph, GraphSpec, example_inputs, graph_specs
 from ..models import sharding
 from ..models.args import ModelArgs
 from ..models.collectives import Collectives
@@ -91,6 +91,11 @@ class NeuronModelForCausalLM:
     def fuses_prefill_and_decode(self) -> bool:
         """The artifact has chunk_and_decode graphs: prefill_and_decode can fuse."""
         return self.graph_set.fuses_prefill_and_decode
+
+    @property
+    def copies_prefixes(self) -> bool:
+        """The artifact has copy_prefix graphs: copy_prefix can run."""
+        return self.graph_set.copies_prefixes
 
     @property
     def sharded(self) -> bool:
@@ -189,6 +194,20 @@ class NeuronModelForCausalLM:
         """prefill() of several prompts, each (seq_id, token_ids, start) in a slot of its own, their chunk loops side
         by side. Same results as prefill() of each; returns each prompt's logits [vocab] of its last token."""
         return chunk_loop.prefill_batch(self.graph_set, prompts)
+
+    def copy_prefix(self, source: int, destination: int, length: int) -> None:
+        """Copies cache positions [0, length) of slot `source` onto slot `destination`, every layer's K and V, with the
+        copy_prefix graph of the smallest context bucket >= length (the positions up to that bucket are copied too:
+        what the destination held past `length` is no longer valid)."""
+        gs = self.graph_set
+        if not gs.copies_prefixes:
+            raise InputError("this artifact has no copy_prefix graphs: export it again with prefill chunks")
+        for seq_id in (source, destination):
+            gs.check_seq_id(seq_id)
+        if not 0 < length <= self.neuron_config.sequence_length:
+            raise InputError(f"length {length} is out of range: 1..{self.neuron_config.sequence_length}")
+        spec = gs.graph_for(COPY_PREFIX, [length - 1])
+        self.graphs(spec, torch.tensor([source], dtype=INDEX_DTYPE), torch.tensor([destination], dtype=INDEX_DTYPE))
 
     def decode(
         self,

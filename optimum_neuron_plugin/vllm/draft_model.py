@@ -5,7 +5,9 @@ The draft is loaded with the runtime in the same worker, on the same backend, an
 slot i belongs to the target's slot i (the scheduler's slots, prefix_cache.py), so it is freed and reused with
 it. Each slot remembers which tokens its draft cache holds (position j holds record[j]); a request's drafts start
 from the longest prefix of its tokens the record shares, so whatever a slot held before (an earlier request, a
-preempted one, a prefix-cache hit) is reused as far as it is true, and rejected drafts fall out of the record.
+preempted one, a prefix-cache hit) is reused as far as it is true, and rejected drafts fall out of the record. When
+the target copies a prefix between slots (prefix caching), the draft copies its own rows alongside if its export has
+copy_prefix graphs (copy_prefix); if not, the destination's record is untouched and the draft prefills the rest.
 
 Per proposal, for each request with tokens t_0..t_{N-1}:
 - catch up: the draft cache must hold t_0..t_{N-2}. A long gap (a new prompt, a resumed request) goes through the
@@ -119,6 +121,22 @@ class DraftModelDrafts:
     def warm_up(self) -> None:
         self.model.warm_up()
         self.records.clear()  # the warm-up wrote slot 0
+
+    def copy_prefix(self, source: int, destination: int, length: int) -> None:
+        """The target copied its rows [0, length) of slot source onto slot destination (prefix caching): the draft
+        copies what its own source slot holds of them, when its artifact has copy_prefix graphs. Otherwise, or when the
+        copy raises, the destination's record stays true to its draft cache (dropped after a failed copy) and the
+        draft catches up from there by prefilling, as for any slot."""
+        held = min(length, len(self.records.get(source, ())))
+        if not self.model.copies_prefixes or not held or source == destination:
+            return
+        try:
+            self.model.copy_prefix(source, destination, held)
+        except Exception as error:  # noqa: BLE001 - the draft prefills instead
+            logger.warning("the draft model's prefix copy raised %s: %s", type(error).__name__, error)
+            self.records.pop(destination, None)
+            return
+        self.records[destination] = self.records[source][:held]
 
     def propose(self, slots: Sequence[int], token_lists: Sequence[list[int]]) -> list[list[int]]:
         """Each request's greedy drafts (at most k) given its slot and all its tokens. A draft graph that raises

@@ -12,6 +12,9 @@ device, or on the host when the artifact returns logits). The same code serves b
 vLLM schedules whole prompts, in interleaved mode vLLM's scheduler hands out slices. A request asking for prompt
 logprobs is prefilled alone on the prompt_logits graphs (runtime.prefill_positions, prompt_logprobs.py).
 
+Prefix caching (prefix_cache.py): a request whose prefix another request's slot holds has those rows copied into its
+own slot (runtime.copy_prefix) before any other graph call of the step; then it prefills from its hit like any other.
+
 Speculative decoding (speculation.py): decoding requests with draft tokens go in one verify call (runtime.verify) and
 keep their accepted drafts plus one token (speculative.accept); after each step the runner proposes the next drafts
 (vLLM's n-gram proposer, or the draft model's graphs: draft_model.py), which vLLM collects with take_draft_token_ids.
@@ -29,16 +32,18 @@ from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
-from ..graphs import CHUNK_AND_DECODE, PROMPT_LOGITS, TOKEN_GENERATION, VERIFY
+from ..graphs import CHUNK_AND_DECODE, COPY_PREFIX, PROMPT_LOGITS, TOKEN_GENERATION, VERIFY
 from ..models.sampling import bitmask_words
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY, host_topk
 from ..speculative import accept
 from .draft_gate import DraftGate, min_acceptance
+from .draft_model import DraftModelDrafts
 from .grammar import StepGrammar
 from .health import GraphHealth
 from .host_sampling import HostSampler, TokenLogprobs, device_token_logprobs, logprobs_lists, token_logprobs
 from .log import get_logger
+from .prefix_cache import PrefixCopy
 from .prompt_logprobs import record_prompt_logprobs, wants_prompt_logprobs
 from .requests import RequestState, SeedSource
 from .scheduler import NeuronRunnerOutput
@@ -49,6 +54,10 @@ from .token_constraints import constrained_bitmask
 from .verify_cost import NextRow, PooledRate, VerifyCosts
 
 logger = get_logger(__name__)
+
+
+def ids(work: list[ScheduledSlice]) -> list[str]:
+    return [w.req_id for w in work]
 
 
 class FusedCallFailed(Exception):
@@ -137,7 +146,10 @@ class NeuronModelRunner:
         plan = self.plan(scheduler_output)
         sampled: dict[str, list[int]] = {}
         logprobs: dict[str, TokenLogprobs] = {}
-        failed: list[str] = []
+        failed = self._copy_prefixes(scheduler_output.copies)
+        plan.decodes, plan.prefills = (
+            [w for w in work if w.req_id not in failed] for work in (plan.decodes, plan.prefills)
+        )
         verifies, plan.decodes = self._split_verifies(plan.decodes)
         if verifies:
             failed += self._verify(verifies, sampled)
@@ -159,7 +171,7 @@ class NeuronModelRunner:
                 )  # fmt: skip
                 self._decode_alone(plan.decodes, sampled, logprobs, failed)
             except Exception as error:  # noqa: BLE001 - after the call: fail its requests (scheduler.py)
-                failed += self._graph_failed(CHUNK_AND_DECODE, plan.decodes + [prefills.pop(0)], error)
+                failed += self._graph_failed(CHUNK_AND_DECODE, ids(plan.decodes + [prefills.pop(0)]), error)
         elif plan.decodes:
             self._decode_alone(plan.decodes, sampled, logprobs, failed)
         failed += self._prefill_slices(prefills, bool(plan.decodes), sampled, logprobs)
@@ -178,6 +190,23 @@ class NeuronModelRunner:
             prompt_logprobs_dict=prompt_logprobs,
             failed_req_ids=failed,
         )
+
+    def _copy_prefixes(self, copies: list[PrefixCopy]) -> list[str]:
+        """The step's prefix copies (prefix_cache.py), in claim order, before its other graph calls: a source's rows
+        [0, length) are still what its owner committed. The draft model's cache copies alongside. A copy that
+        raises fails its request only. Returns the failed requests."""
+        failed = []
+        for copy in copies:
+            try:
+                self.model.copy_prefix(copy.source, copy.destination, copy.length)
+                self.health.succeeded()
+            except Exception as error:  # noqa: BLE001 - any graph failure fails its requests (scheduler.py)
+                failed += self._graph_failed(COPY_PREFIX, [copy.req_id], error)
+                continue
+            self.requests[copy.req_id].stats.copied = True
+            if isinstance(self.drafter, DraftModelDrafts):
+                self.drafter.copy_prefix(copy.source, copy.destination, copy.length)
+        return failed
 
     # ---- speculative decoding (speculation.py) ---------------------------------------------------
 
@@ -211,7 +240,7 @@ class NeuronModelRunner:
             )
             self.health.succeeded()
         except Exception as error:  # noqa: BLE001 - any graph failure fails its requests (scheduler.py)
-            return self._graph_failed(VERIFY, work, error)
+            return self._graph_failed(VERIFY, ids(work), error)
         nc = self.model.neuron_config
         max_topk = host_topk(nc.on_device_sampling, nc.max_topk)
         all_accepted = 0
@@ -269,14 +298,13 @@ class NeuronModelRunner:
             self._decode(work, sampled, logprobs, with_prefill=None)
             self.health.succeeded()
         except Exception as error:  # noqa: BLE001 - any graph failure fails its requests (scheduler.py)
-            failed += self._graph_failed(TOKEN_GENERATION, work, error)
+            failed += self._graph_failed(TOKEN_GENERATION, ids(work), error)
 
-    def _graph_failed(self, graph: str, work: list[ScheduledSlice], error: Exception) -> list[str]:
+    def _graph_failed(self, graph: str, req_ids: list[str], error: Exception) -> list[str]:
         """The requests of a graph call that raised: NeuronScheduler finishes them with an error.
 
         Too many failed calls in a row stop the engine instead (health.py).
         """
-        req_ids = [w.req_id for w in work]
         stop = self.health.failed()
         logger.error(
             "graph %s (%s) raised %s: %s; failing request(s) %s%s",
@@ -361,7 +389,7 @@ class NeuronModelRunner:
                 self._prefill(work, interleaved=interleaved, sampled=sampled, logprobs=logprobs)
                 self.health.succeeded()
             except Exception as error:  # noqa: BLE001
-                failed += self._graph_failed(self.model.neuron_config.prefill_graph, [work], error)
+                failed += self._graph_failed(self.model.neuron_config.prefill_graph, [work.req_id], error)
         return failed
 
     def _prefill_positions(self, prefills: list[ScheduledSlice], interleaved: bool, sampled, logprobs, prompt_logprobs):
@@ -375,7 +403,7 @@ class NeuronModelRunner:
                 self.health.succeeded()
             except Exception as error:  # noqa: BLE001
                 state.prompt_logprobs = None
-                failed += self._graph_failed(PROMPT_LOGITS, [work], error)
+                failed += self._graph_failed(PROMPT_LOGITS, [work.req_id], error)
                 continue
             done = record_prompt_logprobs(state, logits, work.start)
             if done is not None:

@@ -28,6 +28,7 @@ class RequestStats:
     interleaved: bool = False  # a prefill step of this request also decoded other requests
     batched: bool = False  # its prompt was prefilled together with other prompts (runtime.prefill_batch)
     cached_tokens: int = 0  # prompt tokens its slot already held at admission (prefix cache hit): not prefilled
+    copied: bool = False  # the hit was copied from another request's slot (runtime.copy_prefix)
     draft_tokens: int = 0  # speculative decoding: draft tokens verified
     accepted_tokens: int = 0  # of which accepted
 

@@ -32,7 +32,7 @@ from vllm.v1.request import Request, RequestStatus
 from .engine_config import load_neuron_config
 from .interleave import Candidate, InterleavePolicy, plan_slices
 from .options import PrefillMode, prefill_chunk_budget, prefill_mode, prefix_caching
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, PrefixCopy
 
 
 @dataclass
@@ -44,13 +44,15 @@ class NeuronRunnerOutput(ModelRunnerOutput):
 
 @dataclass
 class NeuronSchedulerOutput(SchedulerOutput):
-    """vLLM's step output plus the cache slot of every request admitted (new or resumed) this step."""
+    """vLLM's step output plus the cache slot of every request admitted (new or resumed) this step, and the prefix
+    copies the runner makes before the step's other graph calls, in claim order (prefix_cache.py)."""
 
     slots: dict[str, int] = field(default_factory=dict)
+    copies: list[PrefixCopy] = field(default_factory=list)
 
     @classmethod
-    def of(cls, output: SchedulerOutput, slots: dict[str, int]) -> NeuronSchedulerOutput:
-        return cls(**{f.name: getattr(output, f.name) for f in fields(SchedulerOutput)}, slots=slots)
+    def of(cls, output: SchedulerOutput, slots: dict[str, int], copies: list[PrefixCopy]) -> NeuronSchedulerOutput:
+        return cls(**{f.name: getattr(output, f.name) for f in fields(SchedulerOutput)}, slots=slots, copies=copies)
 
 
 def admitted_ids(output: SchedulerOutput) -> set[str]:
@@ -80,7 +82,7 @@ class NeuronScheduler(Scheduler):
         neuron_config = load_neuron_config(vllm_config.model_config.model)
         # An artifact without prefill chunks runs whole prompts from position 0: no hit is possible.
         enabled = prefix_caching(vllm_config.additional_config) and neuron_config.chunked
-        self.prefix_cache = PrefixCache(neuron_config.batch_size, enabled)
+        self.prefix_cache = PrefixCache(neuron_config.batch_size, enabled, copies=neuron_config.prefix_copy)
         self._claims: dict[str, int] = {}  # this step's claims while super().schedule() runs: req_id -> hit
         self.interleave: InterleavePolicy | None = None
         if prefill_mode(vllm_config.additional_config) is PrefillMode.INTERLEAVED:
@@ -103,7 +105,7 @@ class NeuronScheduler(Scheduler):
         except BaseException:
             self._settle_claims(admitted=set())
             raise
-        return NeuronSchedulerOutput.of(output, self._settle_claims(admitted_ids(output)))
+        return NeuronSchedulerOutput.of(output, *self._settle_claims(admitted_ids(output)))
 
     def _schedule_interleaved(self, *args, **kwargs) -> SchedulerOutput:
         running = [r for r in self.running if prompt_tokens_left(r) > 0]
@@ -162,23 +164,28 @@ class NeuronScheduler(Scheduler):
         """vLLM's admission asks for the request's cached prefix: claim its slot (released again if the request is
         not admitted this step). vLLM starts num_computed_tokens at the hit; no vLLM blocks back it."""
         claim = self.prefix_cache.claim(request.request_id, list(request.all_token_ids), self._looks_up(request))
+        self._claims.pop(request.request_id, None)  # a claim made again moves to the end: copies run in claim order
         self._claims[request.request_id] = claim.hit
         return self.kv_cache_manager.empty_kv_cache_blocks, claim.hit, 0, False
 
-    def _settle_claims(self, admitted: set[str]) -> dict[str, int]:
-        """Keep the claims of admitted requests (their slots, for the runner), undo the others, record the hits."""
-        slots = {}
+    def _settle_claims(self, admitted: set[str]) -> tuple[dict[str, int], list[PrefixCopy]]:
+        """Keep the claims of admitted requests (their slots and copies, for the runner), undo the others, record the
+        hits."""
+        slots, copies = {}, []
         for req_id, hit in self._claims.items():
             if req_id not in admitted:
                 self.prefix_cache.unclaim(req_id)
                 continue
             slots[req_id] = self.prefix_cache.slot_of(req_id)
+            copy = self.prefix_cache.copy_of(req_id)
+            if copy is not None:
+                copies.append(copy)
             request = self.requests[req_id]
             stats = self.kv_cache_manager.prefix_cache_stats
             if stats is not None and self._looks_up(request):
                 stats.record(num_tokens=request.num_tokens, num_hits=hit, preempted=request.num_preemptions > 0)
         self._claims = {}
-        return slots
+        return slots, copies
 
     def _free_request(self, request: Request, *args, **kwargs):
         self.prefix_cache.release(request.request_id, list(request.all_token_ids))

@@ -40,7 +40,7 @@ SEEDS = {
 CHUNKED = dict(batch_size=3, sequence_length=SEQUENCE_LENGTH, prefill_chunk_size=CHUNK)
 # Logits out of token_generation (sampling on the host): decode results can be compared bit for bit.
 CHUNKED_LOGITS = dict(CHUNKED, on_device_sampling=False)
-# Fewer graphs (2 context buckets, 3 prefill buckets: 9 graphs instead of 19) where a test is not about the bucket
+# Fewer graphs (2 context buckets, 3 prefill buckets: 11 graphs instead of 23) where a test is not about the bucket
 # ladder. Calls still cross bucket 16, and run both a padded prior context (a chunk at 8 in prefill bucket 16) and an
 # exact one (a chunk at 16).
 LIGHT_BUCKETS = dict(context_buckets=(16, 64), prefill_buckets=(0, 16, 64))

@@ -13,7 +13,7 @@ from torch._dynamo.backends import registry
 
 from optimum_neuron_plugin.backends.neuron import NeuronBackend, NeuronGraphs
 from optimum_neuron_plugin.config import NeuronConfig
-from optimum_neuron_plugin.graphs import INDEX_DTYPE, PROMPT_LOGITS, VERIFY, example_inputs, graph_specs
+from optimum_neuron_plugin.graphs import COPY_PREFIX, INDEX_DTYPE, PROMPT_LOGITS, VERIFY, example_inputs, graph_specs
 
 from .conftest import ARCHITECTURES, MOE_ARCHITECTURES
 
@@ -52,9 +52,10 @@ def test_every_graph_is_one_dynamo_graph(tiny_models, recorded, name, shape):
     backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
     graphs = NeuronGraphs(backend, model.graphs(config), model.params(config), model.caches(config))
     specs = graph_specs(config, model.args.vocab_size)
-    # per context bucket token_generation of 1 and 2 rows, and chunk_and_decode if chunked (else context_encoding);
-    # chunked_prefill per prefill bucket
-    assert len(specs) == 3 * len(config.context_buckets) + len(config.prefill_buckets)
+    # per context bucket token_generation of 1 and 2 rows, and chunk_and_decode and copy_prefix if chunked (else
+    # context_encoding); chunked_prefill per prefill bucket
+    per_bucket = 4 if config.chunked else 3
+    assert len(specs) == per_bucket * len(config.context_buckets) + len(config.prefill_buckets)
     check_captured(graphs, every_code_path(specs), recorded, name)
 
 
@@ -96,6 +97,26 @@ def test_tail_graphs_are_one_dynamo_graph(tiny_models, recorded, name):
     assert len(tails) == len(config.prefill_buckets) + len(config.context_buckets)
     assert {s.prompt_tokens for s in tails} == {4}
     check_captured(graphs, [s for s in tails if s.bucket == 16], recorded, name)
+
+
+def test_copy_prefix_graphs_copy_the_device_cache_in_place(tiny_models, recorded):
+    """copy_prefix per context bucket (captured whole: test_every_graph_is_one_dynamo_graph): its call writes the
+    destination rows of the cache tensors the device holds (an input mutation), positions [0, bucket) from the
+    source's, and nothing else."""
+    config = NeuronConfig(backend="neuron", torch_dtype="bfloat16", **CONFIGS["chunked"])
+    model = tiny_models["llama"]
+    backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
+    graphs = NeuronGraphs(backend, model.graphs(config), model.params(config), model.caches(config))
+    specs = [s for s in graph_specs(config, model.args.vocab_size) if s.name == COPY_PREFIX]
+    assert [s.bucket for s in specs] == list(config.context_buckets)
+    for cache in graphs.caches:
+        cache.copy_(torch.randn(cache.shape))
+    before = [cache.clone() for cache in graphs.caches]
+    graphs(specs[1], torch.tensor([1], dtype=INDEX_DTYPE), torch.tensor([0], dtype=INDEX_DTYPE))
+    bucket = specs[1].bucket
+    for cache, old in zip(graphs.caches, before, strict=True):
+        assert torch.equal(cache[0, :, :bucket], old[1, :, :bucket])
+        assert torch.equal(cache[0, :, bucket:], old[0, :, bucket:]) and torch.equal(cache[1], old[1])
 
 
 def check_captured(graphs, specs, recorded, name: str) -> None:

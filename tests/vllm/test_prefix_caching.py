@@ -46,8 +46,25 @@ class Engine:
 
         The runner writes a request's record when the next step tells it the request finished.
         """
+        return {req_id: r["cached_tokens"] for req_id, r in self.runner_records().items()}
+
+    def runner_records(self) -> dict[str, dict]:
         records = [json.loads(line) for line in self.stats_file.read_text().splitlines()]
-        return {r["req_id"].split("-")[0]: r["cached_tokens"] for r in records}
+        return {r["req_id"].split("-")[0]: r for r in records}
+
+    def run(self, requests: dict[str, list[int]], params=None, steps_before: int = 0) -> dict[str, object]:
+        """The first request, then `steps_before` engine steps, then the others at once, all to the end; the final
+        outputs by request id (ids without a dash)."""
+        engine, (first, *others) = self.llm.llm_engine, requests.items()
+        engine.add_request(first[0], {"prompt_token_ids": first[1]}, params or greedy())
+        for _ in range(steps_before):
+            engine.step()
+        for req_id, prompt in others:
+            engine.add_request(req_id, {"prompt_token_ids": prompt}, params or greedy())
+        finished = {}
+        while engine.has_unfinished_requests():
+            finished.update({o.request_id: o for o in engine.step() if o.finished})
+        return finished
 
     def close(self) -> None:
         close_llm(self.llm)
@@ -80,6 +97,59 @@ def test_a_resent_prefix_is_a_hit_of_every_token_held(engine, tokenizer, tiny_hf
     # ends mid-chunk, and the chunk loop starts there.
     assert out.num_cached_tokens == 4 * CHUNK + 6
     assert tokens(out) == hf_greedy(tiny_hf, longer, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("served", ["engine", "interleaved"])
+def test_a_wave_sharing_a_held_prefix_copies_it_from_the_busy_slot(served, request, tokenizer, tiny_hf):
+    """A finished request left a system prompt in a free slot; a wave of BATCH_SIZE requests sharing it arrives in one
+    step. The first takes that slot; the others find the prefix in it, busy now, and get it copied into theirs."""
+    served = request.getfixturevalue(served)
+    system = prompt_of(4 * CHUNK + 5, tokenizer, offset=17)
+    served.generate([system + prompt_of(6, tokenizer, offset=5)])
+    prompts = {f"wave{i}": system + prompt_of(8 + i, tokenizer, offset=8 + i) for i in range(BATCH_SIZE)}
+    outputs = served.run(prompts)
+    assert [outputs[r].num_cached_tokens for r in prompts] == [len(system)] * BATCH_SIZE
+    assert [tokens(outputs[r]) for r in prompts] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts.values()]
+    served.generate([prompt_of(2, tokenizer)], greedy(1))  # the runner records the previous requests' stats
+    records = served.runner_records()
+    assert sorted(records[r]["copied"] for r in prompts) == [False] + [True] * (BATCH_SIZE - 1)
+    assert all(records[r]["cached_tokens"] == len(system) for r in prompts)
+
+
+def test_requests_arriving_while_the_holder_runs_copy_its_prefix(engine, tokenizer, tiny_hf):
+    """The prefix is held only by a request still decoding (no finished request ever held it)."""
+    system = prompt_of(5 * CHUNK + 3, tokenizer, offset=19)
+    prompts = {"holder": system + prompt_of(5, tokenizer, offset=2)}
+    prompts |= {f"late{i}": system + prompt_of(7 + i, tokenizer, offset=30 + i) for i in range(BATCH_SIZE - 1)}
+    outputs = engine.run(prompts, greedy(12), steps_before=3)  # the holder prefilled and decoding
+    hits = [outputs[r].num_cached_tokens for r in prompts]
+    assert hits[0] < CHUNK and hits[1:] == [len(system)] * (BATCH_SIZE - 1)  # the holder's own prefill was a miss
+    assert [tokens(outputs[r]) for r in prompts] == [hf_greedy(tiny_hf, p, 12) for p in prompts.values()]
+
+
+def test_a_failed_copy_fails_only_its_request(engine, tokenizer, tiny_hf, monkeypatch):
+    """The first copy of a wave raises (injected): that request ends with an error, the others are served as
+    transformers serves them, and its slot is not a hit for what the copy should have brought."""
+    runner = engine.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.runner
+    system = prompt_of(4 * CHUNK + 1, tokenizer, offset=14)
+    engine.generate([system + prompt_of(3, tokenizer, offset=5)])
+    copy, destinations = runner.model.copy_prefix, []
+
+    def first_fails(source: int, destination: int, length: int) -> None:
+        destinations.append(destination)
+        if len(destinations) == 1:
+            raise RuntimeError("copy_prefix failed on purpose")
+        copy(source, destination, length)
+
+    monkeypatch.setattr(runner.model, "copy_prefix", first_fails)
+    prompts = {f"fail{i}": system + prompt_of(6 + i, tokenizer, offset=8 + i) for i in range(BATCH_SIZE)}
+    outputs = engine.run(prompts)
+    failed = [r for r in prompts if outputs[r].outputs[0].finish_reason == "error"]
+    assert len(failed) == 1 and len(destinations) == BATCH_SIZE - 1
+    served = {r: p for r, p in prompts.items() if r not in failed}
+    assert [tokens(outputs[r]) for r in served] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in served.values()]
+    scheduler = engine.llm.llm_engine.engine_core.engine_core.scheduler
+    assert scheduler.prefix_cache.slots[destinations[0]].tokens == []
 
 
 def test_an_exact_resend_prefills_its_last_token(engine, tokenizer, tiny_hf):
@@ -187,10 +257,12 @@ def test_a_hit_prefills_next_to_decoding_requests(interleaved, tokenizer, tiny_h
 
 
 def test_hits_prefilled_together(batched_dir, vllm_root, tokenizer, tiny_hf):
-    """prefill_batch_size > 1: the prompts of a step start their chunk loops at their own hits in one call."""
+    """prefill_batch_size > 1: the prompts of a step start their chunk loops at their own hits in one call, the hits
+    copied from a busy slot included."""
     served = Engine(batched_dir, vllm_root / "prefix-batched.jsonl")
     try:
         system = prompt_of(3 * CHUNK + 9, tokenizer, offset=13)
+        served.generate([system + prompt_of(4, tokenizer, offset=12)])  # leaves the system prompt in a free slot
         prompts = [system + prompt_of(20 + i, tokenizer, offset=i) for i in range(2 * BATCH_SIZE)]
         outputs = served.generate(prompts)
         served.generate([prompt_of(2, tokenizer)], greedy(1))  # the runner records the previous requests' stats
@@ -199,7 +271,9 @@ def test_hits_prefilled_together(batched_dir, vllm_root, tokenizer, tiny_hf):
     assert [tokens(o) for o in outputs] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts]
     records = [json.loads(line) for line in served.stats_file.read_text().splitlines()]
     hits = [r for r in records if r["cached_tokens"] == len(system)]
-    assert len(hits) == BATCH_SIZE and all(r["batched"] for r in hits), records
+    # The first BATCH_SIZE: one takes the slot holding the system prompt, the others copy it; the next ones find it.
+    assert len(hits) == 2 * BATCH_SIZE and all(r["batched"] for r in hits), records
+    assert sum(r["copied"] for r in hits) == BATCH_SIZE - 1, records
 
 
 def test_vllm_reports_exactly_the_hits_the_runner_used(engine, tokenizer):
