@@ -127,7 +127,7 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     for name in ("config.json", "neuron_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert name in files, sorted(files)
     graphs = sorted(f for f in files if f.startswith("graphs/"))
-    kinds = ("chunk_and_decode", "token_generation")
+    kinds = ("chunk_and_decode", "copy_prefix", "token_generation")
     expected = [f"{graph}_{bucket}.pt2" for graph in kinds for bucket in (32, 64)]
     expected = sorted(expected + ["chunked_prefill_0.pt2", "chunked_prefill_64.pt2"])
     assert [Path(g).name for g in graphs] == expected, graphs
@@ -164,7 +164,12 @@ def test_inductor_export_is_cpp_programs_that_match_hf(tiny_models, tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     graphs = sorted(p.name for p in (output / "graphs").iterdir())
-    assert graphs == ["chunked_prefill_0.aoti.pt2", "chunked_prefill_64.aoti.pt2", "token_generation_64.aoti.pt2"]
+    assert graphs == [
+        "chunked_prefill_0.aoti.pt2",
+        "chunked_prefill_64.aoti.pt2",
+        "copy_prefix_64.aoti.pt2",
+        "token_generation_64.aoti.pt2",
+    ]
     assert neuron_config(output)["cpu_compiler"] == "inductor"
     assert_same_greedy(output, load_hf(tiny_models["llama"]), prompt_ids(tiny_models["llama"]), eos=set())
 

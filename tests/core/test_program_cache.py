@@ -20,8 +20,8 @@ def test_a_second_model_of_the_same_shape_reuses_every_program(tmp_path, monkeyp
     config = NeuronConfig(**CHUNKED_LOGITS_LIGHT)
     NeuronModelForCausalLM.export(first, config)
     cached = sorted((tmp_path / "cache").iterdir())
-    # two token_generation and chunk_and_decode per context bucket, chunked_prefill per prefill bucket
-    assert len(cached) == len(config.context_buckets) * 3 + len(config.prefill_buckets)
+    # two token_generation, chunk_and_decode and copy_prefix per context bucket, chunked_prefill per prefill bucket
+    assert len(cached) == len(config.context_buckets) * 4 + len(config.prefill_buckets)
 
     def no_tracing(*args, **kwargs):
         raise AssertionError("a cached program was traced again")
