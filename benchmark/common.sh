@@ -33,6 +33,9 @@ PREFILL_TAIL_SIZE=${PREFILL_TAIL_SIZE:-0}
 # Row counts token_generation is compiled for (--decode-batch-sizes of every plugin export), e.g. "4" for the batch
 # graph only. Default: the exporter's, 1 and the batch size.
 DECODE_BATCH_SIZES=${DECODE_BATCH_SIZES:-$([ "$BATCH_SIZE" = 1 ] && echo 1 || echo "1,$BATCH_SIZE")}
+# Cache lengths the decode-side graphs are compiled for (--context-buckets, e.g. "512,1024,1280,2048" to fit a
+# traffic whose contexts sit just above a doubling); "" = the exporter's default (doubling lengths).
+CONTEXT_BUCKETS=${CONTEXT_BUCKETS:-}
 TP=${TP:-1}
 # Export backend: cpu (reference backend, any host), neuron or auto.
 BACKEND=${BACKEND:-cpu}
@@ -73,7 +76,7 @@ ARTIFACTS=${ARTIFACTS:-$RESULTS_ROOT/artifacts}
 # Where serve.sh / drive.sh put PID files, logs and raw results; matrix.sh sets a timestamped one.
 RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/manual}
 
-export PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE PREFILL_TAIL_SIZE DECODE_BATCH_SIZES TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
+export PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE PREFILL_TAIL_SIZE DECODE_BATCH_SIZES CONTEXT_BUCKETS TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
   NUM_WARMUPS SEED TEMPERATURE THREADS CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 
@@ -126,6 +129,7 @@ config_artifact() {
   if [ "$chunk" != 0 ] && [ "$PREFILL_BATCH_SIZE" != 1 ]; then batched=-p$PREFILL_BATCH_SIZE; fi
   if [ "$chunk" != 0 ] && [ "$PREFILL_TAIL_SIZE" != 0 ]; then batched=$batched-t$PREFILL_TAIL_SIZE; fi
   batched=$batched-d${DECODE_BATCH_SIZES//,/_}
+  if [ -n "$CONTEXT_BUCKETS" ]; then batched=$batched-l${CONTEXT_BUCKETS//,/_}; fi
   echo "$ARTIFACTS/$variant-$(model_tag)-b$BATCH_SIZE-s$SEQUENCE_LENGTH-c$chunk$batched-tp$TP-$BACKEND-$CPU_COMPILER"
 }
 

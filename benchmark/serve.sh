@@ -61,6 +61,7 @@ export_artifact() {
   [ "$chunk" = 0 ] || args+=(--prefill-batch-size "$PREFILL_BATCH_SIZE")
   [ "$chunk" = 0 ] || [ "$PREFILL_TAIL_SIZE" = 0 ] || args+=(--prefill-tail-size "$PREFILL_TAIL_SIZE")
   args+=(--decode-batch-sizes "$DECODE_BATCH_SIZES")
+  [ -z "$CONTEXT_BUCKETS" ] || args+=(--context-buckets "$CONTEXT_BUCKETS")
   log "$name: exporting into $out (optimum-cli export neuron ${args[*]})"
   mkdir -p "$(dirname "$out")"
   "$VENV_BIN/optimum-cli" export neuron "${args[@]}" "$out" >"$RUN_DIR/$name.export.log" 2>&1 ||

@@ -38,7 +38,6 @@ from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY, host_topk
 from ..speculative import accept
 from .draft_gate import DraftGate, min_acceptance
-from .draft_model import DraftModelDrafts
 from .grammar import StepGrammar
 from .health import GraphHealth
 from .host_sampling import HostSampler, TokenLogprobs, device_token_logprobs, logprobs_lists, token_logprobs
@@ -204,7 +203,7 @@ class NeuronModelRunner:
                 failed += self._graph_failed(COPY_PREFIX, [copy.req_id], error)
                 continue
             self.requests[copy.req_id].stats.copied = True
-            if isinstance(self.drafter, DraftModelDrafts):
+            if self.drafter is not None:
                 self.drafter.copy_prefix(copy.source, copy.destination, copy.length)
         return failed
 
