@@ -109,5 +109,16 @@ def _attend_rows(
     qg = q.view(n, t, kv_heads, groups, dim).permute(0, 2, 3, 1, 4).reshape(n, kv_heads, groups * t, dim)
     if sinks is not None:
         keys, values, bias = _with_sinks(keys, values, bias, sinks, t)
-    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias, scale=scale)  # [n, KVH, G*T, D]
+    if t == 1 and q.dtype == torch.float32:
+        out = _attend_one_token(qg, keys, values, bias, scale)
+    else:
+        out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias, scale=scale)  # [n, KVH, G*T, D]
     return out.view(n, kv_heads, groups, t, dim).permute(0, 3, 1, 2, 4).reshape(n, t, heads * dim)
+
+
+def _attend_one_token(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale) -> torch.Tensor:
+    """A decode row's G queries per KV head as two products and a softmax: each reads the bucket's keys or values
+    once, which on CPU beats the fused kernel's 512-key blocks for buckets above 1024 (docs/DESIGN.md, attention)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(q * scale, keys.transpose(-1, -2)) + bias
+    return torch.matmul(torch.softmax(scores, dim=-1), values)

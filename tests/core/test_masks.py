@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from optimum_neuron_plugin.models import attention
 from optimum_neuron_plugin.models.masks import MASK_FILL, attention_bias, cache_mask, mask_fill
 
 
@@ -50,18 +51,34 @@ def test_the_fill_is_finite_and_underflows_exp_to_zero(dtype):
     assert torch.exp(torch.tensor(mask_fill(dtype), dtype=torch.float32)) == 0
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_masked_keys_weigh_exactly_zero(dtype):
+def _fused(q, k, v, bias):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+
+
+def _one_token(q, k, v, bias):
+    return attention._attend_one_token(q, k, v, bias, None)
+
+
+# Chunks (and bf16 decode rows) run the fused kernel; fp32 decode rows (one token per row) the two products.
+FORMS = [
+    pytest.param(_fused, torch.float32, 4, id="fused-fp32"),
+    pytest.param(_fused, torch.bfloat16, 4, id="fused-bf16"),
+    pytest.param(_one_token, torch.float32, 1, id="one-token-fp32"),
+]
+
+
+@pytest.mark.parametrize(("attend", "dtype", "t"), FORMS)
+def test_masked_keys_weigh_exactly_zero(attend, dtype, t):
     """Attention under the bias equals softmax attention over the attended keys alone, and garbage in the
     masked keys and values (1e4) changes nothing, bit for bit."""
     generator = torch.Generator().manual_seed(0)
-    n, kv_heads, groups, t, length, dim = 2, 2, 3, 4, 16, 8
-    positions = torch.tensor([[5, 6, 7, 7], [9, 10, 11, 12]])
+    n, kv_heads, groups, length, dim = 2, 2, 3, 16, 8
+    positions = torch.tensor([[5, 6, 7, 7], [9, 10, 11, 12]])[:, :t]
     q = torch.randn(n, kv_heads, groups * t, dim, generator=generator).to(dtype)
     k = torch.randn(n, kv_heads, length, dim, generator=generator).to(dtype)
     v = torch.randn(n, kv_heads, length, dim, generator=generator).to(dtype)
     bias = attention_bias(positions, length, groups, dtype)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    out = attend(q, k, v, bias)
     assert torch.isfinite(out).all()
     for row in range(n):
         for query in range(groups * t):
@@ -72,7 +89,7 @@ def test_masked_keys_weigh_exactly_zero(dtype):
             torch.testing.assert_close(out[row, :, query].float(), expected[:, 0], atol=tolerance, rtol=0)
     dirty_k, dirty_v = k.clone(), v.clone()
     dirty_k[:, :, 13:], dirty_v[:, :, 13:] = 1e4, 1e4  # past every query's position
-    dirty = F.scaled_dot_product_attention(q, dirty_k, dirty_v, attn_mask=bias)
+    dirty = attend(q, dirty_k, dirty_v, bias)
     assert torch.equal(out, dirty)
 
 
