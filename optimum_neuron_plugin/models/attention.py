@@ -116,7 +116,9 @@ def _attend_rows(
     return out.view(n, kv_heads, groups, t, dim).permute(0, 3, 1, 2, 4).reshape(n, t, heads * dim)
 
 
-def _attend_one_token(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale) -> torch.Tensor:
+def _attend_one_token(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale
+) -> torch.Tensor:
     """A decode row's G queries per KV head as two products and a softmax: each reads the bucket's keys or values
     once, which on CPU beats the fused kernel's 512-key blocks for buckets above 1024 (docs/DESIGN.md, attention)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
