@@ -1,5 +1,5 @@
 """The CPU backend's choices of how to run a program: every fp32 linear of every loaded program reads one shared
-packed weight, and each program is replayed from the TorchScript trace of its first call, bit for bit."""
+packed weight (the linears of one input stacked into one), and each program is replayed from the TorchScript trace of its first call, bit for bit."""
 
 from __future__ import annotations
 
@@ -31,8 +31,10 @@ def test_every_linear_reads_a_weight_packed_once_for_all_programs(llama_logits):
         linears = program.graph.find_nodes(op="call_function", target=torch.ops.aten.linear.default)
         assert linears == [], f"{len(linears)} linears left on MKL's unpacked path"
         packed = _packed_linears(program)
-        # 2 layers x (q, k, v, o, gate, up, down) + the lm_head
-        assert len(packed) == 2 * 7 + 1
+        # 2 layers x (q+k+v, o, gate+up, down) + the lm_head: linears of one input run as one product
+        assert len(packed) == 2 * 4 + 1
+        stacked = sorted(node.args[1].target for node in packed if "__" in node.args[1].target)
+        assert sorted(name.count("__") for name in stacked) == [1, 1, 2, 2]
         for node in packed:
             weight = getattr(program, node.args[1].target)
             assert weight.is_mkldnn
