@@ -163,7 +163,9 @@ for round in $(seq "$ROUNDS"); do
     for variant in $VARIANTS; do "drive_$workload" "$variant" "$round"; done
   done
 done
-curl -sf "http://$HOST:$(variant_port on)/metrics" >"$RUN_DIR/on.metrics.txt" || true
+# The counters the summary reads (the whole scrape is ~100 KB of histograms).
+{ curl -sf "http://$HOST:$(variant_port on)/metrics" || true; } |
+  grep -E '^vllm:(prefix_cache|prompt_tokens|generation_tokens|request_success)' >"$RUN_DIR/on.metrics.txt" || true
 if [ -n "$BENCH_LOCK" ]; then flock -u "$lock_fd"; fi
 stop_all
 trap - EXIT
