@@ -51,8 +51,8 @@ def use_packed_linears(module: torch.fx.GraphModule, params: dict[str, torch.Ten
             continue  # a computed bias: left to the exported linear
         by_input.setdefault(node.args[0], []).append((node, name, names.get(bias)))
     for linears in by_input.values():
-        biases = {bias is None for _, _, bias in linears}
-        groups = [linears] if len(linears) > 1 and len(biases) == 1 else [[linear] for linear in linears]
+        stackable = len(linears) > 1 and len({bias is None for _, _, bias in linears}) == 1  # all biased, or none
+        groups = [linears] if stackable else [[linear] for linear in linears]
         for group in groups:
             _pack_group(module, params, packed, group)
     module.recompile()

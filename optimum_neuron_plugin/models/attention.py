@@ -117,10 +117,10 @@ def _attend_rows(
 
 
 def _attend_one_token(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor, scale: float | None
 ) -> torch.Tensor:
-    """A decode row's G queries per KV head as two products and a softmax: each reads the bucket's keys or values
-    once, which on CPU beats the fused kernel's 512-key blocks for buckets above 1024 (docs/DESIGN.md, attention)."""
+    """A decode row's G queries per KV head as two products and a softmax, each streaming the bucket's keys or values
+    once: on CPU faster than the fused kernel for these few queries (docs/DESIGN.md, KV cache and context buckets)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = torch.matmul(q * scale, keys.transpose(-1, -2)) + bias
     return torch.matmul(torch.softmax(scores, dim=-1), values)
