@@ -1,6 +1,5 @@
 """Decode step with each linear packed alone (old) vs linears of one input stacked (new): same artifact, one process,
-# The older loader: git show a19c399:optimum_neuron_plugin/backends/cpu_linear.py > /tmp/prof/old_cpu_linear.py
-alternated."""
+alternated. The older loader: git show a19c399:optimum_neuron_plugin/backends/cpu_linear.py > /tmp/prof/old_cpu_linear.py"""
 import sys, time, statistics, importlib.util, torch
 from optimum_neuron_plugin import NeuronModelForCausalLM
 from optimum_neuron_plugin.backends import cpu as cpu_backend
