@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# usage: pin.sh NAME [ENV=VAL ...] : serve artifact with env, drive random 1000in/64out c4, write NAME.json
+# usage: ARTIFACT=DIR TOKENIZER=HF_DIR serve_and_drive.sh NAME [ENV=VALUE ...]: serves ARTIFACT with the plugin and
+# those variables, drives it (random dataset, 1000 in / 64 out, concurrency 4), writes OUT/NAME.json and prints its medians
 set -euo pipefail
 name=$1; shift
-ROOT=/work/main; ART=/tmp/pin/art; OUT=/tmp/pin/out; mkdir -p $OUT
-HF=/tmp/copy-artifacts/hf-SmolLM2-135M-Instruct.Q4_1
+ROOT=$(git rev-parse --show-toplevel); ART=$ARTIFACT; HF=$TOKENIZER; OUT=${OUT:-out}; mkdir -p $OUT
 PORT=8300
 env -u OMP_NUM_THREADS ONP_BACKEND=cpu ONP_PREFILL_MODE=serial OMP_NUM_THREADS=2 "$@" setsid $ROOT/.venv/bin/vllm serve $ART --no-enable-prefix-caching --host 127.0.0.1 --port $PORT --seed 0 > $OUT/$name.server.log 2>&1 &
 pid=$!
