@@ -42,19 +42,21 @@ def use_packed_linears(module: torch.fx.GraphModule, params: dict[str, torch.Ten
     placeholders = list(module.graph.find_nodes(op="placeholder"))
     names = dict(zip(placeholders, params, strict=False))
     by_input: dict[torch.fx.Node, list[tuple[torch.fx.Node, str, str | None]]] = {}
+    groups = []
     for node in module.graph.find_nodes(op="call_function", target=torch.ops.aten.linear.default):
         name = names.get(node.args[1])
         if name is None or params[name].dtype != torch.float32 or params[name].dim() != 2:
             continue
         bias = node.args[2] if len(node.args) > 2 else None
         if bias is not None and names.get(bias) is None:
-            continue  # a computed bias: left to the exported linear
+            groups.append([(node, name, None)])  # a computed bias cannot be stacked: packed alone, read as it is
+            continue
         by_input.setdefault(node.args[0], []).append((node, name, names.get(bias)))
     for linears in by_input.values():
         stackable = len(linears) > 1 and len({bias is None for _, _, bias in linears}) == 1  # all biased, or none
-        groups = [linears] if stackable else [[linear] for linear in linears]
-        for group in groups:
-            _pack_group(module, params, packed, group)
+        groups += [linears] if stackable else [[linear] for linear in linears]
+    for group in groups:
+        _pack_group(module, params, packed, group)
     module.recompile()
 
 
