@@ -11,6 +11,7 @@ decoding in that call fails with it; requests that finished earlier, and every l
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from support.client import call, completion_tokens, concurrently, greedy, health, stream_tokens, wait_idle
@@ -27,6 +28,7 @@ MODES = ["serial", "interleaved"]
 # Two context buckets (9 graphs instead of the default ladder's 19; the tests are not about buckets): the requests
 # decode in bucket 16, the long one crosses into 128 only if the failure did not stop it.
 CONTEXT_BUCKETS = (16, 128)
+LONG_TOKENS = 120  # the prompt's 3 tokens and these fit the 128-token sequence
 
 
 @pytest.fixture(scope="module")
@@ -69,20 +71,27 @@ def test_a_decode_failure_fails_its_batch_and_the_server_keeps_serving(servers, 
     server, hf = servers[mode], chain[1]
     long_prompt, short_prompt = good_prompt(0), good_prompt(1)
 
+    long_is_decoding = threading.Event()
+
     def run(job):
         kind, prompt, max_tokens = job
         body = greedy(server.model, prompt, max_tokens)
-        return stream_tokens(server.port, body) if kind == "stream" else call(server.port, "/v1/completions", body)
+        if kind == "stream":
+            return stream_tokens(server.port, body, on_event=lambda _: long_is_decoding.set())
+        if kind == "trapped":
+            assert long_is_decoding.wait(timeout=60)
+        return call(server.port, "/v1/completions", body)
 
     # A short request that finishes before the failure, a long streamed one decoding beside the trapped one
-    # when its token_generation call raises (about 10 steps in), and the trapped one.
-    jobs = [("plain", short_prompt, 2), ("stream", long_prompt, 60), ("plain", trapped_prompt(8), 30)]
+    # when its token_generation call raises (about 10 steps after it is sent, which waits for the long one's first
+    # token: the long one has ~100 steps left then), and the trapped one.
+    jobs = [("plain", short_prompt, 2), ("stream", long_prompt, LONG_TOKENS), ("trapped", trapped_prompt(8), 30)]
     (short_status, short), (long_status, long_tokens, long_errors), (status, body) = concurrently(run, jobs, len(jobs))
     assert short_status == 200 and short["choices"][0]["token_ids"] == hf_greedy(hf, short_prompt, 2)
     assert status == 500, body
     assert body["error"]["code"] == 500 and body["error"]["message"] == "Internal server error"
     assert long_status == 200 and long_errors and long_errors[0]["error"]["code"] == 500, long_errors
-    assert 0 < len(long_tokens) < 60 and long_tokens == hf_greedy(hf, long_prompt, len(long_tokens))
+    assert 0 < len(long_tokens) < LONG_TOKENS and long_tokens == hf_greedy(hf, long_prompt, len(long_tokens))
 
     log = server.log.read_text()
     # Every token_generation file: the one-row graph and the batch graph of each bucket.

@@ -41,8 +41,11 @@ def events(response: http.client.HTTPResponse) -> Iterator[dict]:
             yield json.loads(line[len("data: ") :])
 
 
-def stream(port: int, path: str, body: dict) -> tuple[int, str, list[dict]]:
-    """A streamed request read to the end: (status, Content-Type, events); a refused one: its JSON body as the event."""
+def stream(
+    port: int, path: str, body: dict, on_event: Callable[[dict], None] | None = None
+) -> tuple[int, str, list[dict]]:
+    """A streamed request read to the end: (status, Content-Type, events); a refused one: its JSON body as the event.
+    `on_event` sees each event as it arrives."""
     connection = http.client.HTTPConnection(HOST, port, timeout=TIMEOUT)
     try:
         connection.request("POST", path, body=json.dumps({**body, "stream": True}).encode(), headers=_JSON)
@@ -50,7 +53,12 @@ def stream(port: int, path: str, body: dict) -> tuple[int, str, list[dict]]:
         content_type = response.getheader("Content-Type", "")
         if response.status != 200:
             return response.status, content_type, [json.loads(response.read())]
-        return response.status, content_type, list(events(response))
+        received = []
+        for event in events(response):
+            received.append(event)
+            if on_event:
+                on_event(event)
+        return response.status, content_type, received
     finally:
         connection.close()
 
@@ -74,9 +82,11 @@ def completion_tokens(port: int, body: dict) -> list[int]:
     return list(response["choices"][0]["token_ids"])
 
 
-def stream_tokens(port: int, body: dict) -> tuple[int, list[int], list[dict]]:
+def stream_tokens(
+    port: int, body: dict, on_event: Callable[[dict], None] | None = None
+) -> tuple[int, list[int], list[dict]]:
     """A streamed completion read to the end: (status, token ids, error events)."""
-    status, _, received = stream(port, "/v1/completions", body)
+    status, _, received = stream(port, "/v1/completions", body, on_event)
     if status != 200:
         return status, [], received
     tokens = [t for event in received for choice in event.get("choices", []) for t in choice.get("token_ids") or []]
