@@ -1,5 +1,6 @@
-"""Writing and reading torch.export programs (the CPU backend's `export` format), without two costs of torch's
-serializer that change nothing in the file or the loaded program."""
+"""Writing and reading torch.export programs (the CPU backend's `export` format): each archive also holds the record
+its module is rebuilt from at load (cpu_graph_record.py); without one, torch.export.load runs without two costs of
+torch's serializer that change nothing in the file or the loaded program."""
 
 from __future__ import annotations
 
@@ -8,23 +9,44 @@ import dataclasses
 import functools
 import types
 import typing
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from .cpu_graph_record import RECORD_FILE, rebuild, record
+
+_EXTRA_DIR = "extra/"  # where torch.export.save puts extra_files in the archive (pt2_archive constants)
+
 
 def save_program(program: torch.export.ExportedProgram, path: Path) -> None:
     # The program would otherwise save its example inputs: a full copy of the weights per graph.
     program._example_inputs = None
+    text = record(program.module())
     with _without_canonical_form_check():
-        torch.export.save(program, str(path))
+        torch.export.save(program, str(path), extra_files={RECORD_FILE: text} if text else None)
 
 
 def load_program(path: Path) -> torch.fx.GraphModule:
+    text = _record_text(path)
+    module = rebuild(text) if text is not None else None
+    if module is not None:
+        return module
     _use_planned_dict_to_dataclass()
     return torch.export.load(str(path)).module()
+
+
+def _record_text(path: Path) -> str | None:
+    """The graph record in the program's archive; None when it has none (or is no archive: torch.export.load
+    then says why)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            name = next((n for n in archive.namelist() if n.endswith(f"/{_EXTRA_DIR}{RECORD_FILE}")), None)
+            return archive.read(name).decode() if name else None
+    except (OSError, zipfile.BadZipFile):
+        return None
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """The CPU backend's program files: saved without torch's canonical-form self-test, byte for byte what torch's own
-save writes; read into the same schema objects as torch's reader, and loaded back to the same logits."""
+save writes plus the graph record; the module rebuilt from the record is the program's own module; a file without a
+record is read into the same schema objects as torch's reader."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from torch._export.serde import schema, serialize
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 from optimum_neuron_plugin.backends import cpu_serde
+from optimum_neuron_plugin.backends.cpu_graph_record import RECORD_FILE, rebuild
 from optimum_neuron_plugin.backends.cpu_serde import load_program, planned_dict_to_dataclass, save_program
 from optimum_neuron_plugin.backends.program_cache import CACHE_ENV
 
@@ -42,12 +44,25 @@ def test_a_saved_program_is_what_torch_saves(tmp_path, monkeypatch):
     save_program(program, tmp_path / "ours" / "graph.pt2")
     torch.export.save(program, str(tmp_path / "torch" / "graph.pt2"))  # example inputs already dropped by ours
     ours, theirs = _entries(tmp_path / "ours" / "graph.pt2"), _entries(tmp_path / "torch" / "graph.pt2")
-    assert ours.keys() == theirs.keys() and len(ours) > 2
-    assert ours == theirs
-    loaded = load_program(tmp_path / "ours" / "graph.pt2")
+    (record_name,) = [name for name in ours if name.endswith(f"/extra/{RECORD_FILE}")]
+    assert ours.keys() - theirs.keys() == {record_name} and len(theirs) > 2
+    # Every entry of torch's file, byte for byte, but the archive's id (derived from every entry, the record's too).
+    same = [name for name in theirs if not name.endswith(".data/serialization_id")]
+    assert len(same) == len(theirs) - 1 and {n: ours[n] for n in same} == {n: theirs[n] for n in same}
+
+    # The module rebuilt from the record is torch's module of the program, node for node, and checks its inputs.
+    rebuilt = load_program(tmp_path / "ours" / "graph.pt2")
+    own = torch.export.load(str(tmp_path / "torch" / "graph.pt2")).module()
+    assert rebuilt.code == own.code and sum(1 for n in rebuilt.graph.nodes if n.op == "call_function") > 50
+    assert [n.name for n in rebuilt.graph.nodes] == [n.name for n in own.graph.nodes]
+    text = ours[record_name].decode()
+    assert rebuild(text.replace(f'"torch":"{torch.__version__}"', '"torch":"0.0"')) is None  # another torch's
+
+    # Without a record (torch's own file), torch's reader runs with the planned dataclass conversion.
+    loaded = load_program(tmp_path / "torch" / "graph.pt2")
+    assert loaded.code == own.code
     program_json = json.loads(next(data for name, data in ours.items() if name.endswith("models/model.json")))
     planned = planned_dict_to_dataclass(schema.ExportedProgram, program_json)
     assert cpu_serde.torch_dict_to_dataclass not in (None, planned_dict_to_dataclass)
     assert planned == cpu_serde.torch_dict_to_dataclass(schema.ExportedProgram, program_json)
     assert serialize._dataclass_to_dict(planned) == program_json
-    assert sum(1 for n in loaded.graph.nodes if n.op == "call_function") > 50

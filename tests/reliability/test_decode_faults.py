@@ -71,7 +71,7 @@ def test_a_decode_failure_fails_its_batch_and_the_server_keeps_serving(servers, 
     server, hf = servers[mode], chain[1]
     long_prompt, short_prompt = good_prompt(0), good_prompt(1)
 
-    long_is_decoding = threading.Event()
+    long_is_decoding, short_is_done = threading.Event(), threading.Event()
 
     def run(job):
         kind, prompt, max_tokens = job
@@ -79,13 +79,17 @@ def test_a_decode_failure_fails_its_batch_and_the_server_keeps_serving(servers, 
         if kind == "stream":
             return stream_tokens(server.port, body, on_event=lambda _: long_is_decoding.set())
         if kind == "trapped":
-            assert long_is_decoding.wait(timeout=60)
-        return call(server.port, "/v1/completions", body)
+            assert long_is_decoding.wait(timeout=120) and short_is_done.wait(timeout=120)
+            return call(server.port, "/v1/completions", body)
+        try:
+            return call(server.port, "/v1/completions", body)
+        finally:
+            short_is_done.set()
 
-    # A short request that finishes before the failure, a long streamed one decoding beside the trapped one
-    # when its token_generation call raises (about 10 steps after it is sent, which waits for the long one's first
-    # token: the long one has ~100 steps left then), and the trapped one.
-    jobs = [("plain", short_prompt, 2), ("stream", long_prompt, LONG_TOKENS), ("trapped", trapped_prompt(8), 30)]
+    # A short request that finishes before the failure, a long streamed one decoding beside the trapped one when
+    # its token_generation call raises, and the trapped one, sent once the short one is done and the long one
+    # streams (the long one then has ~100 decode steps left; the trapped one fails about 10 steps after it is sent).
+    jobs = [("short", short_prompt, 2), ("stream", long_prompt, LONG_TOKENS), ("trapped", trapped_prompt(8), 30)]
     (short_status, short), (long_status, long_tokens, long_errors), (status, body) = concurrently(run, jobs, len(jobs))
     assert short_status == 200 and short["choices"][0]["token_ids"] == hf_greedy(hf, short_prompt, 2)
     assert status == 500, body

@@ -156,7 +156,7 @@ def metrics(port: int) -> dict[str, float]:
     return values
 
 
-def wait_idle(port: int, timeout: float = 30) -> dict[str, float]:
+def wait_idle(port: int, timeout: float = 120) -> dict[str, float]:
     """Wait until no request is running or waiting (aborted ones released); fail after `timeout` s."""
     deadline = time.monotonic() + timeout
     while True:

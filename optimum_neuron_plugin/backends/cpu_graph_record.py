@@ -1,0 +1,200 @@
+"""A compact record of a CPU program's graph, saved in its .pt2 archive beside the exported program, from which
+the serving process rebuilds the module it runs in a fraction of `torch.export.load`'s time.
+
+`torch.export.load` rebuilds the whole ExportedProgram: it parses the program's JSON into schema dataclasses, makes
+a fake tensor for every node's metadata and unlifts the program into a module, ~2 s per SmolLM2 graph (minutes for
+an artifact of 70 graphs). The module the backend runs needs none of that: its nodes (op, target, arguments), its
+few constant tensors, its input and output trees and the shapes of its inputs. The record holds exactly these, and
+is written only when the module rebuilt from it prints the same code as the program's own module
+(`torch.export.ExportedProgram.module()`): the same graph, node for node. A program without a record (another
+writer, an op the record cannot name) is loaded by torch.export as before.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
+from torch.utils import _pytree as pytree
+
+RECORD_FILE = "onp_graph.json"
+RECORD_VERSION = 1
+_FUNCTIONS = {"getitem": operator.getitem}
+_SCALARS = (bool, int, float, str, type(None))
+
+
+class Unrecordable(Exception):
+    """A node argument or target the record has no form for."""
+
+
+def record(module: torch.fx.GraphModule) -> str | None:
+    """The record of `module` (a program's unlifted module), or None when one of its nodes cannot be recorded or
+    the module rebuilt from the record would differ."""
+    try:
+        text = json.dumps(_record(module), separators=(",", ":"))
+    except Unrecordable:
+        return None
+    rebuilt = rebuild(text)
+    return text if rebuilt is not None and rebuilt.code == module.code else None
+
+
+def rebuild(text: str) -> torch.fx.GraphModule | None:
+    """The module a record describes; None for a record of another torch or record version."""
+    data = json.loads(text)
+    if data.get("version") != RECORD_VERSION or data.get("torch") != torch.__version__:
+        return None
+    graph = torch.fx.Graph()
+    nodes: dict[str, torch.fx.Node] = {}
+    for op, name, target, args, kwargs in data["nodes"]:
+        node = graph.create_node(
+            op, _target(op, target), _decode(args, nodes), _decode(kwargs, nodes), name=name, type_expr=None
+        )
+        nodes[name] = node
+    info = data["pytree"]
+    graph._codegen = _PyTreeCodeGen(
+        _PyTreeInfo(info["orig_args"], pytree.treespec_loads(info["in_spec"]), _spec(info["out_spec"]))
+    )
+    constants = {name: _tensor(blob) for name, blob in data["constants"].items()}
+    module = torch.fx.GraphModule(constants, graph)
+    module._in_spec, module._out_spec = pytree.treespec_loads(data["in_spec"]), _spec(data["out_spec"])
+    module.input_shapes = [(tuple(shape), getattr(torch, dtype)) for shape, dtype in data["inputs"]]
+    module.validate_inputs = True
+    module.register_forward_pre_hook(_check_inputs)
+    return module
+
+
+def _check_inputs(module: torch.fx.GraphModule, args: tuple) -> None:
+    """The check torch.export's module makes on its inputs: every tensor of the shape and dtype it was exported
+    with (a graph file of another export fails here, on its first call)."""
+    if not module.validate_inputs:
+        return
+    flat = torch.fx._pytree.tree_flatten_spec((list(args), {}), module._in_spec)
+    for index, (tensor, (shape, dtype)) in enumerate(zip(flat, module.input_shapes, strict=True)):
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+            raise ValueError(
+                f"input {index} of the graph is {tuple(tensor.shape)} {tensor.dtype}, it was exported for "
+                f"{shape} {dtype}"
+            )
+
+
+def _record(module: torch.fx.GraphModule) -> dict:
+    codegen = module.graph._codegen
+    if not isinstance(codegen, _PyTreeCodeGen):
+        raise Unrecordable("codegen")
+    inputs = []
+    nodes = []
+    for node in module.graph.nodes:
+        if node.op == "placeholder":
+            inputs.append(_input_shape(node))
+        nodes.append([node.op, node.name, _target_name(node), _encode(node.args), _encode(node.kwargs)])
+    constants = {
+        node.target: _tensor_blob(getattr(module, node.target)) for node in module.graph.find_nodes(op="get_attr")
+    }
+    info = codegen.pytree_info
+    return {
+        "version": RECORD_VERSION,
+        "torch": torch.__version__,
+        "pytree": {
+            "orig_args": list(info.orig_args),
+            "in_spec": pytree.treespec_dumps(info.in_spec),
+            "out_spec": _spec_text(info.out_spec),
+        },
+        "in_spec": pytree.treespec_dumps(module._in_spec),
+        "out_spec": _spec_text(module._out_spec),
+        "inputs": inputs,
+        "constants": constants,
+        "nodes": nodes,
+    }
+
+
+def _input_shape(node: torch.fx.Node) -> list:
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or not all(isinstance(d, int) for d in value.shape):
+        raise Unrecordable(f"placeholder {node.name}")
+    return [list(value.shape), str(value.dtype).removeprefix("torch.")]
+
+
+def _target_name(node: torch.fx.Node) -> str:
+    if node.op in ("placeholder", "output", "get_attr"):
+        return node.target
+    if node.op != "call_function":
+        raise Unrecordable(node.op)
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target._schema.name}.{target._overloadname}"
+    name = next((name for name, function in _FUNCTIONS.items() if function is target), None)
+    if name is None:
+        raise Unrecordable(str(target))
+    return name
+
+
+def _target(op: str, name: str) -> Any:
+    if op != "call_function":
+        return name
+    if name in _FUNCTIONS:
+        return _FUNCTIONS[name]
+    qualified, overload = name.rsplit(".", 1)
+    namespace, op_name = qualified.split("::")
+    return getattr(getattr(getattr(torch.ops, namespace), op_name), overload)
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, torch.fx.Node):
+        return {"node": value.name}
+    if isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, list):
+        return [_encode(item) for item in value]
+    if isinstance(value, tuple):
+        return {"tuple": [_encode(item) for item in value]}
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {"dict": {key: _encode(item) for key, item in value.items()}}
+    for kind in (torch.dtype, torch.layout, torch.memory_format):
+        if isinstance(value, kind):
+            return {kind.__name__: str(value).removeprefix("torch.")}
+    if isinstance(value, torch.device):
+        return {"device": str(value)}
+    raise Unrecordable(type(value).__name__)
+
+
+def _decode(value: Any, nodes: dict[str, torch.fx.Node]) -> Any:
+    if isinstance(value, list):
+        return [_decode(item, nodes) for item in value]
+    if not isinstance(value, dict):
+        return value
+    ((kind, inner),) = value.items()
+    if kind == "node":
+        return nodes[inner]
+    if kind == "tuple":
+        return tuple(_decode(item, nodes) for item in inner)
+    if kind == "dict":
+        return {key: _decode(item, nodes) for key, item in inner.items()}
+    if kind == "device":
+        return torch.device(inner)
+    return getattr(torch, inner)  # a dtype, layout or memory format
+
+
+def _spec_text(spec: pytree.TreeSpec | None) -> str | None:
+    return None if spec is None else pytree.treespec_dumps(spec)
+
+
+def _spec(text: str | None) -> pytree.TreeSpec | None:
+    return None if text is None else pytree.treespec_loads(text)
+
+
+def _tensor_blob(tensor: Any) -> str:
+    if not isinstance(tensor, torch.Tensor):
+        raise Unrecordable(type(tensor).__name__)
+    buffer = io.BytesIO()
+    torch.save(tensor.detach().clone(), buffer)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def _tensor(blob: str) -> torch.Tensor:
+    return torch.load(io.BytesIO(base64.b64decode(blob)), weights_only=True)
