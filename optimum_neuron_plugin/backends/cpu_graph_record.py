@@ -6,8 +6,9 @@ a fake tensor for every node's metadata and unlifts the program into a module, ~
 an artifact of 70 graphs). The module the backend runs needs none of that: its nodes (op, target, arguments), its
 few constant tensors, its input and output trees and the shapes of its inputs. The record holds exactly these, and
 is written only when the module rebuilt from it prints the same code as the program's own module
-(`torch.export.ExportedProgram.module()`): the same graph, node for node. A program without a record (another
-writer, an op the record cannot name) is loaded by torch.export as before.
+(`torch.export.ExportedProgram.module()`): the same graph, node for node (its inputs' values on the meta device, the
+other nodes without metadata). A program without a record (another writer, an op the record cannot name) is loaded
+by torch.export as before.
 """
 
 from __future__ import annotations
@@ -51,10 +52,14 @@ def rebuild(text: str) -> torch.fx.GraphModule | None:
         return None
     graph = torch.fx.Graph()
     nodes: dict[str, torch.fx.Node] = {}
+    inputs = iter(data["inputs"])
     for op, name, target, args, kwargs in data["nodes"]:
         node = graph.create_node(
             op, _target(op, target), _decode(args, nodes), _decode(kwargs, nodes), name=name, type_expr=None
         )
+        if op == "placeholder":  # its value's shape and dtype, as torch's module has them (on no device)
+            shape, dtype = next(inputs)
+            node.meta["val"] = torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
         nodes[name] = node
     info = data["pytree"]
     graph._codegen = _PyTreeCodeGen(
@@ -63,7 +68,6 @@ def rebuild(text: str) -> torch.fx.GraphModule | None:
     constants = {name: _tensor(blob) for name, blob in data["constants"].items()}
     module = torch.fx.GraphModule(constants, graph)
     module._in_spec, module._out_spec = pytree.treespec_loads(data["in_spec"]), _spec(data["out_spec"])
-    module.input_shapes = [(tuple(shape), getattr(torch, dtype)) for shape, dtype in data["inputs"]]
     module.validate_inputs = True
     module.register_forward_pre_hook(_check_inputs)
     return module
@@ -75,11 +79,12 @@ def _check_inputs(module: torch.fx.GraphModule, args: tuple) -> None:
     if not module.validate_inputs:
         return
     flat = torch.fx._pytree.tree_flatten_spec((list(args), {}), module._in_spec)
-    for index, (tensor, (shape, dtype)) in enumerate(zip(flat, module.input_shapes, strict=True)):
-        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+    expected = [node.meta["val"] for node in module.graph.find_nodes(op="placeholder")]
+    for index, (tensor, value) in enumerate(zip(flat, expected, strict=True)):
+        if tensor.shape != value.shape or tensor.dtype != value.dtype:
             raise ValueError(
                 f"input {index} of the graph is {tuple(tensor.shape)} {tensor.dtype}, it was exported for "
-                f"{shape} {dtype}"
+                f"{tuple(value.shape)} {value.dtype}"
             )
 
 

@@ -124,11 +124,9 @@ def _expert_products(program: torch.fx.GraphModule) -> tuple[int, int]:
     """(products on views of the stacked experts, gathers that copy experts' weights) in a CPU program."""
     calls = [n for n in program.graph.nodes if n.op == "call_function"]
     views = sum(n.target is cpu_experts._experts_matmul for n in calls)
-    copies = sum(
-        n.target == torch.ops.aten.index_select.default and n.args[0].meta["val"].dim() == 3
-        and "experts" in n.args[0].name
-        for n in calls
-    )  # fmt: skip
+    # A loaded program's nodes other than its inputs carry no metadata (cpu_graph_record.py): the expert weights are
+    # found by name.
+    copies = sum(n.target == torch.ops.aten.index_select.default and "experts" in n.args[0].name for n in calls)
     return views, copies
 
 

@@ -55,6 +55,11 @@ def test_a_saved_program_is_what_torch_saves(tmp_path, monkeypatch):
     own = torch.export.load(str(tmp_path / "torch" / "graph.pt2")).module()
     assert rebuilt.code == own.code and sum(1 for n in rebuilt.graph.nodes if n.op == "call_function") > 50
     assert [n.name for n in rebuilt.graph.nodes] == [n.name for n in own.graph.nodes]
+
+    def inputs(module):
+        return [(n.meta["val"].shape, n.meta["val"].dtype) for n in module.graph.find_nodes(op="placeholder")]
+
+    assert inputs(rebuilt) == inputs(own)
     text = ours[record_name].decode()
     assert rebuild(text.replace(f'"torch":"{torch.__version__}"', '"torch":"0.0"')) is None  # another torch's
 
