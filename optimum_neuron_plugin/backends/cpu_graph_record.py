@@ -39,9 +39,9 @@ def record(module: torch.fx.GraphModule) -> str | None:
     the module rebuilt from the record would differ."""
     try:
         text = json.dumps(_record(module), separators=(",", ":"))
-    except Unrecordable:
+        rebuilt = rebuild(text)
+    except Exception:  # noqa: BLE001 - whatever the record misses, the program is still saved and loads without one
         return None
-    rebuilt = rebuild(text)
     return text if rebuilt is not None and rebuilt.code == module.code else None
 
 
