@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.export.pt2_archive.constants import EXTRA_DIR
 
 from .cpu_graph_record import RECORD_FILE, rebuild, record
-
-_EXTRA_DIR = "extra/"  # where torch.export.save puts extra_files in the archive (pt2_archive constants)
 
 
 def save_program(program: torch.export.ExportedProgram, path: Path) -> None:
@@ -43,7 +42,7 @@ def _record_text(path: Path) -> str | None:
     then says why)."""
     try:
         with zipfile.ZipFile(path) as archive:
-            name = next((n for n in archive.namelist() if n.endswith(f"/{_EXTRA_DIR}{RECORD_FILE}")), None)
+            name = next((n for n in archive.namelist() if n.endswith(f"/{EXTRA_DIR}{RECORD_FILE}")), None)
             return archive.read(name).decode() if name else None
     except (OSError, zipfile.BadZipFile):
         return None
