@@ -36,6 +36,9 @@ DECODE_BATCH_SIZES=${DECODE_BATCH_SIZES:-$([ "$BATCH_SIZE" = 1 ] && echo 1 || ec
 # Cache lengths the decode-side graphs are compiled for (--context-buckets, e.g. "512,1024,1280,2048" to fit a
 # traffic whose contexts sit just above a doubling); "" = the exporter's default (doubling lengths).
 CONTEXT_BUCKETS=${CONTEXT_BUCKETS:-}
+# Cache lengths token_generation alone is compiled for (--decode-buckets, e.g. every 128 positions: one graph per
+# length and row count); "" = the context buckets.
+DECODE_BUCKETS=${DECODE_BUCKETS:-}
 TP=${TP:-1}
 # Export backend: cpu (reference backend, any host), neuron or auto.
 BACKEND=${BACKEND:-cpu}
@@ -76,7 +79,7 @@ ARTIFACTS=${ARTIFACTS:-$RESULTS_ROOT/artifacts}
 # Where serve.sh / drive.sh put PID files, logs and raw results; matrix.sh sets a timestamped one.
 RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/manual}
 
-export PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE PREFILL_TAIL_SIZE DECODE_BATCH_SIZES CONTEXT_BUCKETS TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
+export PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE PREFILL_TAIL_SIZE DECODE_BATCH_SIZES CONTEXT_BUCKETS DECODE_BUCKETS TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
   NUM_WARMUPS SEED TEMPERATURE THREADS CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 
@@ -130,6 +133,7 @@ config_artifact() {
   if [ "$chunk" != 0 ] && [ "$PREFILL_TAIL_SIZE" != 0 ]; then batched=$batched-t$PREFILL_TAIL_SIZE; fi
   batched=$batched-d${DECODE_BATCH_SIZES//,/_}
   if [ -n "$CONTEXT_BUCKETS" ]; then batched=$batched-l${CONTEXT_BUCKETS//,/_}; fi
+  if [ -n "$DECODE_BUCKETS" ]; then batched=$batched-g${DECODE_BUCKETS//,/_}; fi
   echo "$ARTIFACTS/$variant-$(model_tag)-b$BATCH_SIZE-s$SEQUENCE_LENGTH-c$chunk$batched-tp$TP-$BACKEND-$CPU_COMPILER"
 }
 

@@ -62,6 +62,7 @@ export_artifact() {
   [ "$chunk" = 0 ] || [ "$PREFILL_TAIL_SIZE" = 0 ] || args+=(--prefill-tail-size "$PREFILL_TAIL_SIZE")
   args+=(--decode-batch-sizes "$DECODE_BATCH_SIZES")
   [ -z "$CONTEXT_BUCKETS" ] || args+=(--context-buckets "$CONTEXT_BUCKETS")
+  [ -z "$DECODE_BUCKETS" ] || args+=(--decode-buckets "$DECODE_BUCKETS")
   log "$name: exporting into $out (optimum-cli export neuron ${args[*]})"
   mkdir -p "$(dirname "$out")"
   "$VENV_BIN/optimum-cli" export neuron "${args[@]}" "$out" >"$RUN_DIR/$name.export.log" 2>&1 ||

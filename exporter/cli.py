@@ -217,9 +217,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="L1,L2,...",
         type=_buckets,
         default=None,
-        help="cache lengths to compile token_generation, chunk_and_decode and context_encoding for, increasing, "
+        help="cache lengths to compile chunk_and_decode, verify, copy_prefix, context_encoding and (unless "
+        "--decode-buckets) token_generation for, increasing, "
         "ending with the sequence length; a call runs the graph of the smallest bucket holding its context. Default: "
         "doubling lengths from the chunk size up to the sequence length, at most 4",
+    )
+    optional.add_argument(
+        *_spellings("decode-buckets"),
+        dest="decode_buckets",
+        metavar="L1,L2,...",
+        type=_buckets,
+        default=None,
+        help="cache lengths to compile token_generation for, increasing, ending with the sequence length; a decode "
+        "step runs the graph of the smallest bucket holding its longest row and reads every row's cache up to it. "
+        "Decode graphs compile fastest: finer lengths than --context-buckets (e.g. every 128) cut what each step "
+        "reads. Default: the context buckets",
     )
     optional.add_argument(
         *_spellings("prefill-buckets"),
@@ -307,6 +319,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         target=args.instance_type,
         backend=backend,
         context_buckets=args.context_buckets,
+        decode_buckets=args.decode_buckets,
         prefill_buckets=args.prefill_buckets,
         cpu_compiler=args.cpu_compiler,
         prefill_batch_size=args.prefill_batch_size,

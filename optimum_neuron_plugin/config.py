@@ -32,7 +32,7 @@ MAX_DEFAULT_BUCKETS = 4
 # Default prefill buckets: 0 and multiples of the chunk size in half-octave steps, at most this many nonzero ones.
 MAX_DEFAULT_PREFILL_BUCKETS = 10
 # Fields an artifact may leave out of neuron_config.json (their default applies).
-OPTIONAL_FIELDS = ("speculative_tokens", "prompt_logprobs", "prefill_tail_size", "prefix_copy")
+OPTIONAL_FIELDS = ("speculative_tokens", "prompt_logprobs", "prefill_tail_size", "prefix_copy", "decode_buckets")
 
 
 class NeuronConfigError(ValueError):
@@ -54,6 +54,10 @@ class NeuronConfig:
     # Cache lengths the graphs are compiled for: a graph for bucket L reads cache positions [0, L) only.
     # None: default_context_buckets(). The last bucket is always sequence_length.
     context_buckets: tuple[int, ...] | None = None
+    # Cache lengths token_generation is compiled for; a decode call runs the smallest holding its longest row. A
+    # decode step reads every row's cache up to its bucket, and decode graphs are the cheapest to compile, so finer
+    # lengths than context_buckets cut what a step reads for one graph each. None: context_buckets.
+    decode_buckets: tuple[int, ...] | None = None
     # CPU backend only: "export" keeps each graph's torch.export program (replayed by TorchScript), "inductor"
     # compiles it to C++ with AOTInductor (minutes per graph for a real model).
     cpu_compiler: str = "export"
@@ -131,7 +135,8 @@ class NeuronConfig:
         if self.prefill_batch_size > self.batch_size:
             _fail("prefill_batch_size", self.prefill_batch_size, f"at most batch_size ({self.batch_size})")
         object.__setattr__(self, "max_logprobs", self._checked_max_logprobs())
-        object.__setattr__(self, "context_buckets", self._checked_buckets())
+        object.__setattr__(self, "context_buckets", self._checked_buckets("context_buckets", self.context_buckets))
+        object.__setattr__(self, "decode_buckets", self._checked_buckets("decode_buckets", self.decode_buckets))
         object.__setattr__(self, "decode_batch_sizes", self._checked_decode_batch_sizes())
         object.__setattr__(self, "prefill_buckets", self._checked_prefill_buckets())
 
@@ -184,15 +189,18 @@ class NeuronConfig:
             _fail("decode_batch_sizes", list(sizes), f"row counts ending with batch_size ({self.batch_size})")
         return sizes
 
-    def _checked_buckets(self) -> tuple[int, ...]:
-        if self.context_buckets is None:
+    def _checked_buckets(self, name: str, values: tuple[int, ...] | None) -> tuple[int, ...]:
+        """context_buckets (default: default_context_buckets()) or decode_buckets (default: context_buckets)."""
+        if values is None:
+            if name == "decode_buckets":
+                return self.context_buckets
             return default_context_buckets(self.sequence_length, self.prefill_chunk_size)
-        buckets = _int_tuple("context_buckets", self.context_buckets)
+        buckets = _int_tuple(name, values)
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
-            _fail("context_buckets", list(buckets), "strictly increasing positive lengths")
+            _fail(name, list(buckets), "strictly increasing positive lengths")
         if buckets[-1] != self.sequence_length:
             _fail(
-                "context_buckets",
+                name,
                 list(buckets),
                 f"lengths ending with sequence_length ({self.sequence_length}), the bucket that covers every position",
             )
@@ -201,6 +209,10 @@ class NeuronConfig:
     def bucket_for(self, last_position: int) -> int:
         """The smallest bucket holding cache positions [0, last_position]: a call's largest position."""
         return next(b for b in self.context_buckets if b > last_position)
+
+    def decode_bucket_for(self, last_position: int) -> int:
+        """The smallest decode bucket holding cache positions [0, last_position]: a decode call's largest position."""
+        return next(b for b in self.decode_buckets if b > last_position)
 
     def prefill_bucket_for(self, start: int) -> int:
         """The smallest prefill bucket holding the prior context [0, start) of a chunk starting at `start`."""
@@ -242,6 +254,7 @@ class NeuronConfig:
     def to_dict(self) -> dict:
         data = asdict(self)
         data["context_buckets"] = list(self.context_buckets)
+        data["decode_buckets"] = list(self.decode_buckets)
         data["decode_batch_sizes"] = list(self.decode_batch_sizes)
         data["prefill_buckets"] = list(self.prefill_buckets)
         return data
@@ -250,7 +263,7 @@ class NeuronConfig:
     def from_dict(cls, data: dict) -> NeuronConfig:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        for name in ("context_buckets", "decode_batch_sizes", "prefill_buckets"):
+        for name in ("context_buckets", "decode_buckets", "decode_batch_sizes", "prefill_buckets"):
             if isinstance(values.get(name), list):
                 values[name] = tuple(values[name])
         return cls(**values)

@@ -40,7 +40,9 @@ Each kind is compiled once per bucket L: that graph reads only cache positions [
 - chunked_prefill and prompt_logits, per prefill bucket (NeuronConfig.prefill_buckets, starting at 0): a chunk attends the prior
   context [0, start) in the bucket and its own block causally (models/attention.py, attend_chunk), so a chunk
   starting at s runs the smallest bucket >= s; the bucket-0 graph runs first chunks, which attend only themselves.
-- the others, per context bucket (NeuronConfig.context_buckets): decode rows and context_encoding attend cache
+- token_generation, per decode bucket (NeuronConfig.decode_buckets, by default the context buckets): its rows
+  attend cache positions [0, L) up to themselves, so a call runs the smallest bucket > its largest position.
+- the others, per context bucket (NeuronConfig.context_buckets): verify rows and context_encoding attend cache
   positions [0, L) up to themselves, so a call runs the smallest bucket > its largest position; chunk_and_decode's
   chunk attends its prior in the same bucket (start <= L) and its own block; a copy of n positions runs the
   smallest bucket >= n.
@@ -140,6 +142,9 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
                     logprobs=logprobs, logit_bias=bias,
                 )
             )  # fmt: skip
+    for bucket in nc.context_buckets:
+        if not nc.chunked:
+            specs.append(GraphSpec(CONTEXT_ENCODING, 1, nc.prefill_length, samples=False, bucket=bucket))
         if nc.chunked and nc.batch_size > 1:
             for chunk in (nc.prefill_length, nc.prefill_tail_size):
                 if chunk:
@@ -239,6 +244,8 @@ def call_bucket(nc: NeuronConfig, name: str, starts: Sequence[int], last_positio
         return nc.prefill_bucket_for(max(starts))
     if name == CHUNK_AND_DECODE:  # the chunk's prior needs a bucket >= its start, the decode rows one > their positions
         return nc.bucket_for(max(max(starts) - 1, *last_positions))
+    if name == TOKEN_GENERATION:
+        return nc.decode_bucket_for(max(last_positions))
     return nc.bucket_for(max(last_positions))
 
 

@@ -74,7 +74,7 @@ class VerifyCosts:
         return min(position, model.neuron_config.sequence_length - 1)
 
     def verify_over_decode(self, model: NeuronModelForCausalLM) -> dict[int, float]:
-        """Per row count: a verify call's time over a decode call's, in the first context bucket (for the log)."""
+        """Per row count: a verify call's time over a decode call's, in their smallest buckets (for the log)."""
         rows = [[NextRow(1, 0, 0.0)] * n for n in model.neuron_config.decode_batch_sizes]
         return {len(r): round(self.verify_seconds(model, r) / self.decode_seconds(model, r), 2) for r in rows}
 

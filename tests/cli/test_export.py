@@ -435,6 +435,12 @@ def test_decode_batch_sizes_the_batch_cannot_use(tiny_llama, tmp_path, sizes, ph
     assert_refused(result, output, *phrases)
 
 
+def test_decode_buckets_that_miss_the_sequence_length(tiny_llama, tmp_path):
+    output = tmp_path / "out"
+    result = run_export("--model", tiny_llama, *TINY_ARGS, "--decode-buckets", "16,32", output)
+    assert_refused(result, output, "decode_buckets=[16, 32]", "ending with sequence_length (64)")
+
+
 def test_decode_batch_sizes_that_are_not_numbers(tiny_llama, tmp_path):
     output = tmp_path / "out"
     result = run_export("--model", tiny_llama, *TINY_ARGS, "--decode-batch-sizes", "1,two", output)

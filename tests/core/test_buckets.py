@@ -15,10 +15,13 @@ from support.tiny_models import ARCHITECTURES, quick_first
 from optimum_neuron_plugin import NeuronConfig
 from optimum_neuron_plugin.config import NeuronConfigError, default_context_buckets, default_prefill_buckets
 
-from .helpers import CHUNKED, CallLog, chunked_shape, prompt, slot_positions
+from .helpers import CHUNKED, CHUNKED_LOGITS_LIGHT, CallLog, chunked_shape, prompt, slot_positions
 
 BUCKETS = (8, 16, 32, 64)
 PREFILL_BUCKETS = (0, 8, 16, 24, 32, 48, 64)
+# token_generation finer than the light export's context buckets (16, 64).
+DECODE_BUCKETS = (8, 12, 16, 24, 32, 40, 64)
+FINE_DECODE = dict(CHUNKED_LOGITS_LIGHT, decode_buckets=DECODE_BUCKETS)
 
 
 def test_default_buckets_double_from_the_chunk_to_the_sequence_length():
@@ -61,6 +64,48 @@ def test_bad_buckets_say_what_is_allowed(buckets, allowed):
     with pytest.raises(NeuronConfigError) as error:
         NeuronConfig(sequence_length=64, prefill_chunk_size=8, context_buckets=buckets)
     assert "context_buckets" in str(error.value) and allowed in str(error.value)
+
+
+def test_decode_buckets_default_to_the_context_buckets_and_say_what_is_allowed():
+    assert NeuronConfig(sequence_length=64, prefill_chunk_size=8).decode_buckets == BUCKETS
+    assert NeuronConfig(sequence_length=64, prefill_chunk_size=8, context_buckets=(16, 64)).decode_buckets == (16, 64)
+    fine = NeuronConfig(sequence_length=64, prefill_chunk_size=8, decode_buckets=(12, 40, 64))
+    assert fine.decode_buckets == (12, 40, 64) and fine.context_buckets == BUCKETS
+    for buckets, allowed in [((40, 12, 64), "strictly increasing"), ((12, 40), "ending with sequence_length (64)")]:
+        with pytest.raises(NeuronConfigError) as error:
+            NeuronConfig(sequence_length=64, prefill_chunk_size=8, decode_buckets=buckets)
+        assert f"decode_buckets={list(buckets)!r}" in str(error.value) and allowed in str(error.value)
+
+
+def test_decode_runs_the_smallest_decode_bucket_and_the_rest_the_context_buckets(zoo):
+    """token_generation is compiled per decode bucket only, the other graphs per context bucket; a decode
+    call runs the smallest decode bucket holding its longest row, a chunk_and_decode call a context bucket."""
+    artifact = zoo.artifact("llama", **FINE_DECODE)
+    model = artifact.model
+    buckets = lambda name: sorted({spec.bucket for spec in model.specs if spec.name == name})  # noqa: E731
+    assert buckets("token_generation") == list(DECODE_BUCKETS)
+    assert buckets("chunk_and_decode") == buckets("copy_prefix") == [16, 64]
+    for last, bucket in [(7, 8), (8, 12), (11, 12), (12, 16), (23, 24), (33, 40), (40, 64)]:
+        assert model.graph_for("token_generation", [0, last]).bucket == bucket
+    assert model.graph_for("chunk_and_decode", [20], rows=3, starts=[8]).bucket == 64
+
+
+def test_fine_decode_buckets_decode_what_hf_does_and_read_only_their_bucket(zoo):
+    """A short prompt decoded across every decode bucket gives HF's tokens; garbage in cache positions 12.. leaves a
+    decode at position 11 (decode bucket 12) unchanged bit for bit, where the context bucket would read to 16."""
+    artifact = zoo.artifact("llama", **FINE_DECODE)
+    model, short = artifact.model, prompt(5, seed=43)
+    with CallLog(model) as log:
+        assert greedy(model, short, 55) == hf_greedy(artifact.hf, short, 55)
+    assert {bucket for graph, bucket, _ in log.calls if graph == "token_generation"} == set(DECODE_BUCKETS)
+
+    tokens = prompt(11, seed=44)
+    model.prefill(2, tokens)
+    clean = model.decode([2], [3], [11]).logits
+    for cache in model.caches:
+        slot_positions(cache, 2, 64)[12:] = 1e4
+    model.prefill(2, tokens)
+    torch.testing.assert_close(model.decode([2], [3], [11]).logits, clean, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("last, bucket", [(0, 8), (7, 8), (8, 16), (15, 16), (16, 32), (31, 32), (32, 64), (63, 64)])

@@ -142,6 +142,14 @@ def test_a_file_without_prompt_logprobs_has_no_prompt_logits_graphs(tmp_path):
     assert NeuronConfig.load(tmp_path).prompt_logprobs is False
 
 
+def test_a_file_without_decode_buckets_decodes_in_its_context_buckets(tmp_path):
+    write_config(tmp_path, decode_buckets=None, context_buckets=[64, 128])
+    config = NeuronConfig.load(tmp_path)
+    assert config.decode_buckets == config.context_buckets == (64, 128)
+    write_config(tmp_path, decode_buckets=[32, 96, 128], context_buckets=[64, 128])
+    assert NeuronConfig.load(tmp_path).decode_buckets == (32, 96, 128)
+
+
 def test_bad_value_in_file_names_the_file(tmp_path):
     write_config(tmp_path, prefill_chunk_size=4096)
     with pytest.raises(NeuronConfigError) as error:
