@@ -16,6 +16,7 @@
 # vllm:prefix_cache_queries / _hits.
 # Knobs (environment, besides common.sh's): PREFILL_TAIL_SIZE (64), PREFIX_LEN (1000), QUESTION_LEN (50), FIRST_LEN (500), CONVERSATIONS
 # (8), TURNS (4), ROUNDS (1), CONFIG, PEER ("" = no peer), ALT ("" = none), WORKLOADS ("shared multi"),
+# ALT_ENV (""): knob assignments for alt alone, e.g. "DECODE_BUCKETS=" serves alt from the artifact without them,
 # BENCH_LOCK ("" = none): a lock file, e.g. /tmp/bench.lock on a shared host: the servers start (and the artifact
 # exports) at nice 19 without it, then the drives run under `flock BENCH_LOCK` with the servers at normal priority.
 set -euo pipefail
@@ -71,8 +72,20 @@ serve() {
     await_health "$1"
     return
   fi
-  RUN_DIR=$(variant_dir "$1") PORT=$(variant_port "$1") PREFIX_CACHING=$(variant_caching "$1") \
-    nice -n "$START_NICE" "$BENCH_DIR/serve.sh" "$(variant_config "$1")"
+  (
+    with_variant_env "$1"
+    RUN_DIR=$(variant_dir "$1") PORT=$(variant_port "$1") PREFIX_CACHING=$(variant_caching "$1") \
+      nice -n "$START_NICE" "$BENCH_DIR/serve.sh" "$(variant_config "$1")"
+  )
+}
+
+# alt's own knobs (ALT_ENV), in the calling (sub)shell.
+ALT_ENV=${ALT_ENV:-}
+with_variant_env() {
+  if [ "$1" = alt ] && [ -n "$ALT_ENV" ]; then
+    # shellcheck disable=SC2163,SC2086
+    export $ALT_ENV
+  fi
 }
 
 server_pid_file() { echo "$(variant_dir "$1")/$(variant_config "$1").pid"; }
@@ -160,7 +173,7 @@ if [ -n "$BENCH_LOCK" ]; then
 fi
 for round in $(seq "$ROUNDS"); do
   for workload in $WORKLOADS; do
-    for variant in $VARIANTS; do "drive_$workload" "$variant" "$round"; done
+    for variant in $VARIANTS; do (with_variant_env "$variant" && "drive_$workload" "$variant" "$round"); done
   done
 done
 # The counters the summary reads (the whole scrape is ~100 KB of histograms).
@@ -170,11 +183,12 @@ if [ -n "$BENCH_LOCK" ]; then flock -u "$lock_fd"; fi
 stop_all
 trap - EXIT
 
-"$PYTHON" - "$RUN_DIR" "$ROUNDS" "$CONFIG" "${PEER:-}" "$WORKLOADS" "${ALT:-}" <<'EOF'
+"$PYTHON" - "$RUN_DIR" "$ROUNDS" "$CONFIG" "${PEER:-}" "$WORKLOADS" "${ALT:-}" "$ALT_ENV" <<'EOF'
 import json, re, statistics, sys
 from pathlib import Path
 
 run, rounds, config, peer, workloads, alt = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5].split(), sys.argv[6]
+alt_env = sys.argv[7]
 variants = ["on", "off"] + (["alt"] * bool(alt)) + (["peer"] * bool(peer))
 meta = json.loads((run / "on" / f"{config}.meta.json").read_text())
 
@@ -222,10 +236,10 @@ def runner(variant: str) -> dict:
 
 summary = {
     "servers": {"on": f"{config}, prefix caching on", "off": f"{config}, --no-enable-prefix-caching",
-                **({"alt": f"{alt}, prefix caching on"} if alt else {}),
+                **({"alt": f"{alt}{' ' + alt_env if alt_env else ''}, prefix caching on"} if alt else {}),
                 **({"peer": f"{peer}, prefix caching on"} if peer else {})},
     "artifact": {k: meta.get(k, 0) for k in ("batch_size", "sequence_length", "chunk_size", "prefill_batch_size", "prefill_tail_size",
-                                      "prefill_mode")},
+                                      "prefill_mode", "context_buckets", "decode_buckets")},
     "rounds": rows,
     "ratios": {k: [round(v, 3) for v in vs] for k, vs in ratios.items()},
     "ratios_median": {k: round(statistics.median(vs), 3) for k, vs in ratios.items()},

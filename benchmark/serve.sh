@@ -81,7 +81,8 @@ json.dump({"name": "$name", "kind": "$kind", "served_dir": "$dir", "chunk_size":
            "batch_size": $BATCH_SIZE, "sequence_length": $SEQUENCE_LENGTH, "tp": $TP,
            "prefill_batch_size": $([ "$chunk" = 0 ] && echo 1 || echo "$PREFILL_BATCH_SIZE"),
            "prefill_tail_size": $([ "$chunk" = 0 ] && echo 0 || echo "$PREFILL_TAIL_SIZE"),
-           "decode_batch_sizes": "$DECODE_BATCH_SIZES",
+           "decode_batch_sizes": "$DECODE_BATCH_SIZES", "context_buckets": "$CONTEXT_BUCKETS",
+           "decode_buckets": "$DECODE_BUCKETS",
            "port": $PORT, "start_seconds": $seconds}, open(sys.argv[1], "w"), indent=1)
 EOF
 }
