@@ -131,9 +131,7 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
             specs.append(GraphSpec(PROMPT_LOGITS, 1, nc.prefill_length, samples=False, bucket=bucket))
         if nc.prefill_tail_size:
             specs.append(GraphSpec(CHUNKED_PREFILL, 1, nc.prefill_tail_size, samples=False, bucket=bucket, tail=True))
-    for bucket in nc.context_buckets:
-        if not nc.chunked:
-            specs.append(GraphSpec(CONTEXT_ENCODING, 1, nc.prefill_length, samples=False, bucket=bucket))
+    for bucket in nc.decode_buckets:
         for rows in nc.decode_batch_sizes:
             narrow = rows < nc.batch_size
             specs.append(
