@@ -144,7 +144,9 @@ drive_multi() {
     >"$RUN_DIR/${result%.json}.log" 2>&1 || log "multi_turn.py failed (log: $RUN_DIR/${result%.json}.log)"
 }
 
-# The servers start side by side (vLLM's CPU backend compiles for minutes); off and alt serve on's artifact.
+# The servers start side by side (vLLM's CPU backend compiles for minutes); off and alt serve on's artifact. The
+# peer's Hugging Face directory is converted first, once, not by two servers at the same time.
+[ -z "$PEER" ] || ensure_hf_model >/dev/null
 pids=()
 if [ -n "$PEER" ]; then
   serve peer &
