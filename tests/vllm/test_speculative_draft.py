@@ -199,7 +199,7 @@ def swapped_tokens(source, target):
     return target
 
 
-SHORT = dict(sequence_length=64, context_buckets=[64], prefill_buckets=[0, 16, 32, 64])
+SHORT = dict(sequence_length=64, context_buckets=[64], decode_buckets=[64], prefill_buckets=[0, 16, 32, 64])
 REFUSED = {
     # vLLM's own check, before the plugin's: the draft's config.json is read when the configuration is built
     "missing": (lambda root, draft, hf: root / "nowhere", "Invalid repository ID or local directory specified"),
