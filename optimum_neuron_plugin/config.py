@@ -51,12 +51,13 @@ class NeuronConfig:
     max_topk: int = 256
     target: str | None = None
     backend: str = "cpu"
-    # Cache lengths the graphs are compiled for: a graph for bucket L reads cache positions [0, L) only.
-    # None: default_context_buckets(). The last bucket is always sequence_length.
+    # Cache lengths the graphs but prompt chunks (prefill_buckets) and, when decode_buckets is set, token_generation
+    # are compiled for: a graph for bucket L reads cache positions [0, L) only. None: default_context_buckets().
+    # The last bucket is always sequence_length.
     context_buckets: tuple[int, ...] | None = None
     # Cache lengths token_generation is compiled for; a decode call runs the smallest holding its longest row. A
-    # decode step reads every row's cache up to its bucket, and decode graphs are the cheapest to compile, so finer
-    # lengths than context_buckets cut what a step reads for one graph each. None: context_buckets.
+    # decode step reads every row's cache up to its bucket, and decode graphs are among the smallest to compile, so
+    # finer lengths than context_buckets cut what a step reads for one graph each. None: context_buckets.
     decode_buckets: tuple[int, ...] | None = None
     # CPU backend only: "export" keeps each graph's torch.export program (replayed by TorchScript), "inductor"
     # compiles it to C++ with AOTInductor (minutes per graph for a real model).
@@ -135,8 +136,9 @@ class NeuronConfig:
         if self.prefill_batch_size > self.batch_size:
             _fail("prefill_batch_size", self.prefill_batch_size, f"at most batch_size ({self.batch_size})")
         object.__setattr__(self, "max_logprobs", self._checked_max_logprobs())
-        object.__setattr__(self, "context_buckets", self._checked_buckets("context_buckets", self.context_buckets))
-        object.__setattr__(self, "decode_buckets", self._checked_buckets("decode_buckets", self.decode_buckets))
+        default = default_context_buckets(self.sequence_length, self.prefill_chunk_size)
+        object.__setattr__(self, "context_buckets", self._checked_buckets("context_buckets", default))
+        object.__setattr__(self, "decode_buckets", self._checked_buckets("decode_buckets", self.context_buckets))
         object.__setattr__(self, "decode_batch_sizes", self._checked_decode_batch_sizes())
         object.__setattr__(self, "prefill_buckets", self._checked_prefill_buckets())
 
@@ -189,12 +191,11 @@ class NeuronConfig:
             _fail("decode_batch_sizes", list(sizes), f"row counts ending with batch_size ({self.batch_size})")
         return sizes
 
-    def _checked_buckets(self, name: str, values: tuple[int, ...] | None) -> tuple[int, ...]:
-        """context_buckets (default: default_context_buckets()) or decode_buckets (default: context_buckets)."""
+    def _checked_buckets(self, name: str, default: tuple[int, ...]) -> tuple[int, ...]:
+        """The field `name` (context_buckets or decode_buckets) checked, or `default` when it is None."""
+        values = getattr(self, name)
         if values is None:
-            if name == "decode_buckets":
-                return self.context_buckets
-            return default_context_buckets(self.sequence_length, self.prefill_chunk_size)
+            return default
         buckets = _int_tuple(name, values)
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] < 1:
             _fail(name, list(buckets), "strictly increasing positive lengths")
