@@ -157,12 +157,15 @@ class NeuronModelForCausalLM:
         at `last_positions` (graphs.call_bucket)."""
         return self.graph_set.graph_for(name, last_positions, rows, starts)
 
-    def warm_up(self) -> None:
+    def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Runs every compiled graph once on slot 0 (rewritten by the next request that uses it).
 
         A graph that cannot run (e.g. a file from another export) raises ArtifactError naming its file.
+        `progress(done, total)` is called before the first graph and after each.
         """
-        for spec in self.specs:
+        progress = progress or (lambda done, total: None)
+        progress(0, len(self.specs))
+        for done, spec in enumerate(self.specs, 1):
             try:
                 self.graphs(spec, *example_inputs(spec))
             except Exception as error:  # noqa: BLE001 - shape, dtype or runtime errors all mean "re-export"
@@ -172,6 +175,7 @@ class NeuronModelForCausalLM:
                     f"{spec.name} fails on its first call ({spec.bucket_label}; {type(error).__name__}: "
                     f"{first_line}); the artifact is corrupt or mixes files of different exports: export the model again"
                 ) from error
+            progress(done, len(self.specs))
 
     # ---- host loops ------------------------------------------------------------------------------
 

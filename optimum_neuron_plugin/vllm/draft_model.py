@@ -33,7 +33,7 @@ from ..config import NeuronConfig
 from ..errors import ArtifactError
 from ..runtime import NeuronModelForCausalLM
 from ..sampling import GREEDY
-from .log import get_logger
+from .log import WarmUpLog, get_logger
 
 logger = get_logger(__name__)
 
@@ -119,7 +119,7 @@ class DraftModelDrafts:
         self.records: dict[int, list[int]] = {}  # slot -> the tokens its draft cache holds, position by position
 
     def warm_up(self) -> None:
-        self.model.warm_up()
+        self.model.warm_up(WarmUpLog(logger, "the draft model"))
         self.records.clear()  # the warm-up wrote slot 0
 
     def copy_prefix(self, source: int, destination: int, length: int) -> None:

@@ -41,7 +41,7 @@ from .draft_gate import DraftGate, min_acceptance
 from .grammar import StepGrammar
 from .health import GraphHealth
 from .host_sampling import HostSampler, TokenLogprobs, device_token_logprobs, logprobs_lists, token_logprobs
-from .log import get_logger
+from .log import WarmUpLog, get_logger
 from .prefix_cache import PrefixCopy
 from .prompt_logprobs import record_prompt_logprobs, wants_prompt_logprobs
 from .requests import RequestState, SeedSource
@@ -453,7 +453,7 @@ class NeuronModelRunner:
     def warm_up(self) -> float:
         """Every compiled graph once (runtime.warm_up): a graph that cannot run stops the startup, naming its file."""
         began = time.perf_counter()
-        self.model.warm_up()
+        self.model.warm_up(WarmUpLog(logger, "the model"))
         if self.drafter is not None:
             self.drafter.warm_up()
             if self.min_acceptance > 0:
