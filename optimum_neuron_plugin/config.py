@@ -51,8 +51,9 @@ class NeuronConfig:
     max_topk: int = 256
     target: str | None = None
     backend: str = "cpu"
-    # Cache lengths the graphs but prompt chunks (prefill_buckets) and, when decode_buckets is set, token_generation
-    # are compiled for: a graph for bucket L reads cache positions [0, L) only. None: default_context_buckets().
+    # Cache lengths every graph is compiled for except the prompt chunks' (chunked_prefill, prompt_logits: per
+    # prefill_buckets) and, when decode_buckets is set, token_generation: a graph for bucket L reads cache positions
+    # [0, L) only. None: default_context_buckets().
     # The last bucket is always sequence_length.
     context_buckets: tuple[int, ...] | None = None
     # Cache lengths token_generation is compiled for; a decode call runs the smallest holding its longest row. A
