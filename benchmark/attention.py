@@ -86,9 +86,9 @@ def decoder_forms(prompt: int, chunk: int, context, prefill) -> dict[str, list]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from prefill import default_model
 
+    from optimum_neuron_plugin.models.decoder import decoder_logits
     from optimum_neuron_plugin.models.kv_cache import empty_cache
     from optimum_neuron_plugin.models.layers import rope_inv_freq
-    from optimum_neuron_plugin.models.llama import decoder_logits
     from optimum_neuron_plugin.sources import load_source
 
     source = load_source(default_model())

@@ -60,8 +60,8 @@ from .config import NeuronConfig
 from .models import kv_cache
 from .models.args import ModelArgs
 from .models.collectives import SINGLE, Collectives
+from .models.decoder import groups_logits
 from .models.layers import rope_inv_freq
-from .models.llama import groups_logits
 from .models.sampling import bitmask_words, mask_disallowed, sample, sample_with_logprobs
 from .models.sharding import VOCAB_OFFSET
 

@@ -21,8 +21,8 @@ from ..graphs import DecoderGraph, graph_specs
 from ..models import sharding
 from ..models.args import ModelArgs
 from ..models.collectives import Collectives, export_world
+from ..models.decoder import weight_names
 from ..models.kv_cache import empty_cache
-from ..models.llama import weight_names
 from .ranks import tp_group
 
 Model = TypeVar("Model")  # NeuronModelForCausalLM, built by the caller's class

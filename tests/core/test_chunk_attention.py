@@ -15,9 +15,9 @@ from support.tiny_models import ARCHITECTURES
 
 from optimum_neuron_plugin.models.args import ModelArgs
 from optimum_neuron_plugin.models.checkpoint import decoder_weights
+from optimum_neuron_plugin.models.decoder import decoder_logits, weight_names
 from optimum_neuron_plugin.models.kv_cache import empty_cache
 from optimum_neuron_plugin.models.layers import rope_inv_freq
-from optimum_neuron_plugin.models.llama import decoder_logits, weight_names
 from optimum_neuron_plugin.models.masks import chunk_mask
 
 from .helpers import prompt

@@ -58,8 +58,8 @@ def test_smollm2_2k_prompt_in_chunks_of_512_gives_hf_eager_logits():
 
     from optimum_neuron_plugin.config import default_prefill_buckets
     from optimum_neuron_plugin.models.args import ModelArgs
+    from optimum_neuron_plugin.models.decoder import decoder_logits, weight_names
     from optimum_neuron_plugin.models.kv_cache import empty_cache
-    from optimum_neuron_plugin.models.llama import decoder_logits, weight_names
     from optimum_neuron_plugin.sources import gguf_read_once
 
     gguf = smollm2_gguf()

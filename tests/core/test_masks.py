@@ -96,9 +96,9 @@ def test_masked_keys_weigh_exactly_zero(attend, dtype, t):
 def test_bf16_decoder_with_padding_and_prior_context_is_finite(zoo):
     """The whole decoder in bf16 (eager): a padded chunk after cached context stays finite and close to fp32."""
     from optimum_neuron_plugin.models.args import ModelArgs
+    from optimum_neuron_plugin.models.decoder import decoder_logits, weight_names
     from optimum_neuron_plugin.models.kv_cache import empty_cache
     from optimum_neuron_plugin.models.layers import rope_inv_freq
-    from optimum_neuron_plugin.models.llama import decoder_logits, weight_names
 
     from .helpers import prompt
 

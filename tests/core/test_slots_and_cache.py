@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from support.references import hf_greedy, hf_last_logits
 
+from optimum_neuron_plugin.models.decoder import decoder_logits
 from optimum_neuron_plugin.models.layers import rope_inv_freq
-from optimum_neuron_plugin.models.llama import decoder_logits
 
 from .helpers import SEQUENCE_LENGTH, prompt, slot_positions
 
