@@ -1,7 +1,9 @@
 """Per-request state kept by the runner (the scheduler assigns each request its cache slot: prefix_cache.py).
 
 vLLM's scheduler does not send sampled tokens back to the worker, so the runner keeps each
-request's tokens itself: prompt + every token it sampled.
+request's tokens itself: prompt + every token it sampled. The runner appends sampled tokens to
+`output_token_ids` (vLLM's logits processors hold that list); `all_token_ids` is one list that follows it,
+extended by the tokens appended since its last read: a step costs O(its new tokens), not O(the context).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class RequestState:
     prompt_logprobs: LogprobsTensors | None = None  # prompt_logprobs.py: filled slice by slice
     prompt_logprobs_sent: bool = False
     draft_gate: DraftGate | None = None  # speculative decoding: set by the runner on the first proposal
+    _token_ids: list[int] = field(default_factory=list, repr=False)  # all_token_ids as of its last read
 
     @classmethod
     def create(
@@ -59,11 +62,27 @@ class RequestState:
 
     @property
     def all_token_ids(self) -> list[int]:
-        return self.prompt_token_ids + self.output_token_ids
+        """Prompt then output tokens: the same list on every read, extended in place (read it, do not modify it)."""
+        held = len(self._token_ids) - len(self.prompt_token_ids)
+        new = len(self.output_token_ids) - held
+        if held < 0 or new < 0:  # first read, or the output was replaced by a shorter one
+            self._token_ids = self.prompt_token_ids + self.output_token_ids
+        elif new:
+            self._token_ids.extend(self.output_token_ids[held:])
+        return self._token_ids
 
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    def token_at(self, position: int) -> int:
+        """The token at `position` (0 <= position < num_tokens) of prompt then output."""
+        prompt = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < prompt else self.output_token_ids[position - prompt]
 
     @property
     def wants_logprobs(self) -> bool:
@@ -90,6 +109,7 @@ class RequestState:
     def resync(self, all_token_ids: list[int]) -> None:
         """Adopt the scheduler's token list (sent when a preempted request resumes)."""
         self.output_token_ids = list(all_token_ids[len(self.prompt_token_ids) :])
+        self._token_ids = []
 
 
 def to_runtime_sampling(params: VllmSamplingParams) -> SamplingParams:
