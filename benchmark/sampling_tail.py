@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from optimum_neuron_plugin.graph_inputs import SamplingInputs
 from optimum_neuron_plugin.graphs import TOKEN_GENERATION, GraphSpec, example_inputs, sample_rows
 from optimum_neuron_plugin.models.sampling import bitmask_words
 
@@ -38,7 +39,9 @@ class Tail(torch.nn.Module):
         self.spec = spec
 
     def forward(self, logits, *sampling):
-        return sample_rows(self.spec, logits, sampling, MAX_TOPK, vocab_size=VOCAB)
+        return sample_rows(
+            self.spec, logits, SamplingInputs.unflat(self.spec, iter(sampling)), MAX_TOPK, vocab_size=VOCAB
+        )
 
 
 def traced(rows: int, logprobs: int, bias: int) -> tuple[torch.jit.ScriptModule, tuple]:

@@ -208,22 +208,6 @@ class NeuronConfig:
             )
         return buckets
 
-    def bucket_for(self, last_position: int) -> int:
-        """The smallest bucket holding cache positions [0, last_position]: a call's largest position."""
-        return next(b for b in self.context_buckets if b > last_position)
-
-    def decode_bucket_for(self, last_position: int) -> int:
-        """The smallest decode bucket holding cache positions [0, last_position]: a decode call's largest position."""
-        return next(b for b in self.decode_buckets if b > last_position)
-
-    def prefill_bucket_for(self, start: int) -> int:
-        """The smallest prefill bucket holding the prior context [0, start) of a chunk starting at `start`."""
-        return next(b for b in self.prefill_buckets if b >= start)
-
-    def decode_rows_for(self, num_sequences: int) -> int:
-        """The rows of the token_generation graph that runs a decode call of num_sequences (<= batch_size)."""
-        return next(rows for rows in self.decode_batch_sizes if rows >= num_sequences)
-
     @property
     def chunked(self) -> bool:
         return self.prefill_chunk_size > 0
@@ -232,13 +216,6 @@ class NeuronConfig:
     def prefill_length(self) -> int:
         """Tokens per prefill graph call: the chunk size, or the whole sequence."""
         return self.prefill_chunk_size or self.sequence_length
-
-    def piece_width(self, remaining: int) -> int:
-        """Tokens of the compiled chunk that runs a prompt piece of `remaining` tokens from its offset: the tail
-        graph's when the rest of the prompt fits in it, else a whole chunk."""
-        if 0 < remaining <= self.prefill_tail_size:
-            return self.prefill_tail_size
-        return self.prefill_length
 
     @property
     def prefill_graph(self) -> str:

@@ -46,17 +46,27 @@ Each kind is compiled once per bucket L: that graph reads only cache positions [
   positions [0, L) up to themselves, so a call runs the smallest bucket > its largest position; chunk_and_decode's
   chunk attends its prior in the same bucket (start <= L) and its own block; a copy of n positions runs the
   smallest bucket >= n.
+The graph that runs a call (its rows and bucket) is picked in one place: runtime/graph_select.py. What each kind
+takes per call: graph_inputs.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from .config import NeuronConfig
+from .graph_inputs import (
+    ChunkAndDecodeInputs,
+    CopyInputs,
+    DecodeInputs,
+    GraphInputs,
+    RowsInputs,
+    SamplingInputs,
+    flat,
+)
 from .models import kv_cache
 from .models.args import ModelArgs
 from .models.collectives import SINGLE, Collectives
@@ -73,15 +83,13 @@ TOKEN_GENERATION = "token_generation"
 CHUNK_AND_DECODE = "chunk_and_decode"
 VERIFY = "verify"
 COPY_PREFIX = "copy_prefix"
-# dtype of the token id, position and seq id inputs of every graph (int64 is emulated on NeuronCores).
-INDEX_DTYPE = torch.int32
 
 
 @dataclass(frozen=True)
 class GraphSpec:
     name: str
     rows: int
-    tokens: int
+    tokens: int  # per row (0: copy_prefix, which takes slots, not tokens)
     samples: bool  # on-device sampling: returns token ids instead of logits
     bucket: int  # cache positions the graph reads: [0, bucket)
     chunk: int = 0  # chunk_and_decode: tokens of the prompt chunk computed with the rows x tokens batch
@@ -157,15 +165,12 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
                 tokens = nc.speculative_tokens + 1
                 specs.append(GraphSpec(VERIFY, rows, tokens, samples=False, bucket=bucket, narrow=rows < nc.batch_size))
         if nc.prefix_copy:
-            specs.append(GraphSpec(COPY_PREFIX, 1, bucket, samples=False, bucket=bucket))
+            specs.append(GraphSpec(COPY_PREFIX, 1, 0, samples=False, bucket=bucket))
     return specs
 
 
 class DecoderGraph(nn.Module):
-    """forward(params, caches, [chunk_ids, chunk_positions, chunk_seq_ids,] input_ids, position_ids, seq_ids
-    [, sampling_params, uniform[, token_bitmask][, bias_ids, bias_values]]): the chunk inputs only in
-    chunk_and_decode (spec.chunk > 0), the sampling inputs with on-device sampling (sampling_params [n, 4]: top_k,
-    top_p, temperature, min_p), the token bitmask when spec.bitmask_words, the logit_bias pairs when spec.logit_bias.
+    """forward(params, caches, *inputs): the flattened inputs of the graph's kind (graph_inputs.py; inputs_class).
     Returns logits, or with on-device sampling the token ids (spec.logprobs 0) or the (ids, logprobs, ranks) tensors,
     after chunk_and_decode's chunk logits.
 
@@ -178,10 +183,11 @@ class DecoderGraph(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=True)
         self.register_buffer("sliding_inv_freq", rope_inv_freq(args, sliding=True), persistent=True)
 
-    def forward(self, params, caches, *inputs):
-        if self.spec.name == COPY_PREFIX:
-            return self._copy_prefix(caches, *inputs)
-        groups = [inputs[0:3], inputs[3:6]] if self.spec.chunk else [inputs[0:3]]
+    def forward(self, params, caches, *tensors):
+        inputs = inputs_class(self.spec).unflat(self.spec, iter(tensors))
+        if isinstance(inputs, CopyInputs):
+            return self._copy_prefix(caches, inputs)
+        groups = [inputs.chunk, inputs.rows] if isinstance(inputs, ChunkAndDecodeInputs) else [inputs.rows]
         chunks = 1 if self.spec.chunk or self.spec.name in PREFILL_CHUNKS else 0
         every = self.spec.name in (VERIFY, PROMPT_LOGITS)
         logits = groups_logits(
@@ -193,18 +199,17 @@ class DecoderGraph(nn.Module):
         if not self.spec.samples:
             return self._whole(logits)
         prompt, batch = (logits[:1], logits[1:]) if self.spec.chunk else (None, logits)
-        sampling = inputs[3 * len(groups) :]
         offset, vocab = params.get(VOCAB_OFFSET), self.args.vocab_size
-        sampled = sample_rows(self.spec, batch, sampling, self.max_topk, self.cc, offset, vocab)
+        sampled = sample_rows(self.spec, batch, inputs.sampling, self.max_topk, self.cc, offset, vocab)
         if prompt is None:
             return sampled
         return (self._whole(prompt), *sampled) if self.spec.logprobs else (self._whole(prompt), sampled)
 
-    def _copy_prefix(self, caches, source: torch.Tensor, destination: torch.Tensor) -> torch.Tensor:
+    def _copy_prefix(self, caches, inputs: CopyInputs) -> torch.Tensor:
         """copy_prefix: every layer's K and V; returns the destination (a graph returns a tensor)."""
         for cache in caches:
-            kv_cache.copy_prefix(cache, source, destination, self.spec.bucket)
-        return destination.clone()
+            kv_cache.copy_prefix(cache, inputs.source, inputs.destination, self.spec.bucket)
+        return inputs.destination.clone()
 
     def _whole(self, logits: torch.Tensor) -> torch.Tensor:
         """Every rank returns the whole logits (host sampling, prefill)."""
@@ -214,66 +219,36 @@ class DecoderGraph(nn.Module):
 def sample_rows(
     spec: GraphSpec,
     logits: torch.Tensor,
-    sampling: Sequence[torch.Tensor],
+    sampling: SamplingInputs,
     max_topk: int,
     cc: Collectives = SINGLE,
     vocab_offset: torch.Tensor | None = None,
     vocab_size: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
-    """On-device sampling of the decode rows' logits [n, V_local]: sampling = (sampling_params, uniform[, token_bitmask]
-    [, bias_ids, bias_values]) as spec declares them -> token ids, or the (ids, logprobs, ranks) tensors. vocab_size:
-    the model's (tensor parallelism: the logits are a padded slice)."""
-    sampling_params, uniform, *extra = sampling
-    bitmask = extra[:1] if spec.bitmask_words else ()
-    bias = tuple(extra[len(bitmask) :]) or None  # applied to the sampler's candidates, after the mask
-    if bitmask:  # the logprobs see it too: a masked token's stays near the (finite) fill
-        logits = mask_disallowed(logits, bitmask[0], vocab_offset)
+    """On-device sampling of the decode rows' logits [n, V_local] -> token ids, or the (ids, logprobs, ranks) tensors
+    (spec.logprobs). vocab_size: the model's (tensor parallelism: the logits are a padded slice)."""
+    bias = sampling.logit_bias  # applied to the sampler's candidates, after the mask
+    if sampling.bitmask is not None:  # the logprobs see it too: a masked token's stays near the (finite) fill
+        logits = mask_disallowed(logits, sampling.bitmask, vocab_offset)
+    params, uniform = sampling.params, sampling.uniform
     if spec.logprobs:
         return sample_with_logprobs(
-            logits, sampling_params, uniform, max_topk, spec.logprobs, cc, vocab_offset, vocab_size, bias
+            logits, params, uniform, max_topk, spec.logprobs, cc, vocab_offset, vocab_size, bias
         )
-    return sample(logits, sampling_params, uniform, max_topk, cc, vocab_offset, vocab_size, bias=bias)
+    return sample(logits, params, uniform, max_topk, cc, vocab_offset, vocab_size, bias=bias)
 
 
-def call_bucket(nc: NeuronConfig, name: str, starts: Sequence[int], last_positions: Sequence[int]) -> int:
-    """The bucket of the graph `name` that runs a call whose rows start at `starts` and end at `last_positions`
-    (chunk_and_decode: the chunk's start, and the decode rows' positions)."""
-    if name in PREFILL_CHUNKS:
-        return nc.prefill_bucket_for(max(starts))
-    if name == CHUNK_AND_DECODE:  # the chunk's prior needs a bucket >= its start, the decode rows one > their positions
-        return nc.bucket_for(max(max(starts) - 1, *last_positions))
-    if name == TOKEN_GENERATION:
-        return nc.decode_bucket_for(max(last_positions))
-    return nc.bucket_for(max(last_positions))
+def inputs_class(spec: GraphSpec) -> type[GraphInputs]:
+    """The inputs dataclass of the graph's kind (graph_inputs.py)."""
+    if spec.name == COPY_PREFIX:
+        return CopyInputs
+    if spec.name == CHUNK_AND_DECODE:
+        return ChunkAndDecodeInputs
+    if spec.name == TOKEN_GENERATION:
+        return DecodeInputs
+    return RowsInputs
 
 
 def example_inputs(spec: GraphSpec) -> tuple[torch.Tensor, ...]:
-    """The small per-call inputs (everything but weights and caches), with the graph's shapes.
-
-    Token ids, positions and seq ids are int32 (INDEX_DTYPE): the graph widens them only where an op needs int64."""
-    if spec.name == COPY_PREFIX:  # source and destination slots: slot 0 onto itself
-        return torch.zeros(1, dtype=INDEX_DTYPE), torch.zeros(1, dtype=INDEX_DTYPE)
-    chunk = _rows_inputs(1, spec.chunk) if spec.chunk else ()
-    batch = _rows_inputs(spec.rows, spec.tokens)
-    if not spec.samples:
-        return *chunk, *batch
-    params = torch.tensor([[1.0, 1.0, 1.0, 0.0]]).repeat(spec.rows, 1)
-    bitmask = (all_allowed(spec.rows, spec.bitmask_words),) if spec.bitmask_words else ()
-    bias = no_logit_bias(spec.rows, spec.logit_bias) if spec.logit_bias else ()
-    return *chunk, *batch, params, torch.zeros(spec.rows, 1), *bitmask, *bias
-
-
-def all_allowed(rows: int, words: int) -> torch.Tensor:
-    """A packed token bitmask [rows, words] that allows every token (all bits set)."""
-    return torch.full((rows, words), -1, dtype=torch.int32)
-
-
-def no_logit_bias(rows: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """logit_bias inputs ([rows, slots] int32 ids, fp32 biases) that change nothing: token 0, bias 0."""
-    return torch.zeros(rows, slots, dtype=INDEX_DTYPE), torch.zeros(rows, slots)
-
-
-def _rows_inputs(rows: int, tokens: int) -> tuple[torch.Tensor, ...]:
-    ids = torch.zeros(rows, tokens, dtype=INDEX_DTYPE)
-    positions = torch.arange(tokens, dtype=INDEX_DTYPE).repeat(rows, 1)
-    return ids, positions, torch.zeros(rows, dtype=INDEX_DTYPE)
+    """The graph's per-call inputs with example values and the graph's shapes, flattened (what tracing passes)."""
+    return flat(inputs_class(spec).example(spec))

@@ -13,11 +13,13 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import InputError
-from ..graphs import INDEX_DTYPE, PROMPT_LOGITS
+from ..graph_inputs import RowsInputs, TokenRows
+from ..graphs import PROMPT_LOGITS
+from .graph_select import chunk_tokens
 from .graph_set import GraphSet
 
 Prompt = tuple[int, Sequence[int], int]  # (seq_id, token_ids, start)
-ChunkInputs = tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], list[int]]  # (ids, positions, seq_id), positions
+ChunkInputs = tuple[TokenRows, list[int]]  # the chunk's row, its positions
 
 
 def prefill_batch(gs: GraphSet, prompts: Sequence[Prompt]) -> list[torch.Tensor]:
@@ -33,7 +35,7 @@ def prefill_batch(gs: GraphSet, prompts: Sequence[Prompt]) -> list[torch.Tensor]
     logits: list[torch.Tensor | None] = [None] * len(checked)
     for offset in range(0, max(len(tokens) for _, tokens, _ in checked), size):
         rows = [i for i, (_, tokens, _) in enumerate(checked) if offset < len(tokens)]
-        tails = [i for i in rows if nc.piece_width(len(checked[i][1]) - offset) < size]
+        tails = [i for i in rows if chunk_tokens(nc, len(checked[i][1]) - offset) < size]
         for i in tails:  # a tail call costs about its tokens, less than a row of a batched chunk
             tail = nc.prefill_tail_size
             logits[i] = chunks_call(gs, [chunk_inputs(gs, *checked[i], offset, tail)], tail=True)[0].clone()
@@ -55,8 +57,10 @@ def prefill_positions(gs: GraphSet, seq_id: int, token_ids: Sequence[int], start
     rows = []
     for offset in range(0, len(tokens), gs.neuron_config.prefill_length):
         inputs, positions = chunk_inputs(gs, seq_id, tokens, start, offset)
-        spec = gs.graph_for(PROMPT_LOGITS, positions[-1:], starts=positions[:1])
-        rows.append(gs.graphs(spec, *inputs)[: len(positions)].clone())  # the runtime may reuse the output buffer
+        spec = gs.selector.select(PROMPT_LOGITS, 1, positions[:1], positions[-1:])
+        rows.append(
+            gs.run(spec, RowsInputs(inputs))[: len(positions)].clone()
+        )  # the runtime may reuse the output buffer
     return torch.cat(rows)
 
 
@@ -64,10 +68,9 @@ def chunks_call(gs: GraphSet, chunks: list[ChunkInputs], tail: bool = False) -> 
     """One prefill call for n chunks of distinct slots: the one-prompt graph for one, else the n-prompt graph
     (one per width: a padding row would cost as much as a real one); tail: one chunk on the tail graph."""
     starts, lasts = [p[0] for _, p in chunks], [p[-1] for _, p in chunks]
-    spec = gs.graph_for(gs.neuron_config.prefill_graph, lasts, rows=len(chunks), starts=starts, tail=tail)
-    if len(chunks) == 1:
-        return gs.graphs(spec, *chunks[0][0])
-    return gs.graphs(spec, *(torch.cat(column) for column in zip(*(inputs for inputs, _ in chunks), strict=True)))
+    spec = gs.selector.select(gs.neuron_config.prefill_graph, len(chunks), starts, lasts, tail)
+    rows = chunks[0][0] if len(chunks) == 1 else TokenRows.stacked([inputs for inputs, _ in chunks])
+    return gs.run(spec, RowsInputs(rows))
 
 
 def chunk_inputs(
@@ -79,9 +82,7 @@ def chunk_inputs(
     chunk = tokens[offset : offset + size]
     positions = list(range(start + offset, start + offset + len(chunk)))
     pad = size - len(chunk)
-    ids = torch.tensor([chunk + chunk[-1:] * pad], dtype=INDEX_DTYPE)
-    pos = torch.tensor([positions + positions[-1:] * pad], dtype=INDEX_DTYPE)
-    return (ids, pos, torch.tensor([seq_id], dtype=INDEX_DTYPE)), positions
+    return TokenRows.of([chunk + chunk[-1:] * pad], [positions + positions[-1:] * pad], [seq_id]), positions
 
 
 def checked_prompt(gs: GraphSet, seq_id: int, token_ids: Sequence[int], start: int) -> list[int]:

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
-from ..graphs import INDEX_DTYPE, TOKEN_GENERATION, all_allowed, no_logit_bias
+from ..graph_inputs import DecodeInputs, SamplingInputs, TokenRows, all_allowed, no_logit_bias
+from ..graphs import TOKEN_GENERATION
 from ..sampling import GREEDY, SamplingParams, draw_uniform, params_tensor, sample_on_host
+from .graph_select import graph_rows
 from .graph_set import GraphSet
 from .ranks import from_rank0
 
@@ -55,7 +57,7 @@ def decode(gs: GraphSet, batch: DecodeBatch, rows: int | None = None) -> DecodeR
     """One token_generation call on the graph of `rows` rows, by default the fewest (of decode_batch_sizes) that
     hold the batch."""
     nc = gs.neuron_config
-    fewest = nc.decode_rows_for(len(batch.seq_ids))
+    fewest = graph_rows(nc, TOKEN_GENERATION, len(batch.seq_ids))
     if rows is None:
         rows = fewest
     elif rows < fewest or rows not in nc.decode_batch_sizes:
@@ -63,24 +65,29 @@ def decode(gs: GraphSet, batch: DecodeBatch, rows: int | None = None) -> DecodeR
             f"decode of {len(batch.seq_ids)} sequences cannot run on {rows} rows: this export has token_generation "
             f"graphs of {', '.join(map(str, nc.decode_batch_sizes))} rows"
         )
-    inputs, sampling_inputs = batch_inputs(gs, batch, rows)
-    output = gs.graphs(gs.graph_for(TOKEN_GENERATION, batch.positions, rows), *inputs, *sampling_inputs)
-    return decoded(gs, output, batch)
+    spec = gs.selector.select(TOKEN_GENERATION, rows, (), batch.positions)
+    return decoded(gs, gs.run(spec, decode_inputs(gs, batch, rows)), batch)
 
 
-def batch_inputs(gs: GraphSet, batch: DecodeBatch, rows: int) -> tuple[tuple, tuple]:
-    """The decode batch's inputs padded to the graph's rows, and its sampling inputs (on-device sampling)."""
-    nc = gs.neuron_config
+def decode_inputs(gs: GraphSet, batch: DecodeBatch, rows: int) -> DecodeInputs:
+    """The decode batch's inputs padded to the graph's rows, with its sampling inputs (on-device sampling)."""
     pad = rows - len(batch.seq_ids)
-    padded = lambda values: torch.tensor([list(values) + [values[0]] * pad], dtype=INDEX_DTYPE)  # noqa: E731
-    inputs = (padded(batch.token_ids).T, padded(batch.positions).T, padded(batch.seq_ids)[0])
-    if not nc.on_device_sampling:
-        return inputs, ()
-    params = params_tensor(batch.sampling + [batch.sampling[0]] * pad, nc.max_topk)
+    padded = lambda values: list(values) + [values[0]] * pad  # noqa: E731
+    inputs = TokenRows.of(
+        [[t] for t in padded(batch.token_ids)], [[p] for p in padded(batch.positions)], padded(batch.seq_ids)
+    )
+    if not gs.neuron_config.on_device_sampling:
+        return DecodeInputs(inputs)
+    return DecodeInputs(inputs, sampling_inputs(gs, batch, rows))
+
+
+def sampling_inputs(gs: GraphSet, batch: DecodeBatch, rows: int) -> SamplingInputs:
+    pad = rows - len(batch.seq_ids)
+    params = params_tensor(batch.sampling + [batch.sampling[0]] * pad, gs.neuron_config.max_topk)
     uniform = from_rank0(gs.group, torch.cat((draw_uniform(batch.generators), torch.zeros(pad, 1))))
-    bitmask = (bitmask_input(gs, batch.bitmask, rows),) if gs.bitmask_words else ()
-    bias = logit_bias_inputs(batch.sampling, rows, gs.logit_bias_slots) if gs.logit_bias_slots else ()
-    return inputs, (params, uniform, *bitmask, *bias)
+    bitmask = bitmask_input(gs, batch.bitmask, rows) if gs.bitmask_words else None
+    bias = logit_bias_inputs(batch.sampling, rows, gs.logit_bias_slots) if gs.logit_bias_slots else (None, None)
+    return SamplingInputs(params, uniform, bitmask, *bias)
 
 
 def logit_bias_inputs(sampling: list[SamplingParams], rows: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:

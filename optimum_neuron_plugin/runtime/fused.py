@@ -10,9 +10,11 @@ from __future__ import annotations
 import torch
 
 from ..errors import InputError
+from ..graph_inputs import ChunkAndDecodeInputs
 from ..graphs import CHUNK_AND_DECODE
 from .chunk_loop import chunk_inputs, prefill_batch
-from .decode import DecodeBatch, DecodeResult, batch_inputs, decode, decoded
+from .decode import DecodeBatch, DecodeResult, decode, decode_inputs, decoded
+from .graph_select import chunk_tokens
 from .graph_set import GraphSet
 
 
@@ -23,7 +25,7 @@ def prefill_and_decode(
     the artifact has no chunk_and_decode graph)."""
     if seq_id in batch.seq_ids:
         raise InputError(f"slot {seq_id} cannot prefill and decode in the same call")
-    fused_at = riding_chunk(gs, len(tokens), start, max(batch.positions))
+    fused_at = gs.selector.riding_chunk(len(tokens), start, batch.positions)
     if fused_at is None:
         result = decode(gs, batch)
         return prefill(gs, seq_id, tokens, start), result
@@ -45,12 +47,12 @@ def fused(
     nc = gs.neuron_config
     if fused_at:
         prefill(gs, seq_id, tokens[:fused_at], start)
-    inputs, sampling_inputs = batch_inputs(gs, batch, nc.batch_size)
-    size = nc.piece_width(len(tokens) - fused_at)  # the tail graph when the rest of the prompt fits in it
+    size = chunk_tokens(nc, len(tokens) - fused_at)  # the tail graph when the rest of the prompt fits in it
     chunk, positions = chunk_inputs(gs, seq_id, tokens, start, fused_at, size)
     tail = size != nc.prefill_length
-    spec = gs.graph_for(CHUNK_AND_DECODE, batch.positions, nc.batch_size, starts=positions[:1], tail=tail)
-    output = gs.graphs(spec, *chunk, *inputs, *sampling_inputs)
+    spec = gs.selector.select(CHUNK_AND_DECODE, len(batch.seq_ids), positions[:1], batch.positions, tail)
+    decoding = decode_inputs(gs, batch, nc.batch_size)
+    output = gs.run(spec, ChunkAndDecodeInputs(chunk, decoding.rows, decoding.sampling))
     if nc.on_device_sampling:
         chunk_logits, *sampled = output
         tokens_out = tuple(sampled) if len(sampled) > 1 else sampled[0]
@@ -61,18 +63,6 @@ def fused(
     if after < len(tokens):
         return prefill(gs, seq_id, tokens[after:], start + after), result
     return chunk_logits[0].clone(), result
-
-
-def riding_chunk(gs: GraphSet, num_tokens: int, start: int, last_decode_position: int) -> int | None:
-    """Offset of the first chunk whose bucket holds last_decode_position, or None."""
-    nc = gs.neuron_config
-    if not gs.fuses_prefill_and_decode:
-        return None
-    needed = nc.bucket_for(last_decode_position)
-    for offset in range(0, num_tokens, nc.prefill_length):
-        if nc.bucket_for(start + min(offset + nc.prefill_length, num_tokens) - 1) >= needed:
-            return offset
-    return None
 
 
 def prefill(gs: GraphSet, seq_id: int, tokens: list[int], start: int) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -10,7 +10,9 @@ import torch.distributed as dist
 
 from ..config import NeuronConfig
 from ..errors import InputError
-from ..graphs import CHUNK_AND_DECODE, COPY_PREFIX, GraphSpec, call_bucket
+from ..graph_inputs import GraphInputs, flat
+from ..graphs import CHUNK_AND_DECODE, COPY_PREFIX, GraphSpec
+from .graph_select import GraphSelector
 
 GraphCall = Callable[..., torch.Tensor]  # graphs(spec, *inputs): runs the compiled graph of spec
 
@@ -42,20 +44,24 @@ class GraphSet:
     graphs: GraphCall
     group: dist.ProcessGroup | None = None
     vocab_size: int = 0  # the model's: logit_bias ids are checked against it
-    _by_shape: dict[tuple[str, int, int, bool], GraphSpec] = field(init=False, repr=False)
+    selector: GraphSelector = field(init=False, repr=False)  # selector.select(kind, rows, starts, lasts)
 
     def __post_init__(self) -> None:
-        self._by_shape = {(spec.name, spec.rows, spec.bucket, spec.tail): spec for spec in self.specs}
+        self.selector = GraphSelector(self.neuron_config, self.specs)
+
+    def run(self, spec: GraphSpec, inputs: GraphInputs) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """One call of the compiled graph of spec on its inputs (graph_inputs.py)."""
+        return self.graphs(spec, *flat(inputs))
 
     @property
     def fuses_prefill_and_decode(self) -> bool:
         """The artifact has chunk_and_decode graphs (chunked, batch_size > 1)."""
-        return any(spec.name == CHUNK_AND_DECODE for spec in self.specs)
+        return CHUNK_AND_DECODE in self.selector.kinds
 
     @property
     def copies_prefixes(self) -> bool:
         """The artifact has copy_prefix graphs (NeuronConfig.prefix_copy)."""
-        return any(spec.name == COPY_PREFIX for spec in self.specs)
+        return COPY_PREFIX in self.selector.kinds
 
     @property
     def bitmask_words(self) -> int:
@@ -66,13 +72,6 @@ class GraphSet:
     def logit_bias_slots(self) -> int:
         """(token id, bias) pairs per row of the decode graphs' logit_bias input (0: they take none)."""
         return max((spec.logit_bias for spec in self.specs), default=0)
-
-    def graph_for(
-        self, name: str, last_positions: Sequence[int], rows: int = 1, starts: Sequence[int] = (0,), tail: bool = False
-    ) -> GraphSpec:
-        """The graph `name` of `rows` rows and of the smallest bucket that runs rows starting at `starts` and ending
-        at `last_positions` (graphs.call_bucket); tail: its prefill_tail_size-token chunk graph."""
-        return self._by_shape[name, rows, call_bucket(self.neuron_config, name, starts, last_positions), tail]
 
     def check_seq_id(self, seq_id: int) -> None:
         if not 0 <= seq_id < self.neuron_config.batch_size:

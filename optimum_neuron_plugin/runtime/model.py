@@ -15,7 +15,8 @@ from .. import artifact, backends
 from ..backends import BackendFactory
 from ..config import NeuronConfig
 from ..errors import ArtifactError, InputError
-from ..graphs import COPY_PREFIX, INDEX_DTYPE, DecoderGraph, GraphSpec, example_inputs, graph_specs
+from ..graph_inputs import CopyInputs
+from ..graphs import COPY_PREFIX, DecoderGraph, GraphSpec, example_inputs, graph_specs
 from ..models import sharding
 from ..models.args import ModelArgs
 from ..models.collectives import Collectives
@@ -150,12 +151,11 @@ class NeuronModelForCausalLM:
         specs = [spec for spec in self.specs if name in (None, spec.name)]
         return self.backend.graph_files(self.graphs_dir, specs)
 
-    def graph_for(
-        self, name: str, last_positions: Sequence[int], rows: int = 1, starts: Sequence[int] = (0,)
+    def select(
+        self, kind: str, rows: int, starts: Sequence[int], lasts: Sequence[int], tail: bool = False
     ) -> GraphSpec:
-        """The graph `name` of `rows` rows and of the smallest bucket that runs rows starting at `starts` and ending
-        at `last_positions` (graphs.call_bucket)."""
-        return self.graph_set.graph_for(name, last_positions, rows, starts)
+        """The graph that runs a call of `kind` (graph_select.py)."""
+        return self.graph_set.selector.select(kind, rows, starts, lasts, tail)
 
     def warm_up(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Runs every compiled graph once on slot 0 (rewritten by the next request that uses it).
@@ -210,8 +210,8 @@ class NeuronModelForCausalLM:
             gs.check_seq_id(seq_id)
         if not 0 < length <= self.neuron_config.sequence_length:
             raise InputError(f"length {length} is out of range: 1..{self.neuron_config.sequence_length}")
-        spec = gs.graph_for(COPY_PREFIX, [length - 1])
-        self.graphs(spec, torch.tensor([source], dtype=INDEX_DTYPE), torch.tensor([destination], dtype=INDEX_DTYPE))
+        spec = gs.selector.select(COPY_PREFIX, 1, (), [length - 1])
+        gs.run(spec, CopyInputs.of(source, destination))
 
     def decode(
         self,

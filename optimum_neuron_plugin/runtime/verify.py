@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InputError
-from ..graphs import INDEX_DTYPE, VERIFY
+from ..graph_inputs import RowsInputs, TokenRows
+from ..graphs import VERIFY
 from .graph_set import GraphSet
 
 
@@ -37,15 +38,14 @@ def verify(gs: GraphSet, batch: VerifyBatch) -> torch.Tensor:
     """One verify call on the graph of the fewest rows holding the batch: logits [n, k + 1, vocab] fp32 (cloned);
     row i's columns from len(token_ids[i]) on repeat its last real column."""
     nc = gs.neuron_config
-    rows = nc.decode_rows_for(len(batch.seq_ids))
+    n = len(batch.seq_ids)
     width = nc.speculative_tokens + 1
     ids = [_padded(tokens, width) for tokens in batch.token_ids]
     positions = [_padded(list(range(s, s + len(t))), width) for s, t in zip(batch.starts, batch.token_ids, strict=True)]
-    pad = rows - len(ids)
-    as_input = lambda values: torch.tensor(values + values[:1] * pad, dtype=INDEX_DTYPE)  # noqa: E731
-    spec = gs.graph_for(VERIFY, batch.last_positions, rows)
-    logits = gs.graphs(spec, as_input(ids), as_input(positions), as_input(batch.seq_ids))
-    return logits[: len(ids)].clone()
+    spec = gs.selector.select(VERIFY, n, batch.starts, batch.last_positions)
+    pad = lambda values: values + values[:1] * (spec.rows - n)  # noqa: E731
+    logits = gs.run(spec, RowsInputs(TokenRows.of(pad(ids), pad(positions), pad(batch.seq_ids))))
+    return logits[:n].clone()
 
 
 def _padded(values: list[int], width: int) -> list[int]:

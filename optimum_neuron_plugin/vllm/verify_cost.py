@@ -59,15 +59,12 @@ class VerifyCosts:
     def decode_seconds(self, model: NeuronModelForCausalLM, rows: Sequence[NextRow]) -> float:
         if not rows:
             return 0.0
-        rows_n = model.neuron_config.decode_rows_for(len(rows))
-        return self.seconds[
-            model.graph_for(TOKEN_GENERATION, [self._last(model, r.num_tokens - 1) for r in rows], rows_n)
-        ]
+        last = [self._last(model, r.num_tokens - 1) for r in rows]
+        return self.seconds[model.select(TOKEN_GENERATION, len(rows), (), last)]
 
     def verify_seconds(self, model: NeuronModelForCausalLM, rows: Sequence[NextRow]) -> float:
-        rows_n = model.neuron_config.decode_rows_for(len(rows))
         last = [self._last(model, r.num_tokens - 1 + r.drafts) for r in rows]
-        return self.seconds[model.graph_for(VERIFY, last, rows_n)]
+        return self.seconds[model.select(VERIFY, len(rows), (), last)]
 
     @staticmethod
     def _last(model: NeuronModelForCausalLM, position: int) -> int:

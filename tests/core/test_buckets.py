@@ -86,8 +86,8 @@ def test_decode_runs_the_smallest_decode_bucket_and_the_rest_the_context_buckets
     assert buckets("token_generation") == list(DECODE_BUCKETS)
     assert buckets("chunk_and_decode") == buckets("copy_prefix") == [16, 64]
     for last, bucket in [(7, 8), (8, 12), (11, 12), (12, 16), (23, 24), (33, 40), (40, 64)]:
-        assert model.graph_for("token_generation", [0, last]).bucket == bucket
-    assert model.graph_for("chunk_and_decode", [20], rows=3, starts=[8]).bucket == 64
+        assert model.select("token_generation", 2, (), [0, last]).bucket == bucket
+    assert model.select("chunk_and_decode", 1, [8], [20]).bucket == 64
 
 
 def test_fine_decode_buckets_decode_what_hf_does_and_read_only_their_bucket(zoo):
@@ -113,9 +113,9 @@ def test_a_call_up_to_position_p_reads_the_smallest_bucket_holding_position_p(zo
     """A row whose last position is p writes it, then attends cache positions [0, p]: bucket L serves
     p = L - 1, not p = L."""
     model = zoo.artifact("llama", **CHUNKED).model
-    assert model.graph_for("token_generation", [last]).bucket == bucket
+    assert model.select("token_generation", 1, (), [last]).bucket == bucket
     # Every row must fit: the longest one decides.
-    assert model.graph_for("token_generation", [0, last, 3]).bucket == bucket
+    assert model.select("token_generation", 3, (), [0, last, 3]).bucket == bucket
 
 
 @pytest.mark.parametrize("start, bucket", [(0, 0), (1, 8), (8, 8), (9, 16), (24, 24), (25, 32), (33, 48), (56, 64)])
@@ -123,7 +123,7 @@ def test_a_chunk_starting_at_s_reads_the_smallest_prefill_bucket_holding_its_pri
     """A chunk at [s, s + C) attends cache positions [0, s) and its own block: bucket P serves s = P, the
     bucket-0 graph the first chunks (they attend only themselves)."""
     model = zoo.artifact("llama", **CHUNKED).model
-    assert model.graph_for("chunked_prefill", [start + 7], starts=[start]).bucket == bucket
+    assert model.select("chunked_prefill", 1, [start], [start + 7]).bucket == bucket
 
 
 def test_the_chunk_loop_and_decode_use_the_buckets_at_their_edges(zoo):

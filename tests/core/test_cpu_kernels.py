@@ -83,7 +83,7 @@ def test_replayed_programs_return_the_programs_logits_and_cache_bit_for_bit(llam
 def test_a_failing_replay_raises_the_programs_own_error(llama_logits):
     model = NeuronModelForCausalLM.from_pretrained(llama_logits.path)
     model.warm_up()
-    spec = model.graph_for(TOKEN_GENERATION, [5])
+    spec = model.select(TOKEN_GENERATION, 1, (), [5])
     assert spec in model.graphs.traces
     rows = model.neuron_config.batch_size
     beyond_vocab = torch.full((rows, 1), helpers.VOCAB + 3, dtype=torch.int32)

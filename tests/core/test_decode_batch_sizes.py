@@ -10,6 +10,8 @@ from support.references import hf_greedy, hf_last_logits
 from optimum_neuron_plugin import NeuronConfig
 from optimum_neuron_plugin.config import NeuronConfigError
 from optimum_neuron_plugin.errors import InputError
+from optimum_neuron_plugin.graphs import TOKEN_GENERATION
+from optimum_neuron_plugin.runtime.graph_select import graph_rows
 
 from . import helpers
 
@@ -20,7 +22,7 @@ def test_default_sizes_are_one_row_and_the_batch():
     assert NeuronConfig(batch_size=4).decode_batch_sizes == (1, 4)
     assert NeuronConfig(batch_size=1).decode_batch_sizes == (1,)
     config = NeuronConfig(batch_size=8, decode_batch_sizes=(2, 4, 8))
-    assert [config.decode_rows_for(n) for n in range(1, 9)] == [2, 2, 4, 4, 8, 8, 8, 8]
+    assert [graph_rows(config, TOKEN_GENERATION, n) for n in range(1, 9)] == [2, 2, 4, 4, 8, 8, 8, 8]
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ def test_a_32k_export_prefills_a_long_prompt_like_hf_and_its_top_bucket_runs(lon
     tokens = prompt(5000, seed=9)  # chunks start at 0, 2048, 4096: prior buckets 0, 2048, 4096
     torch.testing.assert_close(model.prefill(0, tokens), hf_last_logits(hf, tokens), atol=1e-3, rtol=0)
     top = model.prefill(0, prompt(700, seed=10), start=LENGTH - 800)  # prior bucket 32768
-    assert model.graph_for("chunked_prefill", [LENGTH - 101], starts=[LENGTH - 800]).bucket == LENGTH
+    assert model.select("chunked_prefill", 1, [LENGTH - 800], [LENGTH - 101]).bucket == LENGTH
     assert torch.isfinite(top).all()
 
 

@@ -13,7 +13,8 @@ from torch._dynamo.backends import registry
 
 from optimum_neuron_plugin.backends.neuron import NeuronBackend, NeuronGraphs
 from optimum_neuron_plugin.config import NeuronConfig
-from optimum_neuron_plugin.graphs import COPY_PREFIX, INDEX_DTYPE, PROMPT_LOGITS, VERIFY, example_inputs, graph_specs
+from optimum_neuron_plugin.graph_inputs import INDEX_DTYPE
+from optimum_neuron_plugin.graphs import COPY_PREFIX, PROMPT_LOGITS, VERIFY, example_inputs, graph_specs
 
 from .conftest import ARCHITECTURES, MOE_ARCHITECTURES
 

@@ -1,0 +1,171 @@
+"""What each graph kind takes per call (everything but the weights and the KV cache): one dataclass per kind, built
+with example values to trace a graph and with a call's values to run it, flattened to the graph's positional inputs
+by `flat` and read back inside the graph by `unflat` (graphs.py names which kind takes which).
+
+- RowsInputs           chunked_prefill, prompt_logits, context_encoding, verify: token rows
+- DecodeInputs         token_generation: token rows [+ sampling inputs with on-device sampling]
+- ChunkAndDecodeInputs chunk_and_decode: a prompt chunk, the decode rows [+ sampling inputs]
+- CopyInputs           copy_prefix: the source and destination slots
+
+Token ids, positions, seq ids and slots are int32 (INDEX_DTYPE): the graph widens them only where an op needs int64.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields, is_dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+if TYPE_CHECKING:
+    from .graphs import GraphSpec
+
+# dtype of the token id, position and seq id inputs of every graph (int64 is emulated on NeuronCores).
+INDEX_DTYPE = torch.int32
+
+
+class TokenRows(NamedTuple):
+    """n rows of T tokens: their ids [n, T], positions [n, T] and each row's cache slot [n] (models.decoder.Rows)."""
+
+    ids: torch.Tensor
+    positions: torch.Tensor
+    seq_ids: torch.Tensor
+
+    @classmethod
+    def example(cls, rows: int, tokens: int) -> TokenRows:
+        positions = torch.arange(tokens, dtype=INDEX_DTYPE).repeat(rows, 1)
+        return cls(torch.zeros(rows, tokens, dtype=INDEX_DTYPE), positions, torch.zeros(rows, dtype=INDEX_DTYPE))
+
+    @classmethod
+    def of(cls, ids: Sequence[Sequence[int]], positions: Sequence[Sequence[int]], seq_ids: Sequence[int]) -> TokenRows:
+        as_input = lambda values: torch.tensor(values, dtype=INDEX_DTYPE)  # noqa: E731
+        return cls(as_input(ids), as_input(positions), as_input(seq_ids))
+
+    @classmethod
+    def stacked(cls, groups: Sequence[TokenRows]) -> TokenRows:
+        """The rows of every group, in group order (a batched prefill's chunks)."""
+        return cls(*(torch.cat(column) for column in zip(*groups, strict=True)))
+
+
+@dataclass(frozen=True)
+class SamplingInputs:
+    """On-device sampling, per row: top_k, top_p, temperature and min_p [n, 4] fp32, a uniform draw [n, 1] fp32, the
+    packed allowed-token bitmask [n, words] int32 (spec.bitmask_words > 0) and spec.logit_bias (token id, bias)
+    pairs as ids [n, M] int32 and biases [n, M] fp32 (spec.logit_bias > 0)."""
+
+    params: torch.Tensor
+    uniform: torch.Tensor
+    bitmask: torch.Tensor | None = None
+    bias_ids: torch.Tensor | None = None
+    bias_values: torch.Tensor | None = None
+
+    @property
+    def logit_bias(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return None if self.bias_ids is None else (self.bias_ids, self.bias_values)
+
+    @classmethod
+    def example(cls, spec: GraphSpec) -> SamplingInputs:
+        params = torch.tensor([[1.0, 1.0, 1.0, 0.0]]).repeat(spec.rows, 1)
+        bitmask = all_allowed(spec.rows, spec.bitmask_words) if spec.bitmask_words else None
+        bias = no_logit_bias(spec.rows, spec.logit_bias) if spec.logit_bias else (None, None)
+        return cls(params, torch.zeros(spec.rows, 1), bitmask, *bias)
+
+    @classmethod
+    def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> SamplingInputs:
+        params, uniform = next(tensors), next(tensors)
+        bitmask = next(tensors) if spec.bitmask_words else None
+        bias = (next(tensors), next(tensors)) if spec.logit_bias else (None, None)
+        return cls(params, uniform, bitmask, *bias)
+
+
+@dataclass(frozen=True)
+class RowsInputs:
+    rows: TokenRows
+
+    @classmethod
+    def example(cls, spec: GraphSpec) -> RowsInputs:
+        return cls(TokenRows.example(spec.rows, spec.tokens))
+
+    @classmethod
+    def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> RowsInputs:
+        return cls(_rows(tensors))
+
+
+@dataclass(frozen=True)
+class DecodeInputs:
+    rows: TokenRows
+    sampling: SamplingInputs | None = None  # None: the graph returns logits (host sampling)
+
+    @classmethod
+    def example(cls, spec: GraphSpec) -> DecodeInputs:
+        return cls(TokenRows.example(spec.rows, spec.tokens), SamplingInputs.example(spec) if spec.samples else None)
+
+    @classmethod
+    def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> DecodeInputs:
+        rows = _rows(tensors)
+        return cls(rows, SamplingInputs.unflat(spec, tensors) if spec.samples else None)
+
+
+@dataclass(frozen=True)
+class ChunkAndDecodeInputs:
+    chunk: TokenRows  # one row of spec.chunk tokens
+    rows: TokenRows  # the decode rows
+    sampling: SamplingInputs | None = None
+
+    @classmethod
+    def example(cls, spec: GraphSpec) -> ChunkAndDecodeInputs:
+        decode = DecodeInputs.example(spec)
+        return cls(TokenRows.example(1, spec.chunk), decode.rows, decode.sampling)
+
+    @classmethod
+    def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> ChunkAndDecodeInputs:
+        chunk = _rows(tensors)
+        decode = DecodeInputs.unflat(spec, tensors)
+        return cls(chunk, decode.rows, decode.sampling)
+
+
+@dataclass(frozen=True)
+class CopyInputs:
+    source: torch.Tensor  # [1] int32: the slot copied from
+    destination: torch.Tensor  # [1] int32: the slot copied onto
+
+    @classmethod
+    def of(cls, source: int, destination: int) -> CopyInputs:
+        return cls(torch.tensor([source], dtype=INDEX_DTYPE), torch.tensor([destination], dtype=INDEX_DTYPE))
+
+    @classmethod
+    def example(cls, spec: GraphSpec) -> CopyInputs:
+        return cls.of(0, 0)  # slot 0 onto itself
+
+    @classmethod
+    def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> CopyInputs:
+        return cls(next(tensors), next(tensors))
+
+
+GraphInputs = RowsInputs | DecodeInputs | ChunkAndDecodeInputs | CopyInputs
+
+
+def flat(inputs: GraphInputs | SamplingInputs | TokenRows) -> tuple[torch.Tensor, ...]:
+    """The graph's positional inputs: the fields in declaration order, nested ones expanded, absent (None) ones left
+    out. The `unflat` classmethods read them back in the same order."""
+    values = inputs if isinstance(inputs, tuple) else [getattr(inputs, f.name) for f in fields(inputs)]
+    tensors: list[torch.Tensor] = []
+    for value in values:
+        if value is not None:
+            tensors.extend(flat(value) if isinstance(value, tuple) or is_dataclass(value) else (value,))
+    return tuple(tensors)
+
+
+def all_allowed(rows: int, words: int) -> torch.Tensor:
+    """A packed token bitmask [rows, words] that allows every token (all bits set)."""
+    return torch.full((rows, words), -1, dtype=torch.int32)
+
+
+def no_logit_bias(rows: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """logit_bias inputs ([rows, slots] int32 ids, fp32 biases) that change nothing: token 0, bias 0."""
+    return torch.zeros(rows, slots, dtype=INDEX_DTYPE), torch.zeros(rows, slots)
+
+
+def _rows(tensors: Iterator[torch.Tensor]) -> TokenRows:
+    return TokenRows(next(tensors), next(tensors), next(tensors))
