@@ -34,7 +34,7 @@ def measure(with_logprobs: Path, without: Path, args: argparse.Namespace) -> dic
         "without": NeuronModelForCausalLM.from_pretrained(without),
     }
     batch = args.batch_size
-    vocab = models["with"].config.vocab_size
+    vocab = models["with"].args.vocab_size
     tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(2 * args.chunk)]
     for model in models.values():
         for slot in range(batch):

@@ -149,7 +149,7 @@ def measure(directory: Path, hf, args: argparse.Namespace) -> dict:
 
     model = NeuronModelForCausalLM.from_pretrained(directory)
     batch = model.neuron_config.batch_size
-    vocab = model.config.vocab_size
+    vocab = model.args.vocab_size
     tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(max(args.chunk * args.chunks, args.context))]
     context = tokens[: args.context]
     for slot in range(batch):

@@ -38,7 +38,7 @@ def measure(with_bias: Path, without: Path, args: argparse.Namespace) -> dict:
         "without": NeuronModelForCausalLM.from_pretrained(without),
     }
     batch = args.batch_size
-    vocab = models["with"].config.vocab_size
+    vocab = models["with"].args.vocab_size
     slots = models["with"].neuron_config.max_logit_bias
     tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(2 * args.chunk)]
     for model in models.values():

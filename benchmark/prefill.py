@@ -56,7 +56,7 @@ def measure(directory: str, length: int, repeats: int) -> dict:
     from optimum_neuron_plugin import NeuronModelForCausalLM
 
     model = NeuronModelForCausalLM.from_pretrained(directory)
-    tokens = [(i * 7919) % (model.config.vocab_size - 10) + 5 for i in range(length)]
+    tokens = [(i * 7919) % (model.args.vocab_size - 10) + 5 for i in range(length)]
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times = []
     for _ in range(repeats):
@@ -126,7 +126,7 @@ def profile(target: str, length: int) -> dict:
         from optimum_neuron_plugin import NeuronModelForCausalLM
 
         model = NeuronModelForCausalLM.from_pretrained(target)
-        tokens = [(i * 7919) % (model.config.vocab_size - 10) + 5 for i in range(length)]
+        tokens = [(i * 7919) % (model.args.vocab_size - 10) + 5 for i in range(length)]
 
         def run() -> None:
             model.prefill(0, tokens)

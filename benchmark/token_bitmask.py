@@ -55,7 +55,7 @@ def measure(with_mask: Path, without: Path, args: argparse.Namespace) -> dict:
         "without": NeuronModelForCausalLM.from_pretrained(without),
     }
     batch = args.batch_size
-    vocab = models["with"].config.vocab_size
+    vocab = models["with"].args.vocab_size
     tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(2 * args.chunk)]
     context = tokens[: args.context]
     for model in models.values():

@@ -72,7 +72,7 @@ def describe(directory: str | Path) -> list[str]:
         shape = f"[{spec.rows} x {spec.tokens}]"
         output = "sampling on device" if spec.samples else "returns logits"
         if spec.name == COPY_PREFIX:
-            output = "copies a slot's rows"
+            shape, output = "[2 slots]", "copies a slot's rows"
         lines.append(f"  {spec.name:<18} {shape:<10} {spec.bucket_label:<20} {output}")
     # One file per graph on the cpu backend; a manifest per graph plus its NEFF cache files on the neuron backend.
     programs = get_backend(neuron_config).graph_files(directory, specs)

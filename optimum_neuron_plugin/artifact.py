@@ -56,7 +56,13 @@ def load_config(directory: Path) -> tuple[dict, ModelArgs]:
         raise ArtifactError(f"{path}: invalid ({error}); export the model again") from None
 
 
-def load_neuron_config(directory: Path) -> NeuronConfig:
+def load_neuron_config(directory: str | Path) -> NeuronConfig:
+    """The artifact's NeuronConfig; ArtifactError when `directory` is not an export or its file is not readable."""
+    if not (Path(directory) / NEURON_CONFIG_FILE).is_file():
+        raise ArtifactError(
+            f"{str(directory)!r} is not an exported model directory (no {NEURON_CONFIG_FILE}): export it first, "
+            f"e.g. `optimum-cli export neuron --model <hf model> <output dir>`, then load or serve <output dir>"
+        )
     try:
         return NeuronConfig.load(directory)
     except NeuronConfigError as error:

@@ -117,13 +117,13 @@ def _compile_rank(rank: int, job: RankJob, degree: int, messages) -> None:
         pin_cores(Rank(tp_rank=rank, tp_size=degree))
     backend.init_process_group(rank, degree, job.init_method, RANK_TIMEOUT)
     peers = Peers(rank, host_group(dist.group.WORLD))
-    plan = sharding.plan_for(args, degree)
-    shard = sharding.shard_params(torch.load(job.weights, mmap=True, weights_only=True), args, plan, rank)
+    layout = sharding.layout_for(args, degree)
+    shard = sharding.shard_params(torch.load(job.weights, mmap=True, weights_only=True), args, layout, rank)
     caches = empty_cache(
-        args.num_hidden_layers, nc.batch_size, nc.sequence_length, plan.kv_heads, args.head_dim, job.cache_dtype
+        args.num_hidden_layers, nc.batch_size, nc.sequence_length, layout.kv_heads, args.head_dim, job.cache_dtype
     )
     cc = Collectives(degree, dist.group.WORLD.group_name)
-    local = sharding.local_args(args, plan)
+    local = sharding.local_args(args, layout)
     graphs = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in graph_specs(nc, args.vocab_size)]
     progress = (lambda message: messages.put(("progress", rank, message))) if rank == 0 else (lambda message: None)
     backend.compile(graphs, shard, caches, job.directory, progress, peers)

@@ -1,4 +1,4 @@
-"""Tensor-parallel sharding plan of the Llama family: which slice of each weight rank r holds.
+"""Tensor-parallel sharding of every family (ShardLayout): which slice of each weight rank r holds.
 
 - q/k/v/gate/up are column-parallel (rank r computes its heads / its slice of the MLP), o/down row-parallel
   (each rank's partial sum, then an all-reduce in the graph).
@@ -34,7 +34,7 @@ class ShardingError(NeuronConfigError):
 
 
 @dataclass(frozen=True)
-class ShardPlan:
+class ShardLayout:
     degree: int
     heads: int  # query heads per rank
     kv_heads: int  # KV heads per rank
@@ -60,7 +60,7 @@ def check_degree(degree: int, heads: int, kv_heads: int, intermediate: int, expe
     return None
 
 
-def plan_for(args: ModelArgs, degree: int) -> ShardPlan:
+def layout_for(args: ModelArgs, degree: int) -> ShardLayout:
     why = check_degree(
         degree, args.num_attention_heads, args.num_key_value_heads, args.intermediate_size, args.moe_intermediate_size
     )
@@ -68,7 +68,7 @@ def plan_for(args: ModelArgs, degree: int) -> ShardPlan:
         raise ShardingError(f"tp_degree={degree} is not allowed: must be {why}")
     kv = args.num_key_value_heads
     replicas = degree // kv if degree > kv else 1
-    return ShardPlan(
+    return ShardLayout(
         degree=degree,
         heads=args.num_attention_heads // degree,
         kv_heads=max(kv // degree, 1),
@@ -80,36 +80,36 @@ def plan_for(args: ModelArgs, degree: int) -> ShardPlan:
     )
 
 
-def local_args(args: ModelArgs, plan: ShardPlan) -> ModelArgs:
+def local_args(args: ModelArgs, layout: ShardLayout) -> ModelArgs:
     """The architecture one rank's graph sees: its heads and MLP slice (hidden size and vocabulary unchanged)."""
     return replace(
         args,
-        num_attention_heads=plan.heads,
-        num_key_value_heads=plan.kv_heads,
-        intermediate_size=plan.intermediate,
-        moe_intermediate_size=plan.moe_intermediate,
+        num_attention_heads=layout.heads,
+        num_key_value_heads=layout.kv_heads,
+        intermediate_size=layout.intermediate,
+        moe_intermediate_size=layout.moe_intermediate,
     )
 
 
-def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, plan: ShardPlan, rank: int) -> dict:
+def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, layout: ShardLayout, rank: int) -> dict:
     """Rank `rank`'s slice of every weight (copies, so the full weights can be freed)."""
-    if plan.degree == 1:
+    if layout.degree == 1:
         return params
     d = args.head_dim
-    q_rows = slice(rank * plan.heads * d, (rank + 1) * plan.heads * d)
-    kv_start = plan.kv_head_start(rank) * d
-    kv_rows = slice(kv_start, kv_start + plan.kv_heads * d)
-    mlp_rows = slice(rank * plan.intermediate, (rank + 1) * plan.intermediate)
-    expert_rows = slice(rank * plan.moe_intermediate, (rank + 1) * plan.moe_intermediate)
+    q_rows = slice(rank * layout.heads * d, (rank + 1) * layout.heads * d)
+    kv_start = layout.kv_head_start(rank) * d
+    kv_rows = slice(kv_start, kv_start + layout.kv_heads * d)
+    mlp_rows = slice(rank * layout.intermediate, (rank + 1) * layout.intermediate)
+    expert_rows = slice(rank * layout.moe_intermediate, (rank + 1) * layout.moe_intermediate)
     shards = {}
     for name, tensor in params.items():
         kind = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else name
         if ".experts." in name:
             shard = _expert_shard(name.rsplit(".", 1)[-1], tensor, expert_rows)
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
-            shard = _vocab_rows(tensor, plan, rank)
+            shard = _vocab_rows(tensor, layout, rank)
         elif name.endswith("self_attn.sinks"):
-            shard = tensor[rank * plan.heads : (rank + 1) * plan.heads]
+            shard = tensor[rank * layout.heads : (rank + 1) * layout.heads]
         elif kind == "q_proj":
             shard = tensor[q_rows]
         elif kind in ("k_proj", "v_proj"):
@@ -123,7 +123,7 @@ def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, plan: ShardPl
         else:  # norms and the o bias: replicated
             shard = tensor
         shards[name] = shard.contiguous().clone()
-    shards[VOCAB_OFFSET] = torch.tensor([rank * plan.local_vocab], dtype=torch.int32)  # added to int32 token ids
+    shards[VOCAB_OFFSET] = torch.tensor([rank * layout.local_vocab], dtype=torch.int32)  # added to int32 token ids
     return shards
 
 
@@ -136,8 +136,8 @@ def _expert_shard(kind: str, tensor: torch.Tensor, rows: slice) -> torch.Tensor:
     return tensor
 
 
-def _vocab_rows(table: torch.Tensor, plan: ShardPlan, rank: int) -> torch.Tensor:
-    start = rank * plan.local_vocab
-    rows = table[start : start + plan.local_vocab]
-    pad = plan.local_vocab - rows.shape[0]
+def _vocab_rows(table: torch.Tensor, layout: ShardLayout, rank: int) -> torch.Tensor:
+    start = rank * layout.local_vocab
+    rows = table[start : start + layout.local_vocab]
+    pad = layout.local_vocab - rows.shape[0]
     return torch.cat((rows, rows.new_zeros(pad, rows.shape[1]))) if pad else rows

@@ -43,7 +43,7 @@ def export(
     with gguf_read_once():
         _, args = read_config(model)
         check_model(neuron_config, args)
-        plan = sharding.plan_for(args, neuron_config.tp_degree)
+        layout = sharding.layout_for(args, neuron_config.tp_degree)
         backend = make_backend(neuron_config)
         backend.check_can_compile()
         progress(f"loading weights of {model}")
@@ -54,7 +54,7 @@ def export(
     hf_config["architectures"] = [args.architecture]
     workdir = Path(tempfile.mkdtemp(prefix="onp-graphs-"))
     try:
-        compile_graphs(backend, args, plan, neuron_config, params, workdir, progress)
+        compile_graphs(backend, args, layout, neuron_config, params, workdir, progress)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -96,7 +96,7 @@ def load(
         raise ArtifactError(f"{directory / 'graphs'}: cannot load a compiled graph ({error}); export again") from None
 
 
-def compile_graphs(backend, args, plan, neuron_config, params, workdir, progress) -> None:
+def compile_graphs(backend, args, layout, neuron_config, params, workdir, progress) -> None:
     """Compiles every graph. Under TP on the CPU backend the graphs are traced once on rank 0's shard shapes (every
     rank's are the same) against a fake process group: one rank-independent program per graph and bucket. TorchNeuron
     compiles them for a live group instead: one process per NeuronCore, each on its shard (backends/neuron_ranks.py)."""
@@ -104,12 +104,12 @@ def compile_graphs(backend, args, plan, neuron_config, params, workdir, progress
     if nc.tp_degree > 1 and backend.compiles_on_live_ranks:
         compile_on_ranks(backend, args, params, artifact.torch_dtype(nc), workdir, progress)
         return
-    shard = sharding.shard_params(params, args, plan, 0)
+    shard = sharding.shard_params(params, args, layout, 0)
     caches = empty_cache(
-        args.num_hidden_layers, nc.batch_size, nc.sequence_length, plan.kv_heads, args.head_dim,
+        args.num_hidden_layers, nc.batch_size, nc.sequence_length, layout.kv_heads, args.head_dim,
         artifact.torch_dtype(nc),
     )  # fmt: skip
-    local = sharding.local_args(args, plan)
+    local = sharding.local_args(args, layout)
     if nc.tp_degree == 1:
         graphs = [DecoderGraph(local, spec, nc.max_topk) for spec in graph_specs(nc, args.vocab_size)]
         backend.compile(graphs, shard, caches, workdir, progress)

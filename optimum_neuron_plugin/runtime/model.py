@@ -55,26 +55,26 @@ class NeuronModelForCausalLM:
         make_backend: BackendFactory = backends.get_backend,
         load_graphs_on_first_call: bool = False,
     ) -> None:
-        self.config, self.neuron_config, self.hf_config = args, neuron_config, hf_config
+        self.args, self.neuron_config, self.hf_config = args, neuron_config, hf_config
         self.params, self.tokenizer, self.generation_config = params, tokenizer, generation_config
         self.specs = graph_specs(neuron_config, args.vocab_size)
         self.graphs_dir = Path(graphs_dir)
         nc = neuron_config
         self.backend = make_backend(nc)
-        self.plan = sharding.plan_for(args, nc.tp_degree)
+        self.shard_layout = sharding.layout_for(args, nc.tp_degree)
         self.group = group if group is not None else tp_group(nc.tp_degree)
         self.rank = 0 if self.group is None else dist.get_rank(self.group)
         self.caches: list[torch.Tensor] = []
         self.graph_set = GraphSet(nc, self.specs, NoRanks(nc.tp_degree), self.group, args.vocab_size)
         if nc.tp_degree > 1 and self.group is None:
             return
-        self.params = sharding.shard_params(params, args, self.plan, self.rank)
+        self.params = sharding.shard_params(params, args, self.shard_layout, self.rank)
         self.caches = empty_cache(
-            args.num_hidden_layers, nc.batch_size, nc.sequence_length, self.plan.kv_heads, args.head_dim,
+            args.num_hidden_layers, nc.batch_size, nc.sequence_length, self.shard_layout.kv_heads, args.head_dim,
             artifact.torch_dtype(nc),
         )  # fmt: skip
         cc = Collectives(nc.tp_degree, self.group.group_name if self.group is not None else None)
-        local = sharding.local_args(args, self.plan)
+        local = sharding.local_args(args, self.shard_layout)
         modules = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in self.specs]
         load = lambda: self.backend.load(modules, self.params, self.caches, self.graphs_dir)  # noqa: E731
         self.graphs = LoadedOnFirstCall(load) if load_graphs_on_first_call else load()
@@ -101,7 +101,7 @@ class NeuronModelForCausalLM:
     @property
     def sharded(self) -> bool:
         """This object holds one rank's shard (tp_degree > 1, loaded in a process group)."""
-        return self.plan.degree > 1 and self.group is not None
+        return self.shard_layout.degree > 1 and self.group is not None
 
     # ---- export / save / load (artifact_io.py) ----------------------------------------------------
 
@@ -273,7 +273,7 @@ class NeuronModelForCausalLM:
         eos id once a row stops."""
         return hf_generate.generate(
             self.graph_set,
-            self.config.eos_token_ids,
+            self.args.eos_token_ids,
             input_ids,
             attention_mask,
             max_new_tokens,

@@ -21,8 +21,9 @@ import vllm.envs as envs
 from vllm.config import CompilationMode, ModelConfig, VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 
+from ..artifact import load_neuron_config
 from ..backends.neuron import neuron_core_count
-from ..config import NEURON_CONFIG_FILE, NeuronConfig, NeuronConfigError
+from ..config import NEURON_CONFIG_FILE, NeuronConfig
 from ..placement import Rank, neuron_core
 from .limits import ServingLimits
 from .log import get_logger
@@ -53,19 +54,6 @@ HOST_ONLY_GENERATION_DEFAULTS = {
 
 class ConfigMismatchError(ValueError):
     """The vLLM configuration asks for more than the artifact was compiled for."""
-
-
-def load_neuron_config(model: str) -> NeuronConfig:
-    directory = Path(model)
-    if not (directory / NEURON_CONFIG_FILE).is_file():
-        raise ConfigMismatchError(
-            f"{model!r} is not an exported model directory (no {NEURON_CONFIG_FILE}): export it first, "
-            f"e.g. `optimum-cli export neuron --model <hf model> <output dir>`, then `vllm serve <output dir>`"
-        )
-    try:
-        return NeuronConfig.load(directory)
-    except NeuronConfigError as error:
-        raise ConfigMismatchError(str(error)) from None
 
 
 def fit_to_artifact(vllm_config: VllmConfig, user: UserArgs | None = None) -> ServingLimits:

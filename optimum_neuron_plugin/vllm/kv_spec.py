@@ -28,7 +28,7 @@ def layer_names(num_layers: int) -> list[str]:
 
 
 def kv_cache_spec(model: NeuronModelForCausalLM, block_size: int) -> dict[str, KVCacheSpec]:
-    args = model.config
+    args = model.args
     spec = FullAttentionSpec(
         block_size=block_size,
         num_kv_heads=args.num_key_value_heads,

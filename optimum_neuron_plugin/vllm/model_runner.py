@@ -334,7 +334,7 @@ class NeuronModelRunner:
             s.has_penalties() or (not on_device and (s.needs_logits_processing() or s.req_id in self.grammar))
             for s in states
         ]
-        words = bitmask_words(self.model.config.vocab_size)
+        words = bitmask_words(self.model.args.vocab_size)
         bitmask = constrained_bitmask(self.grammar.bitmask(req_ids, words), states, words) if on_device else None
         batch = (
             [s.slot for s in states],

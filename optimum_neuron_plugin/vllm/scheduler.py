@@ -29,7 +29,7 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
-from .engine_config import load_neuron_config
+from ..artifact import load_neuron_config
 from .interleave import Candidate, InterleavePolicy, plan_slices
 from .options import PrefillMode, prefill_chunk_budget, prefill_mode, prefix_caching
 from .prefix_cache import PrefixCache, PrefixCopy

@@ -100,7 +100,7 @@ class NeuronWorker(WorkerBase):
 
     def get_model_inspection(self) -> str:
         nc = self.model.neuron_config
-        return f"{self.model.config.architecture} (compiled: {nc})"
+        return f"{self.model.args.architecture} (compiled: {nc})"
 
     def get_supported_tasks(self) -> tuple[str, ...]:
         return ("generate",)

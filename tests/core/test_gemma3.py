@@ -39,7 +39,7 @@ def reference(hf, tokens: list[int]) -> torch.Tensor:
 
 
 def test_the_tiny_model_slides_and_keeps_its_features(gemma):
-    args = gemma.model.config
+    args = gemma.model.args
     assert [args.is_sliding(i) for i in range(2)] == [True, False] and args.sliding_window == 6
     assert args.sliding_rope_theta == 100.0 and args.rope_theta == 10000.0
     assert args.final_logit_softcapping == 5.0 and args.attention_scale == 24**-0.5

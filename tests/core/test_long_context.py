@@ -36,8 +36,8 @@ def test_a_32k_export_has_its_buckets_and_the_configs_rope_scaling(long_llama):
     default = NeuronConfig(sequence_length=LENGTH, prefill_chunk_size=CHUNK)
     assert default.prefill_buckets == (0, 2048, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
     assert default.context_buckets == (4096, 8192, 16384, 32768)
-    assert model.config.rope_scaling["rope_type"] == "llama3"
-    torch.testing.assert_close(rope_inv_freq(model.config), hf.model.rotary_emb.inv_freq.float())
+    assert model.args.rope_scaling["rope_type"] == "llama3"
+    torch.testing.assert_close(rope_inv_freq(model.args), hf.model.rotary_emb.inv_freq.float())
 
 
 def test_a_32k_export_prefills_a_long_prompt_like_hf_and_its_top_bucket_runs(long_llama):

@@ -132,10 +132,10 @@ def test_padded_positions_write_the_last_real_tokens_values(llama_logits):
     reference = [torch.zeros_like(cache) for cache in model.caches]
     with torch.no_grad():
         reference_logits = decoder_logits(
-            model.config,
+            model.args,
             model.params,
             reference,
-            rope_inv_freq(model.config),
+            rope_inv_freq(model.args),
             torch.tensor([tokens]),
             torch.arange(length)[None],
             torch.tensor([2]),

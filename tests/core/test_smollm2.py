@@ -48,7 +48,7 @@ def test_chat_and_multi_chunk_prompts_batched_match_hf(loaded):
     prompts = [chat_ids(tokenizer, QUESTION), chat_ids(tokenizer, LONG_QUESTION)]
     assert len(prompts[1]) > 2 * CHUNK and len(prompts[1]) % CHUNK  # several chunks and a remainder
     width = max(map(len, prompts))
-    eos = model.config.eos_token_ids[0]
+    eos = model.args.eos_token_ids[0]
     # Left-padded batch of two different lengths in one generate call: slots 0 and 1 together.
     ids = torch.tensor([[eos] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])

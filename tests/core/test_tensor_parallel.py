@@ -18,7 +18,7 @@ from support.tiny_models import export, quick_first, save_tiny, tiny_model
 
 from optimum_neuron_plugin import NeuronModelForCausalLM
 from optimum_neuron_plugin.models.args import ModelArgs
-from optimum_neuron_plugin.models.sharding import plan_for
+from optimum_neuron_plugin.models.sharding import layout_for
 
 from .helpers import SEEDS, VOCAB, prompt
 
@@ -116,7 +116,7 @@ def runs(request, tmp_path_factory) -> dict:
             shape = KINDS[kind]
             tp1 = NeuronModelForCausalLM.from_pretrained(export(source, root / f"{case}-{kind}-tp1", **shape))
             artifacts[f"{case}-{kind}"] = export(source, root / f"{case}-{kind}-tp{TP}", tp_degree=TP, **shape)
-            runs[case, kind] = {"hf": hf, "args": tp1.config, "tp1": scenario(tp1)}
+            runs[case, kind] = {"hf": hf, "args": tp1.args, "tp1": scenario(tp1)}
     run_ranks(rank_worker, TP, artifacts, root)
     for (case, kind), run in runs.items():
         run["ranks"] = [torch.load(root / f"{case}-{kind}-rank{r}.pt") for r in range(TP)]
@@ -154,13 +154,13 @@ def test_every_rank_returns_the_same_results(runs, case, kind):
 def test_kv_shards_concatenate_to_the_tp1_cache(runs, case):
     run = runs[case, "logits"]
     args: ModelArgs = run["args"]
-    plan = plan_for(args, TP)
+    layout = layout_for(args, TP)
     shards = [rank["caches"] for rank in run["ranks"]]
     for layer, full in enumerate(run["tp1"]["caches"]):
         parts = [s[layer] for s in shards]
-        assert all(p.shape[1] == plan.kv_heads for p in parts)
-        torch.testing.assert_close(merge_kv_shards(parts, plan.kv_replicas), full, atol=1e-5, rtol=0)
-    if plan.kv_replicas > 1:  # ranks sharing a KV head hold the same values
+        assert all(p.shape[1] == layout.kv_heads for p in parts)
+        torch.testing.assert_close(merge_kv_shards(parts, layout.kv_replicas), full, atol=1e-5, rtol=0)
+    if layout.kv_replicas > 1:  # ranks sharing a KV head hold the same values
         assert all(torch.equal(a, b) for a, b in zip(*shards, strict=True))
 
 

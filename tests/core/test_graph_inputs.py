@@ -1,0 +1,53 @@
+"""Each graph kind's inputs are one dataclass (graph_inputs.py): what tracing builds (example values) and what the
+graph reads back are the same tensors in the same order; every compiled graph keeps the positional inputs it had
+(names, shapes and dtypes), so existing artifacts still run."""
+
+from __future__ import annotations
+
+import torch
+
+from optimum_neuron_plugin import NeuronConfig
+from optimum_neuron_plugin.graph_inputs import INDEX_DTYPE, flat
+from optimum_neuron_plugin.graphs import graph_specs, inputs_class
+
+EVERY_KIND = NeuronConfig(
+    batch_size=4, sequence_length=64, prefill_chunk_size=8, prefill_batch_size=2, prefill_tail_size=4,
+    speculative_tokens=2, prompt_logprobs=True, decode_batch_sizes=(1, 2, 4), max_topk=8, max_logprobs=2,
+    max_logit_bias=3,
+)  # fmt: skip
+VOCAB = 100
+
+
+def test_the_graph_reads_back_what_tracing_passes():
+    for config in (EVERY_KIND, NeuronConfig(batch_size=2, sequence_length=32, on_device_sampling=False)):
+        for spec in graph_specs(config, VOCAB):
+            tensors = flat(inputs_class(spec).example(spec))
+            read = flat(inputs_class(spec).unflat(spec, iter(tensors)))
+            assert len(read) == len(tensors) and all(a is b for a, b in zip(read, tensors, strict=True)), spec.key
+
+
+def test_every_graph_takes_the_inputs_of_its_format():
+    """The positional inputs of format 7 (neuron_config.json), per kind: rows of (ids, positions) [n, T] and seq ids
+    [n] int32 (a chunk first in chunk_and_decode), then on-device sampling's params [n, 4], uniform [n, 1], bitmask
+    [n, ceil(V / 32)] int32 and logit_bias ids [n, M] int32 and values [n, M]; copy_prefix two slots [1]."""
+    words, bias = 4, EVERY_KIND.max_logit_bias
+
+    def rows(n: int, tokens: int) -> list:
+        return [((n, tokens), INDEX_DTYPE), ((n, tokens), INDEX_DTYPE), ((n,), INDEX_DTYPE)]
+
+    def sampling(n: int) -> list:
+        fp32 = torch.float32
+        return [((n, 4), fp32), ((n, 1), fp32), ((n, words), torch.int32), ((n, bias), INDEX_DTYPE), ((n, bias), fp32)]
+
+    for spec in graph_specs(EVERY_KIND, VOCAB):
+        n = spec.rows
+        expected = {
+            "chunked_prefill": rows(n, spec.prompt_tokens),
+            "prompt_logits": rows(1, 8),
+            "verify": rows(n, 3),
+            "token_generation": rows(n, 1) + sampling(n),
+            "chunk_and_decode": rows(1, spec.chunk) + rows(n, 1) + sampling(n),
+            "copy_prefix": [((1,), INDEX_DTYPE), ((1,), INDEX_DTYPE)],
+        }[spec.name]
+        got = [(tuple(x.shape), x.dtype) for x in flat(inputs_class(spec).example(spec))]
+        assert got == expected, spec.key
