@@ -40,7 +40,7 @@ class GraphSelector:
         return self._by_shape[kind, graph_rows(nc, kind, rows), graph_bucket(nc, kind, starts, lasts), tail]
 
     def riding_chunk(self, num_tokens: int, start: int, decode_lasts: Sequence[int]) -> int | None:
-        """riding_chunk, None when the export has no chunk_and_decode graphs."""
+        """riding_chunk(); None when the export has no chunk_and_decode graphs (the prompt and the decode run apart)."""
         if CHUNK_AND_DECODE not in self.kinds:
             return None
         return riding_chunk(self.neuron_config, num_tokens, start, decode_lasts)
