@@ -65,16 +65,34 @@ def test_an_idle_engine_call_runs_no_graph_and_changes_no_cache(chunked_dir, tok
 
 
 @pytest.mark.parametrize(
+    "kwargs",
+    [
+        # a head node running 1 of 2 engines (internal load balancing across nodes)
+        dict(data_parallel_size=2, data_parallel_size_local=1, data_parallel_address="127.0.0.1"),
+        # a node started with --data-parallel-start-rank 1 (hybrid without --headless)
+        dict(data_parallel_size=4, data_parallel_size_local=2, data_parallel_start_rank=2),
+        # external load balancing: one engine, rank 1 of 2
+        dict(data_parallel_size=2, data_parallel_rank=1),
+    ],
+)
+def test_every_multi_node_mode_places_engines_by_their_node_local_rank(chunked_dir, kwargs, monkeypatch):
+    config = engine_config(chunked_dir, tensor_parallel_size=1, **kwargs)
+    local = config.parallel_config.data_parallel_size_local
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the node's threads, split between its engines
+    monkeypatch.delenv("ONP_CPU_THREADS", raising=False)
+    worker = NeuronWorker(engine_view(config, local - 1), local_rank=0, rank=0, distributed_init_method="")
+    assert (worker.placement().index, worker.placement().count) == (local - 1, local)
+
+
+@pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         (
             dict(pipeline_parallel_size=2),
             "pipeline parallelism is not supported by the Neuron plugin: omit --pipeline-parallel-size",
         ),
-        (
-            dict(data_parallel_size=2, data_parallel_size_local=1),
-            "external, hybrid or multi-node data parallelism is not supported by the Neuron plugin",
-        ),
+        (dict(data_parallel_size=2, data_parallel_backend="ray"), "data_parallel_backend='ray' is not supported"),
+        (dict(enable_expert_parallel=True), "expert parallelism is not supported: remove --enable-expert-parallel"),
     ],
 )
 def test_parallelism_the_plugin_cannot_run_is_refused(chunked_dir, kwargs, message):
