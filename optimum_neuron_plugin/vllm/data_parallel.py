@@ -14,8 +14,8 @@ serves, because each is only a different way of starting and addressing those en
 
 Dense models: vLLM runs each engine as an independent EngineCoreProc (`reconfigure_for_independent_dp_rank`: no DP
 all-reduce, no dummy batches). MoE models: vLLM runs the engines in lock step (DPEngineCoreProc: an all-reduce of
-"unfinished requests" and a dummy batch on an idle engine); the worker's dummy step is a real decode graph call on a
-free slot (worker.execute_dummy_batch, runtime/dummy_step.py).
+"unfinished requests" and a dummy batch on an idle engine); the worker's dummy step is a real decode graph call that
+writes no request's K/V (worker.execute_dummy_batch, runtime/dummy_step.py).
 
 Placement is per node: the engines started on one node are its local DP ranks 0..n-1 (vLLM's
 data_parallel_rank_local), each of tp_size workers; placement.py gives local rank l, worker t the
@@ -48,12 +48,6 @@ def fit_data_parallel(vllm_config: VllmConfig) -> list[str]:
         )
     if parallel.data_parallel_size == 1:
         return problems
-    if vllm_config.model_config.is_moe:
-        problems.append(
-            "data parallelism of a mixture-of-experts model is not supported: remove --data-parallel-size and serve "
-            "one engine per server behind a router (vLLM runs MoE engines in lock step, with a dummy batch on an "
-            "idle engine, which the plugin's worker does not run)"
-        )
     if parallel.data_parallel_backend != "mp":
         problems.append(
             f"data_parallel_backend={parallel.data_parallel_backend!r} is not supported: remove "

@@ -52,14 +52,23 @@ def test_data_parallel_engines_are_independent_and_know_their_place(chunked_dir,
         torch.set_num_threads(threads)
 
 
-def test_an_idle_engine_call_runs_no_graph_and_changes_no_cache(chunked_dir, tokenizer):
+def test_an_idle_engines_dummy_step_runs_a_graph_and_changes_no_requests_cache(chunked_dir, tokenizer):
+    """vLLM's dummy batch (an idle MoE data-parallel engine's step): a real decode call that writes only the last
+    position of the last slot, where no request's K/V ever is; every other cache byte stays."""
     worker = NeuronWorker(engine_config(chunked_dir), local_rank=0, rank=0, distributed_init_method="")
     worker.load_model()
     try:
-        worker.model.prefill(seq_id=1, token_ids=tokenizer("alpha beta gamma").input_ids)
+        nc = worker.model.neuron_config
+        for slot in range(nc.batch_size):  # every slot holds a prompt, the last one too
+            worker.model.prefill(seq_id=slot, token_ids=tokenizer("alpha beta gamma delta").input_ids[: 2 + slot])
         before = [c.clone() for c in worker.model.caches]
         worker.execute_dummy_batch()
-        assert all(torch.equal(a, b) for a, b in zip(before, worker.model.caches, strict=True))
+        last = (nc.batch_size - 1, slice(None), nc.sequence_length - 1)
+        for old, cache in zip(before, worker.model.caches, strict=True):
+            new = cache.clone()
+            old[last] = new[last] = 0
+            assert torch.equal(old, new)
+        assert any(cache[last].abs().sum() > 0 for cache in worker.model.caches)  # the graph ran and wrote there
     finally:
         worker.shutdown()
 
