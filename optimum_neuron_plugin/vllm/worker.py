@@ -57,6 +57,7 @@ class NeuronWorker(WorkerBase):
         self.runner: NeuronModelRunner | None = None
         self._output: ModelRunnerOutput | None = None
         self._waiting_for_grammar: SchedulerOutput | None = None  # a step that runs in sample_tokens
+        self._ran_dummy_step = False
 
     # ---- startup ------------------------------------------------------------------------------
 
@@ -161,8 +162,12 @@ class NeuronWorker(WorkerBase):
     def execute_dummy_batch(self) -> None:
         """vLLM's step of an idle data-parallel engine of a MoE model (DPEngineCoreProc keeps the engines in lock
         step): a real decode graph call that changes no request's K/V (runtime/dummy_step.py)."""
-        if self.model is not None:
-            dummy_step(self.model)
+        if self.model is None:
+            return
+        if not self._ran_dummy_step:
+            logger.info("idle data-parallel engine: dummy decode steps keep it in step with the other engines")
+            self._ran_dummy_step = True
+        dummy_step(self.model)
 
     # ---- housekeeping -------------------------------------------------------------------------
 
