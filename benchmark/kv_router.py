@@ -62,7 +62,7 @@ class Replica:
         env = {**os.environ, "ONP_BACKEND": "cpu", "OMP_NUM_THREADS": "1", "VLLM_NO_USAGE_STATS": "1"}
         self.process = subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True)  # fmt: skip
-        self.held: set[bytes] = set()
+        self.held: set[int | bytes] = set()
         self.in_flight = 0
 
     def wait_ready(self, timeout: float = 900) -> None:
@@ -113,15 +113,16 @@ def follow_events(replicas: list[Replica], stop: threading.Event) -> None:
                     replica.held.clear()
 
 
-def block_hashes(tokens: list[int]) -> list[bytes]:
+def block_hashes(tokens: list[int]) -> list[int | bytes]:
+    """vLLM's hashes of the full blocks, as its events carry them (maybe_convert_block_hash)."""
     from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import hash_block_tokens
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens, maybe_convert_block_hash
 
     hashes, parent = [], None
     for start in range(0, len(tokens) - BLOCK + 1, BLOCK):
         parent = hash_block_tokens(sha256, parent, tokens[start : start + BLOCK])
         hashes.append(parent)
-    return hashes
+    return [maybe_convert_block_hash(h) for h in hashes]
 
 
 class Router:

@@ -10,7 +10,9 @@ serves, because each is only a different way of starting and addressing those en
   --data-parallel-start-rank r`; `--data-parallel-size-local 0` makes the head an API server only;
 - hybrid load balancing (`--data-parallel-hybrid-lb`, or a start rank without --headless): one API per node in
   front of that node's engines, an external router between nodes;
-- external load balancing (`--data-parallel-rank k`, or `--data-parallel-external-lb`): one API per engine.
+- external load balancing (`--data-parallel-rank k`, or `--data-parallel-external-lb`): one API per engine. vLLM
+  allows it for MoE models only (a dense model's engines share nothing: it says to run independent servers), and
+  switches hybrid load balancing with one engine per node to it.
 
 Dense models: vLLM runs each engine as an independent EngineCoreProc (`reconfigure_for_independent_dp_rank`: no DP
 all-reduce, no dummy batches). MoE models: vLLM runs the engines in lock step (DPEngineCoreProc: an all-reduce of

@@ -35,17 +35,18 @@ class Subscriber:
         return self.received
 
 
-def vllm_block_hashes(tokens: list[int]) -> list[bytes]:
-    """vLLM's chained sha256 block hashes of tokens' full blocks (kv_cache_utils, as vLLM's engine computes them)."""
+def vllm_block_hashes(tokens: list[int]) -> list[int | bytes]:
+    """vLLM's chained sha256 block hashes of tokens' full blocks (kv_cache_utils, as vLLM's engine computes them), as
+    its events carry them (maybe_convert_block_hash: 64-bit integers unless VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)."""
     from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash, maybe_convert_block_hash
 
     init_none_hash(sha256)
     hashes, parent = [], None
     for start in range(0, len(tokens) - BLOCK + 1, BLOCK):
         parent = hash_block_tokens(sha256, parent, tokens[start : start + BLOCK])
         hashes.append(parent)
-    return hashes
+    return [maybe_convert_block_hash(h) for h in hashes]
 
 
 def stored(events) -> dict[bytes, object]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from optimum_neuron_plugin.vllm.data_parallel import fit_data_parallel
 from optimum_neuron_plugin.vllm.worker import NeuronWorker
 
 
@@ -78,10 +79,8 @@ def test_an_idle_engines_dummy_step_runs_a_graph_and_changes_no_requests_cache(c
     [
         # a head node running 1 of 2 engines (internal load balancing across nodes)
         dict(data_parallel_size=2, data_parallel_size_local=1, data_parallel_address="127.0.0.1"),
-        # a node started with --data-parallel-start-rank 1 (hybrid without --headless)
+        # a node started with --data-parallel-start-rank 2 without --headless: hybrid load balancing
         dict(data_parallel_size=4, data_parallel_size_local=2, data_parallel_start_rank=2),
-        # external load balancing: one engine, rank 1 of 2
-        dict(data_parallel_size=2, data_parallel_rank=1),
     ],
 )
 def test_every_multi_node_mode_places_engines_by_their_node_local_rank(chunked_dir, kwargs, monkeypatch):
@@ -93,17 +92,21 @@ def test_every_multi_node_mode_places_engines_by_their_node_local_rank(chunked_d
     assert (worker.placement().index, worker.placement().count) == (local - 1, local)
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        (
-            dict(pipeline_parallel_size=2),
-            "pipeline parallelism is not supported by the Neuron plugin: omit --pipeline-parallel-size",
-        ),
-        (dict(data_parallel_size=2, data_parallel_backend="ray"), "data_parallel_backend='ray' is not supported"),
-        (dict(enable_expert_parallel=True), "expert parallelism is not supported: remove --enable-expert-parallel"),
-    ],
-)
-def test_parallelism_the_plugin_cannot_run_is_refused(chunked_dir, kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        engine_config(chunked_dir, **kwargs)
+def test_parallelism_the_plugin_cannot_run_is_refused(chunked_dir):
+    with pytest.raises(ValueError, match="pipeline parallelism is not supported by the Neuron plugin: omit --pipeline"):
+        engine_config(chunked_dir, pipeline_parallel_size=2)
+    # vLLM itself refuses the Ray backend without Ray installed and expert parallelism for a dense model: the
+    # plugin's own rules, on a configuration that got past vLLM's.
+    config = engine_config(chunked_dir, data_parallel_size=2)
+    config.parallel_config.data_parallel_backend = "ray"
+    config.parallel_config.enable_expert_parallel = True
+    problems = fit_data_parallel(config)
+    assert [p.split(":")[0] for p in problems] == [
+        "expert parallelism is not supported",
+        "data_parallel_backend='ray' is not supported",
+    ]
+
+
+def test_external_load_balancing_of_a_dense_model_is_vllms_refusal(chunked_dir):
+    with pytest.raises(ValueError, match="Non-MoE models do not support external data parallel mode"):
+        engine_config(chunked_dir, data_parallel_size=2, data_parallel_rank=1)

@@ -3,18 +3,18 @@
 - Internal load balancing: a head (`--data-parallel-size 2 --data-parallel-size-local 1`, one engine and the API) and
   a `--headless --data-parallel-start-rank 1` node (one engine). Greedy outputs equal Hugging Face's and both
   engines serve; when the headless node goes down the head fails cleanly, it does not hang.
-- External load balancing (`--data-parallel-rank k`): one server per engine, each answering; each engine publishes
-  its KV-cache events on the endpoint's port plus its rank.
+
+Hybrid load balancing needs two engines per node for a dense model (with one, vLLM switches to external load
+balancing, which it refuses for dense models): its placement is checked in test_data_parallel_config.py; external
+load balancing is served with a MoE model in test_data_parallel_moe.py.
 """
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 from support.client import call, completion_tokens, concurrently, greedy, requests_finished_by_engine
-from support.kv_events import Subscriber, stored, vllm_block_hashes
 from support.references import hf_greedy
 from support.served import prompt_of
 from support.server import Server, free_port, kill_group
@@ -28,11 +28,6 @@ PROMPT_LENGTHS = [5, 17, 33, 9, 40, 12, 21, 28]
 def dp_args(rpc_port: int, *extra: str) -> tuple[str, ...]:
     return ("--data-parallel-size", "2", "--data-parallel-address", "127.0.0.1", "--data-parallel-rpc-port",
             str(rpc_port), *extra)  # fmt: skip
-
-
-def start_all(*servers: Server, timeout: float = 600) -> None:
-    for server in servers:
-        server.wait_ready(timeout)
 
 
 @pytest.fixture(scope="module")
@@ -75,35 +70,3 @@ def test_the_head_fails_cleanly_when_the_headless_node_goes_down(two_nodes, prom
         statuses.append(status)
         time.sleep(1)
     assert head.process.poll() is not None or statuses[-1] >= 500, statuses
-
-
-@pytest.fixture(scope="module")
-def external_lb(chunked_dir, tmp_path_factory):
-    logs, rpc, events = tmp_path_factory.mktemp("dp-external"), free_port(), free_port()
-    kv = json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events}"})
-    ranks = [
-        Server(
-            chunked_dir,
-            logs / f"rank{k}.log",
-            *dp_args(rpc, "--data-parallel-rank", str(k), "--kv-events-config", kv, "--block-size", "16"),
-        )  # fmt: skip
-        for k in (0, 1)
-    ]
-    try:
-        start_all(*ranks)
-        yield ranks, events
-    finally:
-        for server in reversed(ranks):
-            server.stop()
-
-
-def test_external_load_balancing_each_rank_answers_and_publishes_on_its_port(external_lb, prompts, tiny_hf):
-    ranks, events_port = external_lb
-    subscriber = Subscriber(events_port + 1)  # rank 1's events
-    time.sleep(1)
-    for server in ranks:
-        assert completion_tokens(server.port, greedy(server.model, prompts[2], NEW_TOKENS)) == hf_greedy(
-            tiny_hf, prompts[2], NEW_TOKENS
-        )
-    expected = vllm_block_hashes(prompts[2])
-    subscriber.until(lambda events: set(expected) <= set(stored(events)))
