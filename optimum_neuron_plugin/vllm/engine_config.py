@@ -22,19 +22,16 @@ from vllm.config import CompilationMode, ModelConfig, VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 
 from ..artifact import load_neuron_config
-from ..backends.neuron import neuron_core_count
 from ..config import NEURON_CONFIG_FILE, NeuronConfig
-from ..placement import Rank, neuron_core
+from .data_parallel import fit_data_parallel
 from .limits import ServingLimits
 from .log import get_logger
 from .options import (
-    DATA_PARALLEL_SIZE_KEY,
     PREFILL_MODE_ENV,
     PREFIX_CACHING_KEY,
     PrefillMode,
     prefill_chunk_budget,
     prefill_mode,
-    serves_on_neuron,
 )
 from .speculation import num_speculative_tokens, speculation_problems
 from .user_args import UserArgs, vllm_default_max_num_batched_tokens, vllm_default_max_num_seqs
@@ -256,50 +253,10 @@ def _fit_parallelism(vllm_config: VllmConfig, neuron_config: NeuronConfig) -> No
 
 
 def _fit_data_parallel(vllm_config: VllmConfig) -> None:
-    """vLLM's own data parallelism: data_parallel_size engine processes behind the API server, each with its own
-    worker, artifact instance, cache slots and KV cache; vLLM's front end balances requests between them.
-
-    The models served are dense, so vLLM 0.32 runs every engine as an independent EngineCoreProc (no DP
-    all-reduce, no dummy batches) and resets its data_parallel_size to 1; the size is kept in
-    additional_config for the worker's placement (placement.py: NeuronCores, CPU threads).
-    """
-    parallel_config = vllm_config.parallel_config
-    dp = parallel_config.data_parallel_size
-    vllm_config.additional_config[DATA_PARALLEL_SIZE_KEY] = dp
-    if dp == 1:
-        return
-    if parallel_config.data_parallel_backend != "mp":
-        raise ConfigMismatchError(
-            f"data_parallel_backend={parallel_config.data_parallel_backend!r} is not supported by the Neuron plugin: "
-            "remove --data-parallel-backend (the engines run as local processes)"
-        )
-    if (
-        parallel_config.data_parallel_external_lb
-        or parallel_config.data_parallel_hybrid_lb
-        or parallel_config.data_parallel_size_local != dp
-    ):
-        raise ConfigMismatchError(
-            "external, hybrid or multi-node data parallelism is not supported by the Neuron plugin: remove "
-            "--data-parallel-rank / --data-parallel-start-rank / --data-parallel-size-local / --headless and "
-            f"serve all {dp} engines from one `vllm serve --data-parallel-size {dp}` on this host"
-        )
-    if serves_on_neuron():
-        tp = parallel_config.tensor_parallel_size
-        _check_cores(Rank(dp_rank=dp - 1, dp_size=dp, tp_rank=tp - 1, tp_size=tp))
-
-
-def _check_cores(last: Rank) -> None:
-    """The host's last rank must find its own NeuronCore (placement.neuron_core): refuse at startup if not."""
-    visible = os.environ.get("NEURON_RT_VISIBLE_CORES")
-    try:
-        neuron_core(last, visible)
-    except ValueError as error:
-        raise ConfigMismatchError(str(error)) from None
-    if not visible and (cores := neuron_core_count()) < last.count:
-        raise ConfigMismatchError(
-            f"{last.count} rank(s) (data parallel {last.dp_size} x tensor parallel {last.tp_size}) need "
-            f"{last.count} NeuronCores but this host shows {cores}: lower --data-parallel-size"
-        )
+    """vLLM's data parallelism, every mode of its mp backend (data_parallel.py)."""
+    problems = fit_data_parallel(vllm_config)
+    if problems:
+        raise ConfigMismatchError("; ".join(problems))
 
 
 def _fit_scheduler(vllm_config: VllmConfig, neuron_config: NeuronConfig, mode: PrefillMode, user: UserArgs) -> None:

@@ -31,8 +31,12 @@ from vllm.v1.request import Request, RequestStatus
 
 from ..artifact import load_neuron_config
 from .interleave import Candidate, InterleavePolicy, plan_slices
+from .kv_events import block_hasher, hash_blocks, prefix_of, publish
+from .log import get_logger
 from .options import PrefillMode, prefill_chunk_budget, prefill_mode, prefix_caching
 from .prefix_cache import PrefixCache, PrefixCopy
+
+logger = get_logger(__name__)
 
 
 @dataclass
@@ -82,7 +86,21 @@ class NeuronScheduler(Scheduler):
         neuron_config = load_neuron_config(vllm_config.model_config.model)
         # An artifact without prefill chunks runs whole prompts from position 0: no hit is possible.
         enabled = prefix_caching(vllm_config.additional_config) and neuron_config.chunked
-        self.prefix_cache = PrefixCache(neuron_config.batch_size, enabled, copies=neuron_config.prefix_copy)
+        block_size = vllm_config.cache_config.block_size
+        self.prefix_cache = PrefixCache(
+            neuron_config.batch_size,
+            enabled,
+            copies=neuron_config.prefix_copy,
+            block_size=block_size,
+            report=self.enable_kv_cache_events,
+        )
+        if self.enable_kv_cache_events and not enabled:
+            logger.warning(
+                "--kv-events-config is set but the prefix cache is off (--no-enable-prefix-caching, or an export "
+                "without prefill chunks): no KV-cache event will be published"
+            )
+        # vLLM's own block hashes of each request (its prefix caching, which would compute them, stays off).
+        self._hasher = block_hasher(block_size, vllm_config.cache_config.prefix_caching_hash_algo) if enabled else None
         self._claims: dict[str, int] = {}  # this step's claims while super().schedule() runs: req_id -> hit
         self.interleave: InterleavePolicy | None = None
         if prefill_mode(vllm_config.additional_config) is PrefillMode.INTERLEAVED:
@@ -131,7 +149,7 @@ class NeuronScheduler(Scheduler):
         """Prompt tokens left; for a request not yet admitted, after the prefix-cache hit it would get now."""
         if request.status == RequestStatus.RUNNING or request.num_computed_tokens or not self._looks_up(request):
             return prompt_tokens_left(request)
-        return request.num_tokens - self.prefix_cache.peek(list(request.all_token_ids))
+        return request.num_tokens - self.prefix_cache.peek(prefix_of(request))
 
     def _admittable_waiting(self) -> list[Request]:
         """Waiting requests, in queue order, that this step's free slots could take."""
@@ -157,13 +175,18 @@ class NeuronScheduler(Scheduler):
 
     # ---- cache slots and prefix caching ---------------------------------------------------------
 
+    def add_request(self, request: Request) -> None:
+        if self._hasher is not None:
+            hash_blocks(request, self._hasher)
+        super().add_request(request)
+
     def _looks_up(self, request: Request) -> bool:
         return self.prefix_cache.enabled and not request.skip_reading_prefix_cache
 
     def _get_local_prefix_cache_hit(self, request: Request):
         """vLLM's admission asks for the request's cached prefix: claim its slot (released again if the request is
         not admitted this step). vLLM starts num_computed_tokens at the hit; no vLLM blocks back it."""
-        claim = self.prefix_cache.claim(request.request_id, list(request.all_token_ids), self._looks_up(request))
+        claim = self.prefix_cache.claim(request.request_id, prefix_of(request), self._looks_up(request))
         self._claims.pop(request.request_id, None)  # a claim made again moves to the end: copies run in claim order
         self._claims[request.request_id] = claim.hit
         return self.kv_cache_manager.empty_kv_cache_blocks, claim.hit, 0, False
@@ -188,11 +211,11 @@ class NeuronScheduler(Scheduler):
         return slots, copies
 
     def _free_request(self, request: Request, *args, **kwargs):
-        self.prefix_cache.release(request.request_id, list(request.all_token_ids))
+        self.prefix_cache.release(request.request_id)
         return super()._free_request(request, *args, **kwargs)
 
     def _preempt_request(self, request: Request, *args, **kwargs) -> None:
-        self.prefix_cache.release(request.request_id, list(request.all_token_ids))
+        self.prefix_cache.release(request.request_id)
         super()._preempt_request(request, *args, **kwargs)
 
     def reset_prefix_cache(self, *args, **kwargs) -> bool:
@@ -212,6 +235,9 @@ class NeuronScheduler(Scheduler):
                 rejected = rejected_drafts(scheduler_output, model_runner_output, req_id)
                 self.prefix_cache.commit(req_id, request.num_computed_tokens - rejected)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        # The blocks this step's claims, commits and finished requests made hits or overwrote (kv_events.py).
+        if self.enable_kv_cache_events:
+            publish(self.kv_event_publisher, self.prefix_cache.take_changes(), self.prefix_cache.block_size)
         if failed:
             for request in self.finish_requests(failed, RequestStatus.FINISHED_ERROR):
                 error = EngineCoreOutput(

@@ -33,6 +33,7 @@ from ..backends import get_backend
 from ..backends.neuron import pin_cores
 from ..placement import Rank
 from ..runtime import NeuronModelForCausalLM
+from ..runtime.dummy_step import dummy_step
 from .health import fatal
 from .kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
 from .log import get_logger
@@ -56,6 +57,7 @@ class NeuronWorker(WorkerBase):
         self.runner: NeuronModelRunner | None = None
         self._output: ModelRunnerOutput | None = None
         self._waiting_for_grammar: SchedulerOutput | None = None  # a step that runs in sample_tokens
+        self._ran_dummy_step = False
 
     # ---- startup ------------------------------------------------------------------------------
 
@@ -158,10 +160,14 @@ class NeuronWorker(WorkerBase):
         return self.runner.take_draft_token_ids() if self.runner is not None else None
 
     def execute_dummy_batch(self) -> None:
-        # vLLM calls this on an idle data-parallel rank of a MoE model (DPEngineCoreProc) to keep the ranks'
-        # collectives in step. The plugin serves dense models, whose DP engines are independent and never
-        # call it; had it been called, no graph runs and no cache slot changes.
-        return None
+        """vLLM's step of an idle data-parallel engine of a MoE model (DPEngineCoreProc keeps the engines in lock
+        step): a real decode graph call that changes no request's K/V (runtime/dummy_step.py)."""
+        if self.model is None:
+            return
+        if not self._ran_dummy_step:
+            logger.info("idle data-parallel engine: dummy decode steps keep it in step with the other engines")
+            self._ran_dummy_step = True
+        dummy_step(self.model)
 
     # ---- housekeeping -------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import re
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -166,3 +167,12 @@ def wait_idle(port: int, timeout: float = 120) -> dict[str, float]:
         if time.monotonic() > deadline:
             raise AssertionError(f"requests still running/waiting after {timeout} s: {values}")
         time.sleep(0.2)
+
+
+def requests_finished_by_engine(port: int) -> dict[str, float]:
+    """vLLM's vllm:request_success_total, summed per `engine` label (one label per DP engine)."""
+    counts: dict[str, float] = {}
+    text = metrics_text(port)
+    for engine, value in re.findall(r'^vllm:request_success_total\{[^}]*engine="(\d+)"[^}]*\} (\S+)$', text, re.M):
+        counts[engine] = counts.get(engine, 0.0) + float(value)
+    return counts

@@ -9,10 +9,8 @@ The server's two threads (OMP_NUM_THREADS=2) are split, one per engine.
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from support.client import completion_tokens, concurrently, greedy, metrics_text
+from support.client import completion_tokens, concurrently, greedy, requests_finished_by_engine
 from support.references import hf_greedy
 from support.served import prompt_of
 from support.server import serve
@@ -33,15 +31,6 @@ def prompts(tokenizer) -> list[list[int]]:
 def server(chunked_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("dp-server") / "server.log"
     yield from serve(chunked_dir, log, "--data-parallel-size", "2", env={"OMP_NUM_THREADS": "2"}, timeout=900)
-
-
-def requests_finished_by_engine(port: int) -> dict[str, float]:
-    """vLLM's vllm:request_success_total, summed per `engine` label (one label per DP engine)."""
-    counts: dict[str, float] = {}
-    text = metrics_text(port)
-    for engine, value in re.findall(r'^vllm:request_success_total\{[^}]*engine="(\d+)"[^}]*\} (\S+)$', text, re.M):
-        counts[engine] = counts.get(engine, 0.0) + float(value)
-    return counts
 
 
 def test_concurrent_requests_equal_their_solo_outputs_and_transformers(tiny_hf, prompts, server):
