@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import weakref
@@ -135,8 +136,24 @@ def compile_graphs(backend, args, plan, neuron_config, params, workdir, progress
         backend.compile(graphs, shard, caches, workdir, progress)
 
 
+# neuronx-cc refuses float8_e4m3fn operands on trn1/trn2 (NCC_EVRF051) unless told to read them as trn2's E4M3.
+FP8_ON_TRN2_FLAG = "--experimental-unsafe-fp8e4m3fn-as-fp8e4m3"
+
+
 def check_model(neuron_config: NeuronConfig, args: ModelArgs) -> None:
     neuron_config.check_model(args.max_position_embeddings)
+    fp8_graphs = neuron_config.quantization or neuron_config.kv_cache_dtype
+    flags = os.environ.get("NEURON_CC_FLAGS", "")
+    if (
+        neuron_config.backend == "neuron"
+        and neuron_config.target == "trn2"
+        and fp8_graphs
+        and FP8_ON_TRN2_FLAG not in flags
+    ):
+        raise ExportError(
+            f"FP8 graphs on trn2 need neuronx-cc's {FP8_ON_TRN2_FLAG} (error NCC_EVRF051 otherwise): set "
+            f"NEURON_CC_FLAGS=\"--internal-hlo2tensorizer-options='{FP8_ON_TRN2_FLAG}'\" for the export and for vllm serve"
+        )
     # A model whose every layer slides forgets what lies beyond its window: refused past it. Models that mix
     # sliding and full layers (Gemma 3) serve any length, their sliding layers masked to the window.
     if args.every_layer_slides and args.sliding_window < neuron_config.sequence_length:

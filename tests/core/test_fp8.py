@@ -172,3 +172,24 @@ def test_a_layout_the_plugin_cannot_honour_is_refused_by_name(checkpoints, tmp_p
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(ExportError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_source(tmp_path)
+
+
+def test_tensor_parallel_shards_split_fp8_scales_with_their_rows_and_columns(checkpoints):
+    from optimum_neuron_plugin.models import sharding
+
+    for kind, degree in (("compressed-tensors", 2), ("fp8", 2), ("fp8", 4)):
+        hf, directory = checkpoints(kind)
+        source = load_source(directory)
+        params = to_params(source.state_dict, source.args, torch.float32, NeuronConfig(quantization="fp8", **SHAPE))
+        plan = sharding.plan_for(source.args, degree)
+        if kind == "fp8" and degree == 4:  # 64 down_proj columns per rank: half a 128-column block
+            with pytest.raises(sharding.ShardingError, match="model.layers.0.mlp.down_proj.weight_scale: its 128-column FP8 block scales"):
+                sharding.shard_params(params, source.args, plan, 1)
+            continue
+        shards = [sharding.shard_params(params, source.args, plan, rank) for rank in range(degree)]
+        for name in ("self_attn.q_proj", "self_attn.o_proj", "mlp.up_proj", "mlp.down_proj"):
+            weight = f"model.layers.1.{name}.weight"
+            full = fp8.dequantize(params[weight], params[weight + "_scale"])
+            parts = [fp8.dequantize(s[weight], s[weight + "_scale"]) for s in shards]
+            dim = 1 if name.endswith(("o_proj", "down_proj")) else 0  # row-parallel weights split their columns
+            assert torch.equal(torch.cat(parts, dim=dim), full), (kind, name)
