@@ -100,14 +100,14 @@ def _load_source(model: str | Path) -> Source:
     except UnsupportedQuantizationError as error:
         raise ExportError(f"model {model}: {error}") from None
     if quantized:
-        state_dict, model_config = _fp8_weights(model, location, args), hf_config
+        state_dict = _fp8_weights(model, location, args)
     else:
         try:
             hf_model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
         except Exception as error:  # noqa: BLE001 - truncated safetensors, corrupt GGUF tensors, ...
             raise ExportError(f"cannot load the weights of {model}: {_first_line(error)}") from None
-        raw, model_config = {k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}, None
-        state_dict = decoder_weights(raw, args)
+        state_dict = decoder_weights({k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}, args)
+        hf_config = hf_model.config.to_dict()
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
     except (OSError, ValueError, TypeError):
@@ -118,8 +118,7 @@ def _load_source(model: str | Path) -> Source:
         generation_config = GenerationConfig.from_pretrained(location, **kwargs)
     except (OSError, ValueError, TypeError):
         generation_config = None
-    hf_dict = model_config if model_config is not None else hf_model.config.to_dict()
-    return Source(hf_dict, args, state_dict, tokenizer, generation_config)
+    return Source(hf_config, args, state_dict, tokenizer, generation_config)
 
 
 def _fp8_weights(model: str | Path, location: str, args: ModelArgs) -> dict[str, torch.Tensor]:
