@@ -50,7 +50,7 @@ def test_each_format_loads_as_vllm_dequantizes_it(checkpoints, kind):
     stored = load_file(str(directory / "model.safetensors"))
     state = load_source(directory).state_dict
     names = [n for n in hf.state_dict() if n.endswith(".weight") and n.rsplit(".", 2)[-2] in PROJECTIONS]
-    assert len(names) == 7 * hf.config.num_hidden_layers
+    assert len(names) == 7 * hf.config.num_hidden_layers  # the tiny Llama: no fused projection
     for name in names:
         prefix = name.removesuffix("weight")
         assert state[name].dtype == torch.float8_e4m3fn and torch.equal(
@@ -183,7 +183,10 @@ def test_tensor_parallel_shards_split_fp8_scales_with_their_rows_and_columns(che
         params = to_params(source.state_dict, source.args, torch.float32, NeuronConfig(quantization="fp8", **SHAPE))
         plan = sharding.plan_for(source.args, degree)
         if kind == "fp8" and degree == 4:  # 64 down_proj columns per rank: half a 128-column block
-            with pytest.raises(sharding.ShardingError, match="model.layers.0.mlp.down_proj.weight_scale: its 128-column FP8 block scales"):
+            with pytest.raises(
+                sharding.ShardingError,
+                match="model.layers.0.mlp.down_proj.weight_scale: its 128-column FP8 block scales",
+            ):
                 sharding.shard_params(params, source.args, plan, 1)
             continue
         shards = [sharding.shard_params(params, source.args, plan, rank) for rank in range(degree)]
@@ -193,3 +196,20 @@ def test_tensor_parallel_shards_split_fp8_scales_with_their_rows_and_columns(che
             parts = [fp8.dequantize(s[weight], s[weight + "_scale"]) for s in shards]
             dim = 1 if name.endswith(("o_proj", "down_proj")) else 0  # row-parallel weights split their columns
             assert torch.equal(torch.cat(parts, dim=dim), full), (kind, name)
+
+
+@pytest.mark.parametrize("name", quick_first(["phi3", "gemma3", "qwen3"], quick=("phi3",)))
+def test_fp8_checkpoints_of_other_families(tmp_path, name):
+    """Phi-3's fused qkv_proj / gate_up_proj (their per-channel scales split with their rows), Gemma 3's sliding
+    window read and sandwich norms, Qwen3's q/k norms: an FP8 checkpoint's graphs compute HF's on its dequantized
+    weights."""
+    hf = tiny_model(name, seed=SEEDS[name], vocab_size=VOCAB)
+    directory = save_fp8(tmp_path / "checkpoint", hf, "compressed-tensors")
+    NeuronModelForCausalLM.export(directory, NeuronConfig(**SHAPE)).save_pretrained(tmp_path / "artifact")
+    model = NeuronModelForCausalLM.from_pretrained(tmp_path / "artifact")
+    assert model.params["model.layers.0.self_attn.k_proj.weight"].dtype == torch.float8_e4m3fn
+    reference = dequantized_model(hf, directory, vllm_dequantized)
+    tokens = prompt(27, seed=6)
+    with torch.no_grad():
+        expected = reference(torch.tensor([tokens])).logits[0, -1]
+    torch.testing.assert_close(model.prefill(0, tokens), expected, atol=2e-5, rtol=1e-5)

@@ -20,7 +20,7 @@ from safetensors.torch import save_file
 from .tiny_models import build_atomically
 
 FP8 = torch.float8_e4m3fn
-PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
 FORMATS = ("fp8", "compressed-tensors", "compressed-tensors-tensor", "modelopt")
 # Block scales need input sizes that are multiples of 128: the tiny shape widened (head_dim 32, 64 K/V rows).
 BLOCK_SHAPE = dict(hidden_size=128, intermediate_size=256)
