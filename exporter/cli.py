@@ -142,6 +142,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="weight and activation dtype (default: bfloat16 for the neuron backend, float32 for cpu)",
     )
     optional.add_argument(
+        *_spellings("quantize"),
+        dest="quantize",
+        choices=("fp8",),
+        default=None,
+        help="fp8: store the attention and MLP projections' weights in FP8 (E4M3) with per-output-channel scales, "
+        "in the target's range (docs/fp8.md). An FP8 checkpoint (fp8, compressed-tensors or ModelOpt) stays FP8 "
+        "without it. Default: the weights in --torch-dtype",
+    )
+    optional.add_argument(
+        *_spellings("kv-cache-dtype"),
+        dest="kv_cache_dtype",
+        choices=("auto", "fp8"),
+        default="auto",
+        help="fp8: the KV cache holds FP8 (E4M3) values with a K and a V scale per layer, from the checkpoint or "
+        "calibrated at export; attention runs in --torch-dtype. Default: auto (the model dtype)",
+    )
+    optional.add_argument(
         *_spellings("on-device-sampling"),
         dest="on_device_sampling",
         action="store_true",
@@ -326,6 +343,8 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         prefill_tail_size=args.prefill_tail_size,
         decode_batch_sizes=args.decode_batch_sizes,
         speculative_tokens=args.speculative_tokens,
+        quantization=args.quantize,
+        kv_cache_dtype=None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype,
     )
     return ExportRequest(model=args.model, neuron_config=config, output=args.output, overwrite=args.overwrite)
 

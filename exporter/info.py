@@ -63,6 +63,8 @@ def describe(directory: str | Path) -> list[str]:
     for key, value in extra.items():
         lines.append(f"  {key}: {json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value}")
 
+    lines.append(f"quantization: {_quantization(directory, neuron_config)}")
+
     from optimum_neuron_plugin.backends import get_backend
     from optimum_neuron_plugin.graphs import COPY_PREFIX, graph_specs
 
@@ -88,6 +90,34 @@ def describe(directory: str | Path) -> list[str]:
     chat = _has_chat_template(directory)
     lines.append(f"chat template: {'yes' if chat else 'no'}")
     return lines
+
+
+def _quantization(directory: Path, neuron_config) -> str:
+    """What is FP8 in the artifact, read from the weights file's header (no tensor is loaded)."""
+    if neuron_config.quantization is None and neuron_config.kv_cache_dtype is None:
+        return "none"
+    from safetensors import safe_open
+
+    fp8, layouts = 0, set()
+    with safe_open(str(directory / "model.safetensors"), "pt") as weights:
+        for name in weights.keys():  # noqa: SIM118 - safe_open is not a mapping
+            if weights.get_slice(name).get_dtype() == "F8_E4M3":
+                fp8 += 1
+            elif name.endswith(".weight_scale"):
+                layouts.add(
+                    "per output channel" if len(weights.get_slice(name).get_shape()) == 1 else "per 128-column block"
+                )
+    from optimum_neuron_plugin.models.fp8 import weight_max
+
+    target = neuron_config.target or "cpu"
+    parts = []
+    if neuron_config.quantization:
+        parts.append(
+            f"weights {neuron_config.quantization} ({fp8} projections, E4M3 within +-{weight_max(neuron_config.target):g} for {target}, scales {' and '.join(sorted(layouts))})"
+        )
+    if neuron_config.kv_cache_dtype:
+        parts.append(f"KV cache {neuron_config.kv_cache_dtype} (E4M3 within +-240, a K and a V scale per layer)")
+    return "; ".join(parts)
 
 
 def _has_chat_template(directory: Path) -> bool:

@@ -22,6 +22,11 @@ def torch_dtype(neuron_config: NeuronConfig) -> torch.dtype:
     return DTYPES[neuron_config.torch_dtype]
 
 
+def cache_dtype(neuron_config: NeuronConfig) -> torch.dtype:
+    """The KV cache's dtype: FP8 (E4M3) with kv_cache_dtype "fp8", else the model dtype."""
+    return torch.float8_e4m3fn if neuron_config.kv_cache_dtype == "fp8" else torch_dtype(neuron_config)
+
+
 def save_weights(params: dict[str, torch.Tensor], directory: Path) -> None:
     # Sorted names and no metadata: the same model always gives byte-identical weights.
     save_file({name: params[name].contiguous() for name in sorted(params)}, str(Path(directory) / WEIGHTS_FILE))

@@ -32,7 +32,13 @@ MAX_DEFAULT_BUCKETS = 4
 # Default prefill buckets: 0 and multiples of the chunk size in half-octave steps, at most this many nonzero ones.
 MAX_DEFAULT_PREFILL_BUCKETS = 10
 # Fields an artifact may leave out of neuron_config.json (their default applies).
-OPTIONAL_FIELDS = ("speculative_tokens", "prompt_logprobs", "prefill_tail_size", "prefix_copy", "decode_buckets")
+OPTIONAL_FIELDS = (
+    "speculative_tokens", "prompt_logprobs", "prefill_tail_size", "prefix_copy", "decode_buckets", "quantization",
+    "kv_cache_dtype",
+)  # fmt: skip
+# FP8 weights (NeuronConfig.quantization) and KV cache (kv_cache_dtype): docs/fp8.md.
+QUANTIZATIONS = ("fp8",)
+KV_CACHE_DTYPES = ("fp8",)
 
 
 class NeuronConfigError(ValueError):
@@ -96,6 +102,12 @@ class NeuronConfig:
     # request's slot into a new request's). None: true for chunked exports. Absent from older format-7 files: false
     # (that artifact never copies).
     prefix_copy: bool | None = None
+    # "fp8": the attention and MLP projections' weights are FP8 with fp32 scales (docs/fp8.md); None: every weight
+    # in torch_dtype. Absent from older files: None.
+    quantization: str | None = None
+    # "fp8": the KV cache holds FP8 (E4M3) values with one K and one V scale per layer; None: torch_dtype. Absent
+    # from older files: None.
+    kv_cache_dtype: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -124,6 +136,12 @@ class NeuronConfig:
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "true or false")
         _check_speculative_tokens(self.speculative_tokens, self.sequence_length)
+        if self.quantization not in (None, *QUANTIZATIONS):
+            _fail("quantization", self.quantization, f"null or one of {', '.join(QUANTIZATIONS)}")
+        if self.kv_cache_dtype not in (None, *KV_CACHE_DTYPES):
+            _fail(
+                "kv_cache_dtype", self.kv_cache_dtype, f"null (the model dtype) or one of {', '.join(KV_CACHE_DTYPES)}"
+            )
         if type(self.max_logit_bias) is not int or self.max_logit_bias < 0:
             _fail("max_logit_bias", self.max_logit_bias, "an integer >= 0 (0: no logit_bias input)")
         if self.cpu_compiler not in CPU_COMPILERS:

@@ -13,6 +13,7 @@ import torch
 from .errors import ExportError
 from .models.args import ModelArgs, UnsupportedModelError
 from .models.checkpoint import decoder_weights
+from .models.fp8_checkpoint import UnsupportedQuantizationError, checkpoint_format, fp8_state
 
 # Families whose prompts must start with <bos>: without it they degenerate (Gemma repeats one word). Their own
 # tokenizers add it; the one transformers builds from a GGUF does not.
@@ -95,10 +96,18 @@ def _load_source(model: str | Path) -> Source:
     hf_config, args = read_config(model)
     location, kwargs = _location(model)
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
-    except Exception as error:  # noqa: BLE001 - truncated safetensors, corrupt GGUF tensors, ...
-        raise ExportError(f"cannot load the weights of {model}: {_first_line(error)}") from None
-    state_dict = decoder_weights({k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}, args)
+        quantized = checkpoint_format(hf_config)
+    except UnsupportedQuantizationError as error:
+        raise ExportError(f"model {model}: {error}") from None
+    if quantized:
+        state_dict = _fp8_weights(model, location, args)
+    else:
+        try:
+            hf_model = AutoModelForCausalLM.from_pretrained(location, dtype=torch.float32, **kwargs)
+        except Exception as error:  # noqa: BLE001 - truncated safetensors, corrupt GGUF tensors, ...
+            raise ExportError(f"cannot load the weights of {model}: {_first_line(error)}") from None
+        state_dict = decoder_weights({k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}, args)
+        hf_config = hf_model.config.to_dict()
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
     except (OSError, ValueError, TypeError):
@@ -109,7 +118,27 @@ def _load_source(model: str | Path) -> Source:
         generation_config = GenerationConfig.from_pretrained(location, **kwargs)
     except (OSError, ValueError, TypeError):
         generation_config = None
-    return Source(hf_model.config.to_dict(), args, state_dict, tokenizer, generation_config)
+    return Source(hf_config, args, state_dict, tokenizer, generation_config)
+
+
+def _fp8_weights(model: str | Path, location: str, args: ModelArgs) -> dict[str, torch.Tensor]:
+    """An FP8 checkpoint's tensors read as they are stored (transformers would dequantize them, or need a GPU):
+    FP8 weights with their scales (models/fp8_checkpoint.py), the rest in its own dtype."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = sorted(Path(location).glob("*.safetensors"))
+    if not files:
+        raise ExportError(f"model {model}: an FP8 checkpoint is read from a local directory of .safetensors files")
+    raw: dict[str, torch.Tensor] = {}
+    try:
+        for path in files:
+            raw |= load_file(str(path))
+        return decoder_weights(fp8_state(raw, args), args)
+    except (SafetensorError, OSError) as error:
+        raise ExportError(f"cannot load the weights of {model}: {_first_line(error)}") from None
+    except UnsupportedQuantizationError as error:
+        raise ExportError(f"model {model}: {error}") from None
 
 
 def _add_bos(tokenizer, model: str | Path) -> None:

@@ -7,6 +7,8 @@ AMD EPYC (SmolLM2 shapes, weights cold in cache): 2 to 4x faster than MKL's `x @
 step's 4 rows (the lm_head: 4.2 ms instead of 16.7), 20-40% faster for a 256-token chunk. The cost is a
 second copy of those weights in host memory: the artifact's weights stay as they are. Linears of one input
 (q, k, v; gate, up) share one packed product on their stacked weights: fewer oneDNN calls over the same bytes.
+An FP8 linear of an fp32 graph (the weight upcast, a linear, its output scaled: models/fp8.py) runs the same way on
+its weight upcast once at load (exact), the output scale still applied by the graph: the same math, packed.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def use_packed_linears(module: torch.fx.GraphModule, params: dict[str, torch.Ten
     by_input: dict[torch.fx.Node, list[tuple[torch.fx.Node, str, str | None]]] = {}
     groups = []
     for node in module.graph.find_nodes(op="call_function", target=torch.ops.aten.linear.default):
-        name = names.get(node.args[1])
-        if name is None or params[name].dtype != torch.float32 or params[name].dim() != 2:
+        name = names.get(_upcast_source(node.args[1]) or node.args[1])
+        if name is None or _packed_dtype(params[name], node.args[1]) != torch.float32 or params[name].dim() != 2:
             continue
         bias = node.args[2] if len(node.args) > 2 else None
         if bias is not None and names.get(bias) is None:
@@ -64,7 +66,8 @@ def _pack_group(module: torch.fx.GraphModule, params: dict, packed: dict, group:
     """One packed product for the linears in `group` (same input; all with a bias or none), its output split."""
     key = "+".join(name for _, name, _ in group)
     if key not in packed:
-        weight = torch.cat([params[name] for _, name, _ in group]) if len(group) > 1 else params[key]
+        weights = [params[name].float() for _, name, _ in group]  # an FP8 weight upcast once, exactly
+        weight = torch.cat(weights) if len(group) > 1 else weights[0]
         packed[key] = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
     first = group[0][0]  # the earliest: the group is in graph order
     with module.graph.inserting_before(first):
@@ -75,9 +78,11 @@ def _pack_group(module: torch.fx.GraphModule, params: dict, packed: dict, group:
                 packed["bias:" + key] = torch.cat([params[b] for _, _, b in group]).contiguous()
             bias = _buffer(module, "bias_" + key, packed["bias:" + key])
         product = module.graph.call_function(_packed_linear, (first.args[0], weight, bias))
+    upcasts = [node.args[1] for node, _, _ in group if _upcast_source(node.args[1]) is not None]
     if len(group) == 1:
         first.replace_all_uses_with(product)
         module.graph.erase_node(first)
+        _erase_unused(module, upcasts)
         return
     sizes = [params[name].shape[0] for _, name, _ in group]
     with module.graph.inserting_after(product):
@@ -87,6 +92,25 @@ def _pack_group(module: torch.fx.GraphModule, params: dict, packed: dict, group:
             part = module.graph.call_function(operator.getitem, (parts, i))
         node.replace_all_uses_with(part)
         module.graph.erase_node(node)
+    _erase_unused(module, upcasts)
+
+
+def _upcast_source(node: object) -> torch.fx.Node | None:
+    """The input of `node` when it is an upcast to fp32 (`weight.to(torch.float32)`, an FP8 linear's weight)."""
+    if isinstance(node, torch.fx.Node) and node.target is torch.ops.aten.to.dtype and node.args[1] == torch.float32:
+        return node.args[0]
+    return None
+
+
+def _packed_dtype(param: torch.Tensor, weight: torch.fx.Node) -> torch.dtype:
+    """The dtype the linear computes its weight in: an upcast FP8 weight's is fp32."""
+    return torch.float32 if _upcast_source(weight) is not None and param.dtype == torch.float8_e4m3fn else param.dtype
+
+
+def _erase_unused(module: torch.fx.GraphModule, nodes: list[torch.fx.Node]) -> None:
+    for node in dict.fromkeys(nodes):
+        if not node.users:
+            module.graph.erase_node(node)
 
 
 def _buffer(module: torch.fx.GraphModule, name: str, tensor: torch.Tensor) -> torch.fx.Node:

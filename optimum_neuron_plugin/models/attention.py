@@ -27,8 +27,10 @@ def attend(
     window: torch.Tensor | None = None,
     scale: float | None = None,
     sinks: torch.Tensor | None = None,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D]. `sinks` [H]: attention sinks (_attend_rows).
+    `kv_scales`: the layer's K and V scales of an FP8 cache (kv_cache.to_cache / from_cache).
 
     Writes k/v into the cache at the call's rows and positions, then attends cache positions [0, L) of
     those rows under `bias` [n, 1, G*T, L] (masks.attention_bias; L: the graph's context bucket), or, given
@@ -36,8 +38,9 @@ def attend(
     A call with one row per cache row (token_generation) attends every cache row, in slot order: its bias
     (and window) must already be in slot order (to_slots); other calls read copies of their rows.
     """
-    kv_cache.write(k_cache, rows, k)
-    kv_cache.write(v_cache, rows, v)
+    k_scale, v_scale = kv_scales or (None, None)
+    kv_cache.write(k_cache, rows, kv_cache.to_cache(k, k_scale))
+    kv_cache.write(v_cache, rows, kv_cache.to_cache(v, v_scale))
     length = bias.shape[-1]
     if window is not None:
         keys, values = kv_cache.read_window(k_cache, window, length), kv_cache.read_window(v_cache, window, length)
@@ -45,6 +48,7 @@ def attend(
         keys, values = kv_cache.all_rows(k_cache, length), kv_cache.all_rows(v_cache, length)
     else:
         keys, values = kv_cache.read(k_cache, rows.seq_ids, length), kv_cache.read(v_cache, rows.seq_ids, length)
+    keys, values = kv_cache.from_cache(keys, k_scale, q.dtype), kv_cache.from_cache(values, v_scale, q.dtype)
     if rows.in_slot_order:
         out = _attend_rows(to_slots(q, rows.seq_ids), bias, keys, values, scale, sinks)
         return out.index_select(0, rows.seq_ids)
@@ -61,18 +65,24 @@ def attend_chunk(
     bias: torch.Tensor,
     scale: float | None = None,
     sinks: torch.Tensor | None = None,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D], for n prompt chunks (rows of distinct cache rows).
+    With an FP8 cache (`kv_scales`) the chunk attends its own K/V as stored, like any later call reads them.
 
     Writes k/v into the cache, then attends [cache positions 0..P-1 of the rows | the chunk's own k/v] under
     `bias` [n, 1, G*T, P + T] (masks.chunk_bias; P: the graph's prior bucket, 0 for a graph of first chunks)."""
+    k_scale, v_scale = kv_scales or (None, None)
+    k, v = kv_cache.to_cache(k, k_scale), kv_cache.to_cache(v, v_scale)
     kv_cache.write(k_cache, rows, k)
     kv_cache.write(v_cache, rows, v)
+    k, v = kv_cache.from_cache(k, k_scale, q.dtype), kv_cache.from_cache(v, v_scale, q.dtype)
     prior = bias.shape[-1] - q.shape[1]
     keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [n, KVH, T, D]
     if prior:
-        keys = torch.cat((kv_cache.read(k_cache, rows.seq_ids, prior), keys), dim=2)
-        values = torch.cat((kv_cache.read(v_cache, rows.seq_ids, prior), values), dim=2)
+        prior_keys = kv_cache.from_cache(kv_cache.read(k_cache, rows.seq_ids, prior), k_scale, q.dtype)
+        prior_values = kv_cache.from_cache(kv_cache.read(v_cache, rows.seq_ids, prior), v_scale, q.dtype)
+        keys, values = torch.cat((prior_keys, keys), dim=2), torch.cat((prior_values, values), dim=2)
     else:  # the CPU kernel runs ~25% slower on the transposed views
         keys, values = keys.contiguous(), values.contiguous()
     return _attend_rows(q, bias, keys, values, scale, sinks)

@@ -18,12 +18,19 @@ def decoder_weights(state_dict: dict[str, torch.Tensor], args: ModelArgs) -> dic
     kv_rows = args.num_key_value_heads * args.head_dim
     for name in [n for n in state_dict if n.endswith("self_attn.qkv_proj.weight")]:
         prefix = name.removesuffix("qkv_proj.weight")
-        q, k, v = out.pop(name).split([q_rows, kv_rows, kv_rows])
-        out |= {prefix + "q_proj.weight": q, prefix + "k_proj.weight": k, prefix + "v_proj.weight": v}
+        for suffix in ("weight", "weight_scale"):  # an FP8 weight's scale rows split with its rows
+            if prefix + "qkv_proj." + suffix in out:
+                q, k, v = out.pop(prefix + "qkv_proj." + suffix).split([q_rows, kv_rows, kv_rows])
+                out |= {prefix + f"{x}_proj.{suffix}": t.contiguous() for x, t in zip("qkv", (q, k, v), strict=True)}
     for name in [n for n in state_dict if n.endswith("mlp.gate_up_proj.weight")]:
         prefix = name.removesuffix("gate_up_proj.weight")
-        gate, up = out.pop(name).chunk(2)  # Phi-3: gate rows first, then up
-        out |= {prefix + "gate_proj.weight": gate.contiguous(), prefix + "up_proj.weight": up.contiguous()}
+        for suffix in ("weight", "weight_scale"):
+            if prefix + "gate_up_proj." + suffix in out:
+                gate, up = out.pop(prefix + "gate_up_proj." + suffix).chunk(2)  # Phi-3: gate rows first, then up
+                out |= {
+                    prefix + f"gate_proj.{suffix}": gate.contiguous(),
+                    prefix + f"up_proj.{suffix}": up.contiguous(),
+                }
     if args.architecture == "GptOssForCausalLM":
         return _gpt_oss_experts(out)
     for name in [n for n in state_dict if n.endswith("mlp.experts.gate_up_proj")]:

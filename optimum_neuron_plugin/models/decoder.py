@@ -19,6 +19,7 @@ from . import kv_cache, masks
 from .args import ModelArgs
 from .attention import attend, attend_chunk, to_slots
 from .collectives import SINGLE, Collectives
+from .fp8 import SCALE_SUFFIX
 from .layers import apply_rope, linear, mlp, rms_norm, rope_attention_factor, rope_cos_sin, rope_inv_freq
 from .masks import MASK_FILL
 from .moe import moe, moe_weight_names
@@ -142,7 +143,9 @@ def groups_logits(
 def _mlp(args: ModelArgs, params: Params, prefix: str, h: torch.Tensor, cc: Collectives, layer: int) -> torch.Tensor:
     if args.is_moe(layer):
         return moe(args, params, prefix, h, cc)
-    return cc.all_reduce(mlp(h, *(params[n] for n in dense_mlp_names(prefix)), args.hidden_act))
+    names = dense_mlp_names(prefix)
+    scales = tuple(params.get(n + SCALE_SUFFIX) for n in names)
+    return cc.all_reduce(mlp(h, *(params[n] for n in names), args.hidden_act, scales))
 
 
 def _residual(args: ModelArgs, h: torch.Tensor) -> torch.Tensor:
@@ -220,9 +223,9 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
     """h [1, tokens, hidden]: every group's tokens in a row; each group attends its own cache rows."""
     tokens = h.shape[1]
     a = p + "self_attn."
-    q = linear(h, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"))
-    k = linear(h, params[a + "k_proj.weight"], params.get(a + "k_proj.bias"))
-    v = linear(h, params[a + "v_proj.weight"], params.get(a + "v_proj.bias"))
+    q = linear(h, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"), params.get(a + "q_proj.weight_scale"))
+    k = linear(h, params[a + "k_proj.weight"], params.get(a + "k_proj.bias"), params.get(a + "k_proj.weight_scale"))
+    v = linear(h, params[a + "v_proj.weight"], params.get(a + "v_proj.bias"), params.get(a + "v_proj.weight_scale"))
     q = q.view(1, tokens, args.num_attention_heads, args.head_dim)
     k = k.view(1, tokens, args.num_key_value_heads, args.head_dim)
     v = v.view(1, tokens, args.num_key_value_heads, args.head_dim)
@@ -238,16 +241,18 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
         qg, kg, vg = (x[:, group].reshape(n, t, *x.shape[2:]) for x in (q, k, v))
         bias, window = (call.sliding_bias, call.window) if sliding else (call.bias, None)
         sinks = params.get(a + "sinks")
+        kv_scales = (params[a + "k_scale"], params[a + "v_scale"]) if a + "k_scale" in params else None
         if call.chunk:
-            out = attend_chunk(qg, kg, vg, k_cache, v_cache, call.rows, bias, args.attention_scale, sinks)
+            out = attend_chunk(qg, kg, vg, k_cache, v_cache, call.rows, bias, args.attention_scale, sinks, kv_scales)
         else:
-            out = attend(qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale, sinks)
+            out = attend(qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale, sinks, kv_scales)
         outs.append(out.reshape(1, n * t, -1))
         start += n * t
     out = _cat(outs, dim=1)
+    o_scale = params.get(a + "o_proj.weight_scale")
     if cc.degree == 1:
-        return linear(out, params[a + "o_proj.weight"], params.get(a + "o_proj.bias"))
-    # Row-parallel: each rank's partial sum, then the bias once.
-    out = cc.all_reduce(linear(out, params[a + "o_proj.weight"]))
+        return linear(out, params[a + "o_proj.weight"], params.get(a + "o_proj.bias"), o_scale)
+    # Row-parallel: each rank's partial sum, then the bias once (an FP8 output scale is per row: the same on every rank).
+    out = cc.all_reduce(linear(out, params[a + "o_proj.weight"], scale=o_scale))
     bias = params.get(a + "o_proj.bias")
     return out if bias is None else out + bias

@@ -4,6 +4,8 @@ Row r holds sequence slot seq_id r. A token's K/V for head h lives at flat row
 `(seq_id * kv_heads + h) * S + position` of the cache viewed as [rows * kv_heads * S, head_dim],
 so each graph writes all its new K/V with one scatter (index_copy_) into the state it was given;
 the cache never travels to the host. Reads need no transpose: a row is already [kv_heads, S, head_dim].
+An FP8 cache (NeuronConfig.kv_cache_dtype) stores K/V divided by the layer's scale (to_cache) and attention reads
+them back times the scale in the model dtype (from_cache); copy_prefix copies the stored bytes.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from . import fp8
 
 
 def empty_cache(
@@ -43,7 +47,20 @@ def write(cache: torch.Tensor, rows: CallRows, values: torch.Tensor) -> None:
     # that input (aliasing_analysis.py, INPLACE_METHODS) and aliases it to an output, so the cache is
     # updated in place on the device.
     head_dim = cache.shape[-1]
+    if fp8.is_fp8(cache):  # torch has no CPU index_copy_ kernel for FP8: the same scatter as an index_put_
+        cache.view(-1, head_dim).index_put_((rows.flat_index,), values.reshape(-1, head_dim))
+        return
     cache.view(-1, head_dim).index_copy_(0, rows.flat_index, values.reshape(-1, head_dim))
+
+
+def to_cache(values: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """K or V as an FP8 cache stores them (models/fp8.py: values / scale within +-240); unchanged without a scale."""
+    return values if scale is None else fp8.quantize_kv(values, scale)
+
+
+def from_cache(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """What attention computes with: an FP8 cache's values times their scale, in `dtype`."""
+    return stored if scale is None else fp8.dequantize_kv(stored, scale, dtype)
 
 
 def copy_prefix(cache: torch.Tensor, source: torch.Tensor, destination: torch.Tensor, length: int) -> None:

@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from . import fp8
 from .args import ModelArgs
 
 
@@ -22,12 +23,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
     return weight * (x32 if x.dtype == torch.float32 else x32.to(x.dtype))
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x, weight, bias)
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ weight.T + bias; an FP8 weight comes with its scale (models/fp8.py)."""
+    return F.linear(x, weight, bias) if scale is None else fp8.linear(x, weight, scale, bias)
 
 
-def mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, act: str = "silu") -> torch.Tensor:
-    return F.linear(activation(F.linear(x, gate), act) * F.linear(x, up), down)
+def mlp(
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    act: str = "silu",
+    scales: tuple[torch.Tensor | None, ...] = (None, None, None),
+) -> torch.Tensor:
+    gate_scale, up_scale, down_scale = scales
+    hidden = activation(linear(x, gate, scale=gate_scale), act) * linear(x, up, scale=up_scale)
+    return linear(hidden, down, scale=down_scale)
 
 
 def activation(x: torch.Tensor, act: str) -> torch.Tensor:

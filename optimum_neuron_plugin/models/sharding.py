@@ -6,7 +6,8 @@
   the one its query heads use (each KV head replicated on tp / kv_heads ranks); anything else is refused.
 - The vocabulary (embedding and lm_head, tied or not) is split in equal slices of ceil(V / tp) rows, the last
   one padded with zero rows; the graphs mask padded logits and offset token ids by VOCAB_OFFSET.
-- Attention sinks (gpt-oss) follow their query heads. Norms (Qwen3's q/k norms included) are replicated; biases follow their rows (q/k/v) or are added once after
+- FP8 weights' scales follow their rows; a row-parallel weight's per-channel scales are replicated, its block
+  scales split with its columns. Attention sinks (gpt-oss) follow their query heads. Norms (Qwen3's q/k norms included) are replicated; biases follow their rows (q/k/v) or are added once after
   the all-reduce (o).
 - MoE layers: every expert is sharded like the dense MLP (its gate/up rows and down columns, stacked [E, ...]),
   the router replicated. Each rank reads 1/tp of each selected expert, so a decode step's weight reads are
@@ -23,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..config import NeuronConfigError
+from . import fp8
 from .args import ModelArgs
 
 # Per-rank scalar weight: the global id of the rank's first vocabulary row (the graphs are rank-independent).
@@ -116,6 +118,8 @@ def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, layout: Shard
             shard = tensor[kv_rows]
         elif kind in ("gate_proj", "up_proj"):
             shard = tensor[mlp_rows]
+        elif kind in ("o_proj", "down_proj") and name.endswith("weight_scale"):
+            shard = _column_scales(name, tensor, q_rows if kind == "o_proj" else mlp_rows)
         elif kind == "o_proj" and name.endswith("weight"):
             shard = tensor[:, q_rows]
         elif kind == "down_proj":
@@ -125,6 +129,19 @@ def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, layout: Shard
         shards[name] = shard.contiguous().clone()
     shards[VOCAB_OFFSET] = torch.tensor([rank * layout.local_vocab], dtype=torch.int32)  # added to int32 token ids
     return shards
+
+
+def _column_scales(name: str, scale: torch.Tensor, columns: slice) -> torch.Tensor:
+    """A row-parallel FP8 weight's scales: per output channel, replicated (each rank scales its partial sum by them);
+    per 128-column block, the blocks of the rank's columns, which must start and end on a block."""
+    if scale.dim() == 1:
+        return scale
+    if columns.start % fp8.BLOCK or columns.stop % fp8.BLOCK:
+        raise ShardingError(
+            f"{name}: its 128-column FP8 block scales cannot be split at column {columns.start}-{columns.stop}: use a "
+            "tensor-parallel degree whose column shards are multiples of 128"
+        )
+    return scale[:, columns.start // fp8.BLOCK : columns.stop // fp8.BLOCK]
 
 
 def _expert_shard(kind: str, tensor: torch.Tensor, rows: slice) -> torch.Tensor:

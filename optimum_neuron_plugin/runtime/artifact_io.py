@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
@@ -18,11 +20,12 @@ from ..backends.neuron_ranks import compile_on_ranks
 from ..config import NeuronConfig
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, graph_specs
-from ..models import sharding
+from ..models import fp8, sharding
 from ..models.args import ModelArgs
 from ..models.collectives import Collectives, export_world
 from ..models.decoder import weight_names
 from ..models.kv_cache import empty_cache
+from . import fp8_params
 from .ranks import tp_group
 
 Model = TypeVar("Model")  # NeuronModelForCausalLM, built by the caller's class
@@ -48,8 +51,15 @@ def export(
         backend.check_can_compile()
         progress(f"loading weights of {model}")
         source = load_source(model)
-    params = to_params(source.state_dict, args, artifact.torch_dtype(neuron_config))
-    # The weights are stored dequantized (a GGUF source's quantization_config no longer applies).
+    if neuron_config.quantization is None and any(map(fp8.is_fp8, source.state_dict.values())):
+        neuron_config = replace(neuron_config, quantization="fp8")  # an FP8 checkpoint stays FP8
+    params = to_params(source.state_dict, args, artifact.torch_dtype(neuron_config), neuron_config)
+    if neuron_config.kv_cache_dtype == "fp8":
+        progress(
+            "K/V cache scales" + ("" if "model.layers.0.self_attn.k_scale" in source.state_dict else ": calibrating")
+        )
+        params |= fp8_params.kv_scales(source.state_dict, args, params, source.tokenizer)
+    # The weights are stored as the graphs take them (a source's quantization_config no longer applies).
     hf_config = {k: v for k, v in source.hf_config.items() if k != "quantization_config"}
     hf_config["architectures"] = [args.architecture]
     workdir = Path(tempfile.mkdtemp(prefix="onp-graphs-"))
@@ -86,7 +96,8 @@ def load(
     for path in make_backend(neuron_config).graph_files(directory, graph_specs(neuron_config, args.vocab_size)):
         if not path.is_file():
             raise ArtifactError(f"{path}: missing compiled graph; export the model again")
-    params = artifact.load_weights(directory, weight_names(args))
+    names = fp8_params.param_names(weight_names(args), args, neuron_config.quantization, neuron_config.kv_cache_dtype)
+    params = artifact.load_weights(directory, names)
     tokenizer, generation_config = load_tokenizer(directory)
     try:
         return cls(args, neuron_config, hf_config, params, directory, tokenizer, generation_config, group, make_backend)
@@ -102,12 +113,12 @@ def compile_graphs(backend, args, layout, neuron_config, params, workdir, progre
     compiles them for a live group instead: one process per NeuronCore, each on its shard (backends/neuron_ranks.py)."""
     nc = neuron_config
     if nc.tp_degree > 1 and backend.compiles_on_live_ranks:
-        compile_on_ranks(backend, args, params, artifact.torch_dtype(nc), workdir, progress)
+        compile_on_ranks(backend, args, params, artifact.cache_dtype(nc), workdir, progress)
         return
     shard = sharding.shard_params(params, args, layout, 0)
     caches = empty_cache(
         args.num_hidden_layers, nc.batch_size, nc.sequence_length, layout.kv_heads, args.head_dim,
-        artifact.torch_dtype(nc),
+        artifact.cache_dtype(nc),
     )  # fmt: skip
     local = sharding.local_args(args, layout)
     if nc.tp_degree == 1:
@@ -125,8 +136,24 @@ def compile_graphs(backend, args, layout, neuron_config, params, workdir, progre
         backend.compile(graphs, shard, caches, workdir, progress)
 
 
+# neuronx-cc refuses float8_e4m3fn operands on trn1/trn2 (NCC_EVRF051) unless told to read them as trn2's E4M3.
+FP8_ON_TRN2_FLAG = "--experimental-unsafe-fp8e4m3fn-as-fp8e4m3"
+
+
 def check_model(neuron_config: NeuronConfig, args: ModelArgs) -> None:
     neuron_config.check_model(args.max_position_embeddings)
+    fp8_graphs = neuron_config.quantization or neuron_config.kv_cache_dtype
+    flags = os.environ.get("NEURON_CC_FLAGS", "")
+    if (
+        neuron_config.backend == "neuron"
+        and neuron_config.target == "trn2"
+        and fp8_graphs
+        and FP8_ON_TRN2_FLAG not in flags
+    ):
+        raise ExportError(
+            f"FP8 graphs on trn2 need neuronx-cc's {FP8_ON_TRN2_FLAG} (error NCC_EVRF051 otherwise): set "
+            f"NEURON_CC_FLAGS=\"--internal-hlo2tensorizer-options='{FP8_ON_TRN2_FLAG}'\" for the export and for vllm serve"
+        )
     # A model whose every layer slides forgets what lies beyond its window: refused past it. Models that mix
     # sliding and full layers (Gemma 3) serve any length, their sliding layers masked to the window.
     if args.every_layer_slides and args.sliding_window < neuron_config.sequence_length:
@@ -136,12 +163,23 @@ def check_model(neuron_config: NeuronConfig, args: ModelArgs) -> None:
         )
 
 
-def to_params(state_dict: dict[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def to_params(
+    state_dict: dict[str, torch.Tensor], args: ModelArgs, dtype: torch.dtype, neuron_config: NeuronConfig | None = None
+) -> dict[str, torch.Tensor]:
+    """The weights the graphs take: in `dtype`, or with FP8 projections when neuron_config.quantization is "fp8"
+    (runtime/fp8_params.py); an FP8 checkpoint tensor outside them is dequantized."""
     names = weight_names(args)
     missing = [n for n in names if n not in state_dict]
     if missing:
         raise ExportError(f"the checkpoint lacks weight(s) {', '.join(missing[:3])}")
-    return {n: state_dict[n].to(dtype).contiguous() for n in names}
+    if neuron_config is not None and neuron_config.quantization == "fp8":
+        return fp8_params.fp8_weights(state_dict, names, dtype, neuron_config.target)
+    return {n: _dequantized(state_dict, n).to(dtype).contiguous() for n in names}
+
+
+def _dequantized(state_dict: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    scale = state_dict.get(name + fp8.SCALE_SUFFIX)
+    return state_dict[name] if scale is None else fp8.dequantize(state_dict[name], scale)
 
 
 def load_tokenizer(directory: Path) -> tuple[object | None, object | None]:

@@ -71,7 +71,7 @@ class NeuronModelForCausalLM:
         self.params = sharding.shard_params(params, args, self.shard_layout, self.rank)
         self.caches = empty_cache(
             args.num_hidden_layers, nc.batch_size, nc.sequence_length, self.shard_layout.kv_heads, args.head_dim,
-            artifact.torch_dtype(nc),
+            artifact.cache_dtype(nc),
         )  # fmt: skip
         cc = Collectives(nc.tp_degree, self.group.group_name if self.group is not None else None)
         local = sharding.local_args(args, self.shard_layout)

@@ -139,10 +139,11 @@ def unsupported_options(
         )
     if user.worker_cls not in ("auto", WORKER_CLS):
         problems.append(f"worker_cls={user.worker_cls!r} is not supported: remove --worker-cls")
-    if user.kv_cache_dtype != "auto":
+    if user.kv_cache_dtype not in ("auto", *(("fp8", "fp8_e4m3") if neuron_config.kv_cache_dtype == "fp8" else ())):
         problems.append(
-            f"kv_cache_dtype={user.kv_cache_dtype!r} is not supported (the KV cache dtype was fixed at export): "
-            "remove --kv-cache-dtype"
+            f"kv_cache_dtype={user.kv_cache_dtype!r} does not match the artifact's KV cache "
+            f"({neuron_config.kv_cache_dtype or neuron_config.torch_dtype}, fixed at export): remove --kv-cache-dtype "
+            "(or export the model again with --kv-cache-dtype fp8)"
         )
     if model_config.logprobs_mode != "raw_logprobs":
         problems.append(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 
-from ..artifact import torch_dtype
+from ..artifact import cache_dtype
 from ..runtime import NeuronModelForCausalLM
 
 # Any layout: vLLM allocates nothing for us. NHD order, the usual default.
@@ -33,7 +33,7 @@ def kv_cache_spec(model: NeuronModelForCausalLM, block_size: int) -> dict[str, K
         block_size=block_size,
         num_kv_heads=args.num_key_value_heads,
         head_size=args.head_dim,
-        dtype=torch_dtype(model.neuron_config),
+        dtype=cache_dtype(model.neuron_config),
     )
     return {name: spec for name in layer_names(args.num_hidden_layers)}
 
