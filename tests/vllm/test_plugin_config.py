@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
+from support.engine import serve_config
 from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH
 
 from optimum_neuron_plugin.vllm import PLATFORM, register
@@ -10,10 +13,7 @@ from optimum_neuron_plugin.vllm.options import NEURON_DEVICE, PrefillMode, prefi
 
 
 def engine_config(model, usage="LLM_CLASS", **kwargs):
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.usage.usage_lib import UsageContext
-
-    return EngineArgs(model=str(model), **kwargs).create_engine_config(UsageContext(usage))
+    return serve_config(model, usage, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -98,10 +98,35 @@ def test_interleaved_mode_lets_the_scheduler_chunk(chunked_dir):
     ],
 )
 def test_refuses_what_the_artifact_cannot_serve(chunked_dir, kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((ValueError, argparse.ArgumentError), match=message):
         engine_config(chunked_dir, **kwargs)
 
 
 def test_refuses_a_directory_that_is_not_an_artifact(tiny_hf_dir):
     with pytest.raises(ValueError, match="not an exported model directory"):
         engine_config(tiny_hf_dir)
+
+
+def test_the_command_line_records_the_options_it_sets(chunked_dir):
+    # --additional-config after a tracked option replaces vLLM's dict: the record survives it.
+    config = engine_config(chunked_dir, max_num_seqs=3, additional_config={"prefill_mode": "serial"})
+    assert config.additional_config["user_options"] == {"max_num_seqs": 3}
+    assert config.scheduler_config.max_num_seqs == 3
+    with pytest.raises(ValueError, match="max_num_seqs=256 exceeds"):
+        engine_config(chunked_dir, max_num_seqs=256, additional_config={"prefill_mode": "serial"})
+
+
+def test_the_python_api_fits_vllms_resolved_values(chunked_dir):
+    """vllm.LLM / EngineArgs run no parser: vLLM's resolved values are fitted, values within the limits are kept."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    def python_config(**kwargs):
+        return EngineArgs(model=str(chunked_dir), **kwargs).create_engine_config(UsageContext.LLM_CLASS)
+
+    assert python_config().scheduler_config.max_num_seqs == BATCH_SIZE  # vLLM's 256 lowered to the artifact's
+    config = python_config(max_num_seqs=2, max_model_len=64, enable_prefix_caching=False)
+    assert (config.scheduler_config.max_num_seqs, config.model_config.max_model_len) == (2, 64)
+    assert config.additional_config["prefix_caching"] is False
+    with pytest.raises(ValueError, match="max_model_len=256 exceeds"):  # vLLM keeps what max_model_len was given
+        python_config(max_model_len=2 * SEQUENCE_LENGTH)

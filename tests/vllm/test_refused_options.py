@@ -8,14 +8,12 @@ last test checks one refusal through a real `vllm serve`: exit status and messag
 from __future__ import annotations
 
 import pytest
+from support.engine import serve_config
 from support.served import BATCH_SIZE, SEQUENCE_LENGTH
 
 
 def engine_config(model, usage="OPENAI_API_SERVER", **kwargs):
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.usage.usage_lib import UsageContext
-
-    return EngineArgs(model=str(model), **kwargs).create_engine_config(UsageContext(usage))
+    return serve_config(model, usage, **kwargs)
 
 
 INTERLEAVED = {"additional_config": {"prefill_mode": "interleaved"}}
