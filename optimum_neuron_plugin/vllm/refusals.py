@@ -142,6 +142,16 @@ def kv_cache_dtype(asked: Asked, fitted: Fitted) -> str | None:
     return None
 
 
+def load_format(asked: Asked, fitted: Fitted) -> str | None:
+    given = asked.vllm_config.load_config.load_format
+    if given != "auto":
+        return (
+            f"load_format={given!r} is not supported (the artifact holds its weights, loaded as exported): "
+            "remove --load-format"
+        )
+    return None
+
+
 def logprobs_mode(asked: Asked, fitted: Fitted) -> str | None:
     given = asked.vllm_config.model_config.logprobs_mode
     if given != "raw_logprobs":
@@ -256,6 +266,7 @@ RULES: tuple[Rule, ...] = (
     worker_cls,
     scheduler_cls,
     kv_cache_dtype,
+    load_format,
     logprobs_mode,
     dtype,
     max_logprobs,

@@ -8,8 +8,9 @@ import pytest
 from support.engine import serve_config
 from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH
 
+from optimum_neuron_plugin.devices import neuron_devices_present
 from optimum_neuron_plugin.vllm import PLATFORM, register
-from optimum_neuron_plugin.vllm.options import NEURON_DEVICE, PrefillMode, prefill_mode
+from optimum_neuron_plugin.vllm.options import PrefillMode, backend_requested, prefill_mode
 
 
 def engine_config(model, usage="LLM_CLASS", **kwargs):
@@ -28,7 +29,27 @@ def test_register_follows_onp_backend(monkeypatch, value, expected):
 
 def test_register_without_devices_or_request_is_none(monkeypatch):
     monkeypatch.delenv("ONP_BACKEND", raising=False)
-    assert register() == (PLATFORM if NEURON_DEVICE.exists() else None)
+    assert register() == (PLATFORM if neuron_devices_present() else None)
+    monkeypatch.setenv("ONP_BACKEND", "auto")
+    assert register() == (PLATFORM if neuron_devices_present() else None)
+
+
+def test_any_neuron_device_node_counts(tmp_path):
+    assert not neuron_devices_present(tmp_path)
+    (tmp_path / "neuron_monitor").touch()
+    assert not neuron_devices_present(tmp_path)
+    (tmp_path / "neuron3").touch()  # a container given one device of the host
+    assert neuron_devices_present(tmp_path)
+
+
+def test_an_unknown_onp_backend_is_refused_with_the_valid_values(chunked_dir, monkeypatch):
+    monkeypatch.setenv("ONP_BACKEND", "cpuu")
+    message = "ONP_BACKEND='cpuu' is not a valid value: set it to one of cpu, neuron, off, auto"
+    assert register() == PLATFORM  # enabled, so that it refuses at startup instead of leaving the host silently
+    with pytest.raises(ValueError, match=message):
+        backend_requested()
+    with pytest.raises(ValueError, match=message):
+        engine_config(chunked_dir)
 
 
 def test_the_plugin_is_the_current_platform():
