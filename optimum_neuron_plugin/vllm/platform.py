@@ -98,11 +98,14 @@ class NeuronPlatform(Platform):
 
     @classmethod
     def pre_register_and_update(cls, parser=None) -> None:
-        """With the CLI parser (`vllm serve`, before it parses): record which options the command line sets."""
+        """With the CLI parser (`vllm serve`, before it parses): record which options the command line sets, and
+        check the requests' bodies where SamplingParams cannot tell what the client asked (http_checks.py)."""
         if parser is not None:
+            from .http_checks import add_http_checks
             from .user_args import record_user_options
 
             record_user_options(parser)
+            add_http_checks(parser)
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:

@@ -151,3 +151,15 @@ def test_the_python_api_fits_vllms_resolved_values(chunked_dir):
     assert config.additional_config["prefix_caching"] is False
     with pytest.raises(ValueError, match="max_model_len=256 exceeds"):  # vLLM keeps what max_model_len was given
         python_config(max_model_len=2 * SEQUENCE_LENGTH)
+
+
+def test_vllm_serve_checks_prompt_logprobs_in_the_request_body(chunked_dir):
+    """`vllm serve` gets the plugin's middleware (http_checks.py) by default; a user's --middleware comes after it."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from optimum_neuron_plugin.vllm.http_checks import MIDDLEWARE
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    assert parser.parse_args([str(chunked_dir)]).middleware == [MIDDLEWARE]
+    assert parser.parse_args([str(chunked_dir), "--middleware", "my.mw"]).middleware == [MIDDLEWARE, "my.mw"]
