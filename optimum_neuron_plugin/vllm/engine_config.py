@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from vllm.config import CompilationMode, VllmConfig
+from vllm.config import CompilationMode, ParallelConfig, VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 
 from ..backends.neuron import neuron_core_count
@@ -172,7 +172,7 @@ def refuse_tensor_parallel_size(model: Path, tp: int) -> None:
             raise ConfigMismatchError(problem)
 
 
-def fit_data_parallel(parallel_config, tensor_parallel_size: int) -> int:
+def fit_data_parallel(parallel_config: ParallelConfig, tensor_parallel_size: int) -> int:
     """vLLM's own data parallelism: data_parallel_size engine processes behind the API server, each with its own
     worker, artifact instance, cache slots and KV cache; vLLM's front end balances requests between them.
 
