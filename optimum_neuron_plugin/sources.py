@@ -91,7 +91,7 @@ def load_source(model: str | Path) -> Source:
 
 
 def _load_source(model: str | Path) -> Source:
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     hf_config, args = read_config(model)
     location, kwargs = _location(model)
@@ -108,10 +108,7 @@ def _load_source(model: str | Path) -> Source:
             raise ExportError(f"cannot load the weights of {model}: {_first_line(error)}") from None
         state_dict = decoder_weights({k: v.detach().contiguous() for k, v in hf_model.state_dict().items()}, args)
         hf_config = hf_model.config.to_dict()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(location, **kwargs)
-    except (OSError, ValueError, TypeError):
-        tokenizer = None
+    tokenizer = _load_tokenizer(model, location, kwargs)
     if tokenizer is not None and args.architecture in _NEEDS_BOS:
         _add_bos(tokenizer, model)
     try:
@@ -139,6 +136,28 @@ def _fp8_weights(model: str | Path, location: str, args: ModelArgs) -> dict[str,
         raise ExportError(f"cannot load the weights of {model}: {_first_line(error)}") from None
     except UnsupportedQuantizationError as error:
         raise ExportError(f"model {model}: {error}") from None
+
+
+# Files a Hugging Face tokenizer is read from: a model directory with none of them has no tokenizer.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def _load_tokenizer(model: str | Path, location: str, kwargs: dict):
+    """The model's tokenizer, exported with the artifact for vLLM to serve text. A model directory without
+    tokenizer files exports without one (served with token ids: vLLM's skip_tokenizer_init); a tokenizer that
+    exists but does not load fails the export, as vLLM could not serve the artifact."""
+    from transformers import AutoTokenizer
+
+    directory = Path(location)
+    if "gguf_file" not in kwargs and directory.is_dir() and not any((directory / f).exists() for f in _TOKENIZER_FILES):
+        return None
+    try:
+        return AutoTokenizer.from_pretrained(location, **kwargs)
+    except Exception as error:  # noqa: BLE001 - a corrupt file, a missing dependency (sentencepiece, tiktoken), ...
+        raise ExportError(
+            f"cannot load the tokenizer of {model}: {_first_line(error)} (vLLM needs it to serve the artifact): repair "
+            "the tokenizer files or install the package they need, then export again"
+        ) from None
 
 
 def _add_bos(tokenizer, model: str | Path) -> None:

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..config import NeuronConfig
+from ..devices import neuron_devices_present  # noqa: F401 (backends/neuron.py imports it from here)
 from ..graphs import DecoderGraph, GraphSpec
 
 Progress = Callable[[str], None]
@@ -49,10 +50,6 @@ def host_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
     """Where host tensors of `group`'s ranks go (broadcasts of sampled tokens, barriers): the gloo group made beside
     a device group (join_device_group), else the group itself."""
     return _HOST_GROUPS.get(group.group_name, group)
-
-
-def neuron_devices_present() -> bool:
-    return any(Path("/dev").glob("neuron[0-9]*"))
 
 
 def resolve_backend(name: str) -> str:

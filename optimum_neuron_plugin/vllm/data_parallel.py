@@ -29,18 +29,20 @@ from __future__ import annotations
 
 import os
 
-from vllm.config import VllmConfig
+from vllm.config import ParallelConfig
 
 from ..backends.neuron import neuron_core_count
 from ..placement import Rank, neuron_core
-from .options import DATA_PARALLEL_SIZE_KEY, serves_on_neuron
+from .options import serves_on_neuron
 
 
-def fit_data_parallel(vllm_config: VllmConfig) -> list[str]:
-    """Record this node's engine count for placement; return what cannot serve (empty when all can)."""
-    parallel = vllm_config.parallel_config
-    local = parallel.data_parallel_size_local
-    vllm_config.additional_config[DATA_PARALLEL_SIZE_KEY] = max(local, 1)
+def local_engines(parallel: ParallelConfig) -> int:
+    """The engines this node starts (at least 1: an API-only head still fits one), kept for placement."""
+    return max(parallel.data_parallel_size_local, 1)
+
+
+def data_parallel_problems(parallel: ParallelConfig) -> list[str]:
+    """What cannot serve (empty when all can)."""
     problems = []
     if parallel.enable_expert_parallel:
         problems.append(
@@ -57,15 +59,14 @@ def fit_data_parallel(vllm_config: VllmConfig) -> list[str]:
             "device resource and sets its devices through Ray; the Neuron plugin declares no Ray device and places "
             "engines on NeuronCores itself, so use the mp backend: --headless nodes for several machines)"
         )
-    last = last_local_rank(vllm_config)
+    last = last_local_rank(parallel)
     if last is not None:
         problems += core_problems(last)
     return problems
 
 
-def last_local_rank(vllm_config: VllmConfig) -> Rank | None:
+def last_local_rank(parallel: ParallelConfig) -> Rank | None:
     """The last worker this node starts (its cores must exist), or None: no engine here, or not on Neuron."""
-    parallel = vllm_config.parallel_config
     local, tp = parallel.data_parallel_size_local, parallel.tensor_parallel_size
     if parallel.data_parallel_size == 1 or local < 1 or not serves_on_neuron():
         return None

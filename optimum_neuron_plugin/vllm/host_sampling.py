@@ -9,6 +9,10 @@ temperature-scaled logits. The draw itself stays the plugin's top-k / top-p samp
 the same tokens whether a step runs on the host or on the device. Logprobs are vLLM's default
 "raw_logprobs" (log_softmax of the model's logits before any processing), gathered by vLLM's Sampler; tokens
 sampled on the device come with the same logprobs from the decode graph (device_token_logprobs).
+
+Under tensor parallelism every rank samples the same logits, and rank 0's tokens are the ones every rank records
+(runtime.ranks.from_rank0, as the decode graphs' host-drawn uniforms are): a draw that differed on one rank (logits
+that differ in their last bits, a generator in another state) would make the ranks' sequences diverge.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from vllm.config import VllmConfig
 from vllm.utils.torch_utils import make_tensor_with_pad
 from vllm.v1.outputs import LogprobsLists
@@ -25,6 +30,7 @@ from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 
 from ..runtime.decode import SampledLogprobs
+from ..runtime.ranks import from_rank0
 from ..sampling import sample_on_host
 from .requests import RequestState
 
@@ -32,18 +38,21 @@ from .requests import RequestState
 class HostSampler:
     """Samples rows of logits on the host for the requests that own them (one row per request)."""
 
-    def __init__(self, vllm_config: VllmConfig, max_topk: int | None = None) -> None:
+    def __init__(
+        self, vllm_config: VllmConfig, max_topk: int | None = None, group: dist.ProcessGroup | None = None
+    ) -> None:
         self.max_topk = max_topk  # at most this many tokens are candidates (None: the whole vocabulary)
+        self.group = group  # the tensor-parallel ranks (None: one rank)
         self._sampler = Sampler()
         # vLLM's builtin processors (min_tokens, logit_bias, min_p); custom ones are refused at startup.
         self._processors = build_logitsprocs(vllm_config, torch.device("cpu"), False, False)
         self._rows = 0  # rows the processors hold state for (indices 0..rows-1)
 
     def sample(self, logits: torch.Tensor, states: list[RequestState]) -> list[int]:
-        """logits [n, V] -> one token per request, with its parameters and its own generator."""
+        """logits [n, V] -> one token per request, with its parameters and its own generator (rank 0's tokens)."""
         processed = self.process(logits, states)
         sampling, generators = [s.sampling for s in states], [s.generator for s in states]
-        return sample_on_host(processed, sampling, generators, self.max_topk).tolist()
+        return from_rank0(self.group, sample_on_host(processed, sampling, generators, self.max_topk)).tolist()
 
     def process(self, logits: torch.Tensor, states: list[RequestState]) -> torch.Tensor:
         """logits [n, V] -> logits [n, V] with every request's processing applied (a copy when changed)."""

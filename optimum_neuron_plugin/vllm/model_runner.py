@@ -70,7 +70,7 @@ class NeuronModelRunner:
         self.stats = stats or StatsSink()
         nc = model.neuron_config
         # First tokens follow the device's top-k rule (sampling.host_topk).
-        self.host_sampler = HostSampler(vllm_config, host_topk(nc.on_device_sampling, nc.max_topk))
+        self.host_sampler = HostSampler(vllm_config, host_topk(nc.on_device_sampling, nc.max_topk), model.group)
         self.seeds = SeedSource(vllm_config.model_config.seed)
         self.health = GraphHealth()
         self.grammar = StepGrammar(SchedulerOutput.make_empty(), None)  # the step's (execute)

@@ -5,7 +5,8 @@ with `VLLM_`, so the plugin never uses that prefix.
 
 - `ONP_BACKEND`: `cpu` activates the plugin on a host without Neuron devices, serving an artifact
   exported with the CPU reference backend; `neuron` activates it unconditionally; `off` never
-  activates it. Unset: active only when Neuron devices (/dev/neuron0) are present.
+  activates it. Unset (or `auto`): active only when Neuron devices (/dev/neuron<N>, devices.py) are present.
+  Any other value is refused at startup with the valid ones.
 - `ONP_PREFILL_MODE`: `serial` (default) or `interleaved`, see `PrefillMode`. vLLM's
   `--additional-config '{"prefill_mode": "interleaved"}'` takes precedence over the variable.
 - `ONP_CPU_THREADS`: intra-op threads of the CPU backend's graphs, per engine rank (default: the
@@ -21,11 +22,11 @@ from __future__ import annotations
 
 import os
 from enum import Enum
-from pathlib import Path
 
 from vllm.utils.torch_utils import OMP_NUM_THREADS_SET_BY_VLLM
 
 from .. import placement
+from ..devices import neuron_devices_present
 from ..placement import Rank
 
 BACKEND_ENV = "ONP_BACKEND"
@@ -40,7 +41,7 @@ DATA_PARALLEL_SIZE_KEY = "data_parallel_size"
 # cache_config.enable_prefix_caching stays off (its blocks are bookkeeping only; prefix_cache.py does the caching).
 PREFIX_CACHING_KEY = "prefix_caching"
 DEFAULT_PREFILL_CHUNK_BUDGET = 2
-NEURON_DEVICE = Path("/dev/neuron0")
+BACKEND_VALUES = ("cpu", "neuron", "off", "auto")
 
 
 class PrefillMode(str, Enum):
@@ -59,20 +60,24 @@ class PrefillMode(str, Enum):
 
 
 def backend_requested() -> str:
-    return os.environ.get(BACKEND_ENV, "").strip().lower()
-
-
-def neuron_devices_present() -> bool:
-    return NEURON_DEVICE.exists()
+    """ONP_BACKEND as one of BACKEND_VALUES ("auto" when unset); raise ValueError for any other value."""
+    value = os.environ.get(BACKEND_ENV, "").strip().lower() or "auto"
+    if value not in BACKEND_VALUES:
+        raise ValueError(
+            f"{BACKEND_ENV}={os.environ[BACKEND_ENV]!r} is not a valid value: set it to one of "
+            f"{', '.join(BACKEND_VALUES)} (auto, or unset: the plugin runs when Neuron devices are present)"
+        )
+    return value
 
 
 def plugin_enabled() -> bool:
-    requested = backend_requested()
-    if requested in ("cpu", "neuron"):
+    """An invalid ONP_BACKEND enables the plugin, which refuses it at startup (vLLM swallows errors raised while it
+    detects platforms, so refusing here would silently leave the host to another platform)."""
+    try:
+        requested = backend_requested()
+    except ValueError:
         return True
-    if requested in ("off", "none", "0"):
-        return False
-    return neuron_devices_present()
+    return requested in ("cpu", "neuron") or (requested == "auto" and neuron_devices_present())
 
 
 def prefill_mode(additional_config: object = None) -> PrefillMode:
@@ -140,4 +145,4 @@ def prefill_chunk_budget(additional_config: object = None) -> int:
 
 def serves_on_neuron() -> bool:
     requested = backend_requested()
-    return requested == "neuron" or (requested != "cpu" and neuron_devices_present())
+    return requested == "neuron" or (requested == "auto" and neuron_devices_present())

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
     from .limits import ServingLimits
-    from .user_args import UserArgs
 
 # vllm.config imports this module while it resolves the platform: modules that import vllm.config
 # (engine_config, request_checks) are imported inside the methods that need them; neither imports this one.
@@ -38,9 +37,6 @@ class NeuronPlatform(Platform):
     # process that validates requests (front end); None until a model is configured. Process-wide
     # because vLLM's validate_request hook receives no configuration: one model per process.
     serving_limits: ServingLimits | None = None
-    # The options the user set, read by pre_register_and_update at the start of
-    # EngineArgs.create_engine_config and consumed by its check_and_update_config (user_args.py).
-    _user_args: UserArgs | None = None
 
     def is_cpu(self) -> bool:
         # No torch accelerator exists here: vLLM must take its host paths, e.g. skip
@@ -102,17 +98,17 @@ class NeuronPlatform(Platform):
 
     @classmethod
     def pre_register_and_update(cls, parser=None) -> None:
-        if parser is None:  # called by EngineArgs.create_engine_config before it fills in defaults
-            from .engine_config import refuse_tensor_parallel_size
-            from .user_args import capture
+        """With the CLI parser (`vllm serve`, before it parses): record which options the command line sets, and
+        check the requests' bodies where SamplingParams cannot tell what the client asked (http_checks.py)."""
+        if parser is not None:
+            from .http_checks import add_http_checks
+            from .user_args import record_user_options
 
-            cls._user_args = capture()
-            if cls._user_args is not None:
-                refuse_tensor_parallel_size(cls._user_args.model, cls._user_args.tensor_parallel_size)
+            record_user_options(parser)
+            add_http_checks(parser)
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
-        user_args, cls._user_args = cls._user_args, None
         if backend_requested() == "neuron" and neuron_core_count() == 0:
             raise RuntimeError(
                 "ONP_BACKEND=neuron but no NeuronCore is visible (no /dev/neuron*, torch-neuronx missing, or "
@@ -123,7 +119,7 @@ class NeuronPlatform(Platform):
             return
         from .engine_config import fit_to_artifact
 
-        cls.serving_limits = fit_to_artifact(vllm_config, user_args)
+        cls.serving_limits = fit_to_artifact(vllm_config)
 
     @classmethod
     def validate_request(cls, processed_inputs, params) -> None:

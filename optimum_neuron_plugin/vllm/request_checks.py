@@ -174,11 +174,16 @@ def check_prompt_logprobs(limits: ServingLimits, params: SamplingParams) -> None
     if params.prompt_logprobs is None or limits.prompt_logprobs:
         return
     raise VLLMValidationError(
-        f"prompt_logprobs={params.prompt_logprobs} (also completions echo with logprobs) needs every prompt position's "
-        "logits, but this artifact's prefill graphs return the last position's only: omit prompt_logprobs or export "
-        "the model again with --prompt-logprobs (chunked prefill: --prefill-chunk-size > 0)",
-        parameter="prompt_logprobs",
-        value=params.prompt_logprobs,
+        prompt_logprobs_refusal(params.prompt_logprobs), parameter="prompt_logprobs", value=params.prompt_logprobs
+    )
+
+
+def prompt_logprobs_refusal(asked: int) -> str:
+    """What an artifact without prompt_logits graphs answers a request for prompt logprobs (http_checks.py too)."""
+    return (
+        f"prompt_logprobs={asked} (also completions echo with logprobs) needs every prompt position's logits, but "
+        "this artifact's prefill graphs return the last position's only: omit prompt_logprobs or export the model "
+        "again with --prompt-logprobs (chunked prefill: --prefill-chunk-size > 0)"
     )
 
 

@@ -1,78 +1,122 @@
-"""Which engine options the user set, read before vLLM fills in its defaults.
+"""Which engine options the user set: recorded by `vllm serve`'s own parser, read back from the VllmConfig.
 
-vLLM's EngineArgs.create_engine_config replaces every unset option (None) with a default before the
-platform sees the configuration, and VllmConfig does not record which values were explicit. A value
-that merely looks like a default (e.g. `--max-num-seqs 256`, vLLM's offline default on a CPU
-platform) must still be refused when the artifact cannot honour it. create_engine_config calls
-`current_platform.pre_register_and_update()` first, before it changes anything: NeuronPlatform reads
-the caller's EngineArgs there (capture) and hands the snapshot to check_and_update_config.
+vLLM's EngineArgs.create_engine_config replaces every unset option (None) with a default before the platform
+sees the configuration, and VllmConfig does not record which values were explicit. A value that merely looks like
+a default (e.g. `--max-num-seqs 256`, vLLM's offline default on a CPU platform) must still be refused when the
+artifact cannot honour it.
 
-When no EngineArgs is found (a VllmConfig built by hand), max_num_seqs / max_num_batched_tokens
-count as unset when they equal a default vLLM computes (EngineArgs.get_batch_defaults, times the
-world size, doubled in throughput mode), and the switches count as unset.
+vLLM hands the platform its CLI parser (AsyncEngineArgs.add_cli_args -> Platform.pre_register_and_update(parser),
+vllm/engine/arg_utils.py:3214) before `vllm serve` parses the command line. record_user_options makes each tracked
+option's argparse action also write the value it parsed into the Namespace's additional_config (USER_OPTIONS_KEY),
+which vLLM carries unchanged through EngineArgs into VllmConfig.additional_config, in every process that gets the
+configuration. UserOptions.of reads it back.
+
+Through the Python API (vllm.LLM, EngineArgs) no parser runs and vLLM keeps no record: the tracked options count
+as unset and the plugin fits vLLM's resolved values to the artifact (values within its limits are kept). Options
+vLLM's configuration keeps as given (worker_cls, kv_cache_dtype, scheduler_cls, max_model_len, prefix caching)
+are read from the configuration on both paths.
 """
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass, fields
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+USER_OPTIONS_KEY = "user_options"
+
+# EngineArgs fields whose unset value vLLM replaces with a default the platform cannot tell from an explicit one.
+TRACKED = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_logprobs",
+    "enable_chunked_prefill",
+    "async_scheduling",
+    "distributed_executor_backend",
+    "dtype",
+    "tensor_parallel_size",
+)
 
 
 @dataclass(frozen=True)
-class UserArgs:
-    """EngineArgs values as the user gave them; None (or "auto") means unset."""
+class UserOptions:
+    """Options as the user gave them; None means unset."""
 
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    enable_prefix_caching: bool | None = None
+    max_logprobs: int | None = None
     enable_chunked_prefill: bool | None = None
     async_scheduling: bool | None = None
     distributed_executor_backend: str | None = None
-    worker_cls: str = "auto"
-    dtype: str = "auto"
-    kv_cache_dtype: str = "auto"
-    model: str | None = None
+    dtype: str | None = None
     tensor_parallel_size: int | None = None
-    seen: bool = False  # read from the EngineArgs that built the configuration
+
+    @classmethod
+    def of(cls, additional_config: dict[str, Any] | None) -> UserOptions:
+        recorded = (additional_config or {}).get(USER_OPTIONS_KEY, {})
+        return cls(**{name: recorded[name] for name in TRACKED if recorded.get(name) is not None})
 
 
-def capture(max_depth: int = 4) -> UserArgs | None:
-    """The options of the EngineArgs whose create_engine_config is running (found up the call stack)."""
-    from vllm.engine.arg_utils import EngineArgs
+def record_user_options(parser: argparse.ArgumentParser) -> None:
+    """Make the parser record every tracked option the command line sets (and refuse a --tensor-parallel-size the
+    artifact was not exported for while parsing, before vLLM's own checks fail on it with a traceback)."""
+    # argparse has no public accessor for a parser's actions; _actions is its documented-by-use attribute.
+    for action in parser._actions:
+        if action.dest in TRACKED and not isinstance(action, _Recording):
+            action.__class__ = type(f"Recording{type(action).__name__}", (_Recording, type(action)), {})
+        elif action.dest == "additional_config" and not isinstance(action, _KeepingRecord):
+            action.__class__ = type(f"Keeping{type(action).__name__}", (_KeepingRecord, type(action)), {})
+        elif action.dest in ("model_tag", "model") and not isinstance(action, _CheckingModel):
+            action.__class__ = type(f"Checking{type(action).__name__}", (_CheckingModel, type(action)), {})
 
-    frame = sys._getframe(1)
-    for _ in range(max_depth):
-        if frame is None:
-            return None
-        args = frame.f_locals.get("self")
-        if frame.f_code.co_name == "create_engine_config" and isinstance(args, EngineArgs):
-            values = {f.name: _plain(getattr(args, f.name, None)) for f in fields(UserArgs) if f.name != "seen"}
-            return UserArgs(**{k: v for k, v in values.items() if v is not None}, seen=True)
-        frame = frame.f_back
-    return None
+
+def _recorded(namespace: argparse.Namespace) -> dict[str, Any]:
+    return (getattr(namespace, "additional_config", None) or {}).get(USER_OPTIONS_KEY, {})
+
+
+def _record(namespace: argparse.Namespace, values: dict[str, Any]) -> None:
+    # A new dict every time: the parser's default additional_config object must stay empty.
+    config = dict(getattr(namespace, "additional_config", None) or {})
+    config[USER_OPTIONS_KEY] = {**config.get(USER_OPTIONS_KEY, {}), **values}
+    namespace.additional_config = config
 
 
 def _plain(value: object) -> object:
-    """dtype may be a torch.dtype or a string; keep strings for messages and comparisons."""
-    return value if value is None or isinstance(value, bool | int | str) else str(value).removeprefix("torch.")
+    return value if value is None or isinstance(value, bool | int | str) else str(value)
 
 
-def vllm_default_max_num_seqs(world_size: int, throughput: bool) -> set[int]:
-    """Every max_num_seqs vLLM may pick when the user sets none (before capping it to max_num_batched_tokens)."""
-    return _defaults(world_size, throughput)[1]
+class _Recording(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        _record(namespace, {self.dest: _plain(getattr(namespace, self.dest))})
+        _check_tensor_parallel_size(self, namespace)
 
 
-def vllm_default_max_num_batched_tokens(world_size: int, throughput: bool) -> set[int]:
-    return _defaults(world_size, throughput)[0]
+class _KeepingRecord(argparse.Action):
+    """--additional-config replaces the dict: keep what the tracked options recorded before it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        recorded = _recorded(namespace)
+        super().__call__(parser, namespace, values, option_string)
+        if recorded:
+            _record(namespace, recorded)
 
 
-def _defaults(world_size: int, throughput: bool) -> tuple[set[int], set[int]]:
-    from vllm.config import SchedulerConfig
-    from vllm.engine.arg_utils import EngineArgs
+class _CheckingModel(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        _check_tensor_parallel_size(self, namespace)
 
-    tokens, seqs = EngineArgs.get_batch_defaults(world_size)
-    factor = 2 if throughput else 1
-    return (
-        {v * factor for v in tokens.values()} | {SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS * factor},
-        {v * factor for v in seqs.values()} | {SchedulerConfig.DEFAULT_MAX_NUM_SEQS * factor},
-    )
+
+def _check_tensor_parallel_size(action: argparse.Action, namespace: argparse.Namespace) -> None:
+    model = getattr(namespace, "model_tag", None) or getattr(namespace, "model", None)
+    tp = _recorded(namespace).get("tensor_parallel_size")
+    if model is None or tp is None:
+        return
+    from .engine_config import ConfigMismatchError, refuse_tensor_parallel_size
+
+    try:
+        refuse_tensor_parallel_size(Path(model), tp)
+    except ConfigMismatchError as error:
+        raise argparse.ArgumentError(action, str(error)) from None

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from exporter.cli import build_parser, request_from_args, resolve_chunk_size, resolve_dtype
+from optimum_neuron_plugin.devices import neuron_devices_present
 
 from .helpers import OPTIMUM_CLI, REPO
 
@@ -66,7 +66,7 @@ def test_default_dtype_follows_backend():
 
 
 def test_auto_backend_is_cpu_without_neuron_devices():
-    expected = "neuron" if any(Path("/dev").glob("neuron[0-9]*")) else "cpu"
+    expected = "neuron" if neuron_devices_present() else "cpu"
     assert request_from_args(parse(*BASE)).neuron_config.backend == expected
 
 

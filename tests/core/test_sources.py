@@ -26,3 +26,19 @@ def test_an_export_parses_a_gguf_file_once(monkeypatch):
     assert len(parsed) == 1
     assert source.args == args and source.tokenizer is not None and len(source.tokenizer) == args.vocab_size
     assert source.state_dict["model.embed_tokens.weight"].shape == (args.vocab_size, args.hidden_size)
+
+
+def test_a_tokenizer_that_does_not_load_fails_the_export(tmp_path):
+    from support.tiny_models import save_tiny
+
+    from optimum_neuron_plugin import ExportError
+
+    model = save_tiny(tmp_path / "tiny")
+    assert load_source(model).tokenizer is None  # no tokenizer files: exported without one (served with token ids)
+    (model / "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+    (model / "tokenizer.json").write_text("{truncated")
+    with pytest.raises(ExportError) as raised:
+        load_source(model)
+    message = str(raised.value)
+    assert message.startswith(f"cannot load the tokenizer of {model}: ")
+    assert "repair the tokenizer files or install the package they need, then export again" in message

@@ -170,3 +170,15 @@ def test_chat_echo_without_logprobs_is_served(server, probe):
     status, body = call(server.port, "/v1/chat/completions", {**plain, "echo": True, "prompt_logprobs": 1})
     rejected(status, body, 400, "export the model again with --prompt-logprobs")
     probe()
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_prompt_logprobs_0_is_refused_like_1(server, probe, path):
+    # Asked for by the client (the prompt tokens' own logprobs), not implied by chat `echo`: the same 400 as 1.
+    if path == "/v1/completions":
+        request = greedy(server.model, "hi", 5)
+    else:
+        request = {"model": server.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+    status, body = call(server.port, path, {**request, "prompt_logprobs": 0})
+    rejected(status, body, 400, "prompt_logprobs=0", "export the model again with --prompt-logprobs")
+    probe()

@@ -16,3 +16,34 @@ def close_llm(llm) -> None:
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
+
+
+def serve_config(model: Path, usage: str = "OPENAI_API_SERVER", **options):
+    """The VllmConfig `vllm serve <model> <options>` builds: vLLM's own serve parser (which the platform's
+    pre_register_and_update extends), AsyncEngineArgs.from_cli_args and create_engine_config.
+
+    Options are EngineArgs field names; True/False become --flag/--no-flag, dicts JSON, lists one value each.
+    A refusal while parsing raises argparse.ArgumentError (`vllm serve` prints it as a usage error)."""
+    import json
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    argv = [str(model)]
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append("--no-" + name.replace("_", "-"))
+        elif isinstance(value, dict):
+            argv += [flag, json.dumps(value)]
+        elif isinstance(value, list):
+            argv += [flag, *map(str, value)]
+        else:
+            argv += [flag, str(value)]
+    args = make_arg_parser(FlexibleArgumentParser(exit_on_error=False)).parse_args(argv)
+    args.model = args.model_tag
+    return AsyncEngineArgs.from_cli_args(args).create_engine_config(UsageContext(usage))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optimum_neuron_plugin.vllm.data_parallel import fit_data_parallel
+from optimum_neuron_plugin.vllm.data_parallel import data_parallel_problems
 from optimum_neuron_plugin.vllm.worker import NeuronWorker
 
 
@@ -100,7 +100,7 @@ def test_parallelism_the_plugin_cannot_run_is_refused(chunked_dir):
     config = engine_config(chunked_dir, data_parallel_size=2)
     config.parallel_config.data_parallel_backend = "ray"
     config.parallel_config.enable_expert_parallel = True
-    problems = fit_data_parallel(config)
+    problems = data_parallel_problems(config.parallel_config)
     assert [p.split(":")[0] for p in problems] == [
         "expert parallelism is not supported",
         "data_parallel_backend='ray' is not supported",

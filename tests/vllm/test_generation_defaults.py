@@ -3,7 +3,7 @@
 A tiny random Qwen2 (SmolLM2's tokenizer) whose generation_config.json sets repetition_penalty, top_k 1
 (greedy) and max_new_tokens, as Qwen2 / Qwen2.5 Instruct ship a repetition penalty. vLLM merges these
 into every request that does not set them (`--generation-config auto`, its default). Decision
-(engine_config._fit_generation_defaults): on an artifact that returns logits they are applied on the
+(engine_config._generation_overrides): on an artifact that returns logits they are applied on the
 host with vLLM's own sampler pieces; on an on-device-sampling artifact they are dropped with a startup
 warning, while a request that sets them explicitly gets a 400.
 """

@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
+from support.engine import serve_config
 from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH
 
+from optimum_neuron_plugin.devices import neuron_devices_present
 from optimum_neuron_plugin.vllm import PLATFORM, register
-from optimum_neuron_plugin.vllm.options import NEURON_DEVICE, PrefillMode, prefill_mode
+from optimum_neuron_plugin.vllm.options import PrefillMode, backend_requested, prefill_mode
 
 
 def engine_config(model, usage="LLM_CLASS", **kwargs):
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.usage.usage_lib import UsageContext
-
-    return EngineArgs(model=str(model), **kwargs).create_engine_config(UsageContext(usage))
+    return serve_config(model, usage, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -28,7 +29,27 @@ def test_register_follows_onp_backend(monkeypatch, value, expected):
 
 def test_register_without_devices_or_request_is_none(monkeypatch):
     monkeypatch.delenv("ONP_BACKEND", raising=False)
-    assert register() == (PLATFORM if NEURON_DEVICE.exists() else None)
+    assert register() == (PLATFORM if neuron_devices_present() else None)
+    monkeypatch.setenv("ONP_BACKEND", "auto")
+    assert register() == (PLATFORM if neuron_devices_present() else None)
+
+
+def test_any_neuron_device_node_counts(tmp_path):
+    assert not neuron_devices_present(tmp_path)
+    (tmp_path / "neuron_monitor").touch()
+    assert not neuron_devices_present(tmp_path)
+    (tmp_path / "neuron3").touch()  # a container given one device of the host
+    assert neuron_devices_present(tmp_path)
+
+
+def test_an_unknown_onp_backend_is_refused_with_the_valid_values(chunked_dir, monkeypatch):
+    monkeypatch.setenv("ONP_BACKEND", "cpuu")
+    message = "ONP_BACKEND='cpuu' is not a valid value: set it to one of cpu, neuron, off, auto"
+    assert register() == PLATFORM  # enabled, so that it refuses at startup instead of leaving the host silently
+    with pytest.raises(ValueError, match=message):
+        backend_requested()
+    with pytest.raises(ValueError, match=message):
+        engine_config(chunked_dir)
 
 
 def test_the_plugin_is_the_current_platform():
@@ -98,10 +119,47 @@ def test_interleaved_mode_lets_the_scheduler_chunk(chunked_dir):
     ],
 )
 def test_refuses_what_the_artifact_cannot_serve(chunked_dir, kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises((ValueError, argparse.ArgumentError), match=message):
         engine_config(chunked_dir, **kwargs)
 
 
 def test_refuses_a_directory_that_is_not_an_artifact(tiny_hf_dir):
     with pytest.raises(ValueError, match="not an exported model directory"):
         engine_config(tiny_hf_dir)
+
+
+def test_the_command_line_records_the_options_it_sets(chunked_dir):
+    # --additional-config after a tracked option replaces vLLM's dict: the record survives it.
+    config = engine_config(chunked_dir, max_num_seqs=3, additional_config={"prefill_mode": "serial"})
+    assert config.additional_config["user_options"] == {"max_num_seqs": 3}
+    assert config.scheduler_config.max_num_seqs == 3
+    with pytest.raises(ValueError, match="max_num_seqs=256 exceeds"):
+        engine_config(chunked_dir, max_num_seqs=256, additional_config={"prefill_mode": "serial"})
+
+
+def test_the_python_api_fits_vllms_resolved_values(chunked_dir):
+    """vllm.LLM / EngineArgs run no parser: vLLM's resolved values are fitted, values within the limits are kept."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    def python_config(**kwargs):
+        return EngineArgs(model=str(chunked_dir), **kwargs).create_engine_config(UsageContext.LLM_CLASS)
+
+    assert python_config().scheduler_config.max_num_seqs == BATCH_SIZE  # vLLM's 256 lowered to the artifact's
+    config = python_config(max_num_seqs=2, max_model_len=64, enable_prefix_caching=False)
+    assert (config.scheduler_config.max_num_seqs, config.model_config.max_model_len) == (2, 64)
+    assert config.additional_config["prefix_caching"] is False
+    with pytest.raises(ValueError, match="max_model_len=256 exceeds"):  # vLLM keeps what max_model_len was given
+        python_config(max_model_len=2 * SEQUENCE_LENGTH)
+
+
+def test_vllm_serve_checks_prompt_logprobs_in_the_request_body(chunked_dir):
+    """`vllm serve` gets the plugin's middleware (http_checks.py) by default; a user's --middleware comes after it."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from optimum_neuron_plugin.vllm.http_checks import MIDDLEWARE
+
+    parser = make_arg_parser(FlexibleArgumentParser())
+    assert parser.parse_args([str(chunked_dir)]).middleware == [MIDDLEWARE]
+    assert parser.parse_args([str(chunked_dir), "--middleware", "my.mw"]).middleware == [MIDDLEWARE, "my.mw"]

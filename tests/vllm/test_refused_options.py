@@ -8,14 +8,12 @@ last test checks one refusal through a real `vllm serve`: exit status and messag
 from __future__ import annotations
 
 import pytest
+from support.engine import serve_config
 from support.served import BATCH_SIZE, SEQUENCE_LENGTH
 
 
 def engine_config(model, usage="OPENAI_API_SERVER", **kwargs):
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.usage.usage_lib import UsageContext
-
-    return EngineArgs(model=str(model), **kwargs).create_engine_config(UsageContext(usage))
+    return serve_config(model, usage, **kwargs)
 
 
 INTERLEAVED = {"additional_config": {"prefill_mode": "interleaved"}}
@@ -52,6 +50,10 @@ REFUSED = {
         f"max_num_seqs=256 exceeds the artifact's compiled batch_size={BATCH_SIZE}: pass --max-num-seqs {BATCH_SIZE}",
     ),
     "kv-cache-dtype": (dict(kv_cache_dtype="fp8"), "remove --kv-cache-dtype"),
+    "load-format": (
+        dict(load_format="dummy"),
+        "load_format='dummy' is not supported (the artifact holds its weights, loaded as exported): remove --load-format",
+    ),
     "dtype": (dict(dtype="bfloat16"), "dtype=bfloat16 does not match the artifact's compiled dtype float32"),
     "executor": (dict(distributed_executor_backend="mp"), "remove --distributed-executor-backend"),
     "max-logprobs": (

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
+from support.engine import serve_config
 from support.served import BATCH_SIZE, SEQUENCE_LENGTH
 
 
 def engine_config(model, usage="LLM_CLASS", **kwargs):
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.usage.usage_lib import UsageContext
-
-    return EngineArgs(model=str(model), **kwargs).create_engine_config(UsageContext(usage))
+    return serve_config(model, usage, **kwargs)
 
 
 @pytest.mark.parametrize("tp", [None, 2], ids=["omitted", "explicit"])
@@ -27,6 +27,9 @@ def test_the_artifacts_tp_degree_runs_one_worker_per_rank(tp2_dir, tp):
 
 @pytest.mark.parametrize("tp", [3, 4])
 def test_another_tensor_parallel_size_is_refused(tp2_dir, tp):
-    """3 does not divide the 4 heads: refused by the plugin before vLLM's own check fails with a traceback."""
-    with pytest.raises(ValueError, match=rf"tensor_parallel_size={tp} does not match the artifact's tp_degree=2"):
+    """3 does not divide the 4 heads: refused while `vllm serve` parses its arguments, before vLLM's own check
+    fails with a traceback (a usage error: argparse.ArgumentError)."""
+    with pytest.raises(
+        argparse.ArgumentError, match=rf"tensor_parallel_size={tp} does not match the artifact's tp_degree=2"
+    ):
         engine_config(tp2_dir, tensor_parallel_size=tp)

@@ -1,0 +1,74 @@
+"""Checks on an OpenAI request as the client sent it, before vLLM turns it into SamplingParams.
+
+vLLM's chat completions set prompt_logprobs = top_logprobs (0 unless given) whenever `echo` is on, so in
+SamplingParams a chat `echo` without logprobs and an explicit `"prompt_logprobs": 0` look the same. On an artifact
+without prompt_logits graphs the first must be served (request_checks drops its implied 0) and the second refused
+like any other prompt_logprobs: only the request body tells them apart. `vllm serve` installs this ASGI middleware
+(NeuronPlatform.pre_register_and_update adds it to --middleware's default); other requests pass through untouched.
+"""
+
+from __future__ import annotations
+
+import json
+
+MIDDLEWARE = "optimum_neuron_plugin.vllm.http_checks.PromptLogprobsCheck"
+PATHS = ("/v1/completions", "/v1/chat/completions")
+
+
+def add_http_checks(parser) -> None:
+    """Add the middleware to `vllm serve`'s --middleware default (a user's --middleware values are appended)."""
+    current = parser.get_default("middleware")
+    if current is not None and MIDDLEWARE not in current:
+        parser.set_defaults(middleware=[*current, MIDDLEWARE])
+
+
+class PromptLogprobsCheck:
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if not _checked(scope):
+            return await self.app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: vLLM sees it as it would have
+                return await self.app(scope, _replay(b"", message, receive), send)
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        refusal = _refusal(body)
+        if refusal is None:
+            return await self.app(scope, _replay(body, None, receive), send)
+        content = json.dumps(
+            {"error": {"message": refusal, "type": "BadRequestError", "param": "prompt_logprobs", "code": 400}}
+        ).encode()
+        await send({"type": "http.response.start", "status": 400, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": content})
+
+
+def _checked(scope) -> bool:
+    if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in PATHS:
+        return False
+    from vllm.platforms import current_platform
+
+    limits = getattr(current_platform, "serving_limits", None)
+    return limits is not None and not limits.prompt_logprobs
+
+
+def _refusal(body: bytes) -> str | None:
+    from .request_checks import prompt_logprobs_refusal
+
+    try:
+        asked = json.loads(body).get("prompt_logprobs")
+    except (ValueError, AttributeError):  # not a JSON object: vLLM answers it
+        return None
+    return prompt_logprobs_refusal(asked) if isinstance(asked, int) and not isinstance(asked, bool) else None
+
+
+def _replay(body: bytes, first: dict | None, receive):
+    """The request's body once (or the message that ended it), then the client's own messages (disconnects)."""
+    pending = [first or {"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed():
+        return pending.pop() if pending else await receive()
+
+    return replayed

@@ -1,0 +1,287 @@
+"""The engine options an artifact cannot honour: one list of rules, each returning what to change or None.
+
+Every rule sees what was asked (Asked: vLLM's configuration as built, the artifact, the options the user set, the
+prefill mode) and the decisions the fit would apply (Fitted). engine_config.fit runs them all and reports every
+failure in one error, so a command line with several problems is fixed in one round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
+
+import vllm.envs as envs
+from vllm.config import VllmConfig
+
+from ..config import NeuronConfig
+from .data_parallel import data_parallel_problems
+from .options import PREFILL_MODE_ENV, PrefillMode
+from .speculation import speculation_problems
+from .user_args import UserOptions
+
+if TYPE_CHECKING:
+    from .engine_config import Fitted
+
+WORKER_CLS = "optimum_neuron_plugin.vllm.worker.NeuronWorker"
+SCHEDULER_CLS = "optimum_neuron_plugin.vllm.scheduler.NeuronScheduler"
+
+
+@dataclass(frozen=True)
+class Asked:
+    vllm_config: VllmConfig
+    artifact: NeuronConfig
+    user: UserOptions
+    mode: PrefillMode
+
+
+Rule = Callable[[Asked, "Fitted"], "str | None"]
+
+
+def speculation(asked: Asked, fitted: Fitted) -> str | None:
+    return "; ".join(speculation_problems(asked.vllm_config, asked.artifact, asked.mode)) or None
+
+
+def lora(asked: Asked, fitted: Fitted) -> str | None:
+    if asked.vllm_config.lora_config is not None:
+        return "LoRA adapters are not supported: remove --enable-lora (merge the adapter into the weights and export again)"
+    return None
+
+
+def logits_processors(asked: Asked, fitted: Fitted) -> str | None:
+    if asked.vllm_config.model_config.logits_processors:
+        return "custom logits processors are not supported: remove --logits-processors"
+    return None
+
+
+def logits_processor_plugins(asked: Asked, fitted: Fitted) -> str | None:
+    installed = sorted(ep.name for ep in entry_points(group="vllm.logits_processors"))
+    if installed:
+        return f"logits processor plugins are installed but cannot run: uninstall {', '.join(installed)}"
+    return None
+
+
+def kv_transfer(asked: Asked, fitted: Fitted) -> str | None:
+    if asked.vllm_config.kv_transfer_config is not None:
+        return (
+            "KV cache transfer is not supported (the KV cache is the graphs' device state): remove --kv-transfer-config"
+        )
+    return None
+
+
+def ec_transfer(asked: Asked, fitted: Fitted) -> str | None:
+    if asked.vllm_config.ec_transfer_config is not None:
+        return "encoder cache transfer is not supported: remove --ec-transfer-config"
+    return None
+
+
+def v2_model_runner(asked: Asked, fitted: Fitted) -> str | None:
+    if envs.VLLM_USE_V2_MODEL_RUNNER:
+        return "vLLM's V2 model runner protocol is not supported: unset VLLM_USE_V2_MODEL_RUNNER (or set it to 0)"
+    return None
+
+
+def async_scheduling(asked: Asked, fitted: Fitted) -> str | None:
+    if asked.user.async_scheduling:
+        return (
+            "async scheduling is not supported (the runner keeps each request's tokens between steps): "
+            "remove --async-scheduling"
+        )
+    return None
+
+
+def chunked_prefill(asked: Asked, fitted: Fitted) -> str | None:
+    explicit = asked.user.enable_chunked_prefill
+    if asked.mode is PrefillMode.SERIAL and explicit:
+        return (
+            f"--enable-chunked-prefill needs {PREFILL_MODE_ENV}=interleaved (the serial mode schedules whole prompts "
+            f"and chunks them in the runner): remove it, or set {PREFILL_MODE_ENV}=interleaved"
+        )
+    if asked.mode is PrefillMode.INTERLEAVED and explicit is False:
+        return (
+            f"--no-enable-chunked-prefill contradicts {PREFILL_MODE_ENV}=interleaved (vLLM's scheduler chunks "
+            f"prompts): remove it, or use {PREFILL_MODE_ENV}=serial"
+        )
+    return None
+
+
+def executor(asked: Asked, fitted: Fitted) -> str | None:
+    wanted = asked.user.distributed_executor_backend
+    if wanted not in (None, fitted.executor):
+        return (
+            f"distributed_executor_backend={wanted!r} is not supported (the plugin runs {fitted.tensor_parallel_size} "
+            f"worker(s) with {fitted.executor!r}): remove --distributed-executor-backend"
+        )
+    return None
+
+
+def worker_cls(asked: Asked, fitted: Fitted) -> str | None:
+    given = asked.vllm_config.parallel_config.worker_cls
+    if given not in ("auto", WORKER_CLS):
+        return f"worker_cls={given!r} is not supported: remove --worker-cls"
+    return None
+
+
+def scheduler_cls(asked: Asked, fitted: Fitted) -> str | None:
+    given = asked.vllm_config.scheduler_config.scheduler_cls
+    if given not in (None, SCHEDULER_CLS):
+        return (
+            f"scheduler_cls={given!r} is not supported by the Neuron plugin: omit --scheduler-cls (the plugin's "
+            "NeuronScheduler fails the requests of a graph call that raises, not the engine)"
+        )
+    return None
+
+
+def kv_cache_dtype(asked: Asked, fitted: Fitted) -> str | None:
+    given = asked.vllm_config.cache_config.cache_dtype
+    artifact = asked.artifact
+    if given in ("auto", *(("fp8", "fp8_e4m3") if artifact.kv_cache_dtype == "fp8" else ())):
+        return None
+    return (
+        f"kv_cache_dtype={given!r} does not match the artifact's KV cache "
+        f"({artifact.kv_cache_dtype or artifact.torch_dtype}, fixed at export): remove --kv-cache-dtype "
+        "(or export the model again with --kv-cache-dtype fp8)"
+    )
+
+
+def data_parallel(asked: Asked, fitted: Fitted) -> str | None:
+    return "; ".join(data_parallel_problems(asked.vllm_config.parallel_config)) or None
+
+
+def load_format(asked: Asked, fitted: Fitted) -> str | None:
+    given = asked.vllm_config.load_config.load_format
+    if given != "auto":
+        return (
+            f"load_format={given!r} is not supported (the artifact holds its weights, loaded as exported): "
+            "remove --load-format"
+        )
+    return None
+
+
+def logprobs_mode(asked: Asked, fitted: Fitted) -> str | None:
+    given = asked.vllm_config.model_config.logprobs_mode
+    if given != "raw_logprobs":
+        return (
+            f"logprobs_mode={given!r} is not supported (logprobs are the model's raw log-softmax, computed before "
+            "any sampling parameter): remove --logprobs-mode"
+        )
+    return None
+
+
+def dtype(asked: Asked, fitted: Fitted) -> str | None:
+    given = asked.user.dtype
+    if given not in (None, "auto") and asked.vllm_config.model_config.dtype != fitted.dtype:
+        return (
+            f"dtype={given} does not match the artifact's compiled dtype {asked.artifact.torch_dtype}: remove --dtype "
+            "(or export the model again with the dtype you want)"
+        )
+    return None
+
+
+def max_model_len(asked: Asked, fitted: Fitted) -> str | None:
+    model_config, limit = asked.vllm_config.model_config, asked.artifact.sequence_length
+    if model_config.original_max_model_len is not None and model_config.max_model_len > limit:
+        return (
+            f"max_model_len={model_config.max_model_len} exceeds the artifact's compiled sequence_length={limit}: "
+            f"pass --max-model-len {limit} or less (or omit it), or export the model again with a larger "
+            "--sequence-length"
+        )
+    return None
+
+
+def max_num_seqs(asked: Asked, fitted: Fitted) -> str | None:
+    given, limit = asked.user.max_num_seqs, asked.artifact.batch_size
+    if given is not None and given > limit:
+        return (
+            f"max_num_seqs={given} exceeds the artifact's compiled batch_size={limit}: pass --max-num-seqs {limit} "
+            "or less (or omit it), or export the model again with a larger --batch-size"
+        )
+    return None
+
+
+def tensor_parallel_size(asked: Asked, fitted: Fitted) -> str | None:
+    return tensor_parallel_problem(asked.vllm_config.parallel_config.tensor_parallel_size, asked.artifact)
+
+
+def tensor_parallel_problem(tp: int, artifact: NeuronConfig) -> str | None:
+    if tp in (1, artifact.tp_degree):
+        return None
+    return (
+        f"tensor_parallel_size={tp} does not match the artifact's tp_degree={artifact.tp_degree}: "
+        f"omit --tensor-parallel-size (or pass {artifact.tp_degree}), or export again with --tensor-parallel-size {tp}"
+    )
+
+
+def pipeline_parallel(asked: Asked, fitted: Fitted) -> str | None:
+    if asked.vllm_config.parallel_config.pipeline_parallel_size != 1:
+        return (
+            "pipeline parallelism is not supported by the Neuron plugin: omit --pipeline-parallel-size "
+            "(use --data-parallel-size to run several engines)"
+        )
+    return None
+
+
+def max_logprobs(asked: Asked, fitted: Fitted) -> str | None:
+    given, compiled = asked.user.max_logprobs, asked.artifact.max_logprobs
+    if not asked.artifact.on_device_sampling or given is None or 0 <= given <= compiled:
+        return None
+    return (
+        f"max_logprobs={given}{' (the whole vocabulary)' if given < 0 else ''} exceeds the artifact's compiled "
+        f"max_logprobs={compiled} (its decode graphs sample on device and return the top {compiled} logprobs): pass "
+        f"--max-logprobs {compiled} or less (or omit it), or export the model again with a larger --max-logprobs "
+        "(at most --max-topk) or with --no-on-device-sampling"
+    )
+
+
+def batched_tokens_hold_a_prompt(asked: Asked, fitted: Fitted) -> str | None:
+    tokens, length = fitted.max_num_batched_tokens, fitted.max_model_len
+    if asked.mode is PrefillMode.SERIAL and tokens < length:
+        return (
+            f"max_num_batched_tokens={tokens} cannot hold a full-length prompt (max_model_len={length}) in the serial "
+            f"prefill mode, which schedules whole prompts: pass --max-num-batched-tokens "
+            f"{length + fitted.max_num_seqs} (or omit it), lower --max-model-len, or set {PREFILL_MODE_ENV}=interleaved"
+        )
+    return None
+
+
+def batched_tokens_hold_the_decodes(asked: Asked, fitted: Fitted) -> str | None:
+    tokens, seqs = fitted.max_num_batched_tokens, fitted.max_num_seqs
+    if tokens < seqs:
+        return (
+            f"max_num_batched_tokens={tokens} is below max_num_seqs={seqs}: a step could not decode every running "
+            f"request; pass --max-num-batched-tokens {seqs} or more (or omit it)"
+        )
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    tensor_parallel_size,
+    pipeline_parallel,
+    max_model_len,
+    max_num_seqs,
+    speculation,
+    lora,
+    logits_processors,
+    logits_processor_plugins,
+    kv_transfer,
+    ec_transfer,
+    v2_model_runner,
+    async_scheduling,
+    chunked_prefill,
+    executor,
+    worker_cls,
+    scheduler_cls,
+    kv_cache_dtype,
+    data_parallel,
+    load_format,
+    logprobs_mode,
+    dtype,
+    max_logprobs,
+    batched_tokens_hold_a_prompt,
+    batched_tokens_hold_the_decodes,
+)
+
+
+def problems(asked: Asked, fitted: Fitted) -> list[str]:
+    return [message for rule in RULES if (message := rule(asked, fitted)) is not None]
