@@ -135,6 +135,7 @@ class BlockIndex:
     def __init__(self, batch_size: int, track: bool) -> None:
         self.track = track
         self.holders: dict[bytes, set[int]] = {}
+        self.positions: dict[bytes, int] = {}  # a held hash's block number (a chained hash has one place)
         self.chains: list[list[bytes]] = [[] for _ in range(batch_size)]
         self.was_held: dict[bytes, bool] = {}  # hashes that changed since the last take: held before the first change
 
@@ -146,6 +147,7 @@ class BlockIndex:
         for block_hash in hashes[len(chain) : blocks]:
             self._note(block_hash)
             self.holders.setdefault(block_hash, set()).add(slot)
+            self.positions[block_hash] = len(chain)
             chain.append(block_hash)
 
     def clear(self, slot: int) -> None:
@@ -167,7 +169,7 @@ class BlockIndex:
         holders = self.holders[block_hash]
         holders.discard(slot)
         if not holders:
-            del self.holders[block_hash]
+            del self.holders[block_hash], self.positions[block_hash]
 
     def _note(self, block_hash: bytes) -> None:
         if self.track:
@@ -280,7 +282,7 @@ class PrefixCache:
 
     def _stored_block(self, block_hash: bytes, slot: int) -> tuple[int, StoredBlock]:
         chain = self._index.chains[slot]
-        position = chain.index(block_hash)
+        position = self._index.positions[block_hash]
         block = self._content(self.slots[slot]).tokens[position * self.block_size : (position + 1) * self.block_size]
         if position:
             return position, StoredBlock(block_hash, chain[position - 1], list(block))
