@@ -74,7 +74,11 @@ def prompts(tokenizer, count: int) -> list[list[int]]:
         generator = torch.Generator().manual_seed(0)
         return [torch.randint(0, 500, (12,), generator=generator).tolist() for _ in range(count)]
     texts = [template.format(topic) for template in TEMPLATES for topic in TOPICS][:count]
-    return [tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True) for t in texts]
+    chats = [[{"role": "user", "content": t}] for t in texts]
+    return [
+        tokenizer(tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True))["input_ids"]
+        for c in chats
+    ]
 
 
 class Eager:

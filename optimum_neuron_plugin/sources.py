@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -124,7 +125,11 @@ def _fp8_weights(model: str | Path, location: str, args: ModelArgs) -> dict[str,
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    files = sorted(Path(location).glob("*.safetensors"))
+    index = Path(location) / "model.safetensors.index.json"
+    if index.is_file():  # the sharded checkpoint's files only (Mistral's releases also hold consolidated.safetensors)
+        files = sorted({Path(location) / f for f in json.loads(index.read_text())["weight_map"].values()})
+    else:
+        files = sorted(Path(location).glob("*.safetensors"))
     if not files:
         raise ExportError(f"model {model}: an FP8 checkpoint is read from a local directory of .safetensors files")
     raw: dict[str, torch.Tensor] = {}

@@ -213,3 +213,29 @@ def test_fp8_checkpoints_of_other_families(tmp_path, name):
     with torch.no_grad():
         expected = reference(torch.tensor([tokens])).logits[0, -1]
     torch.testing.assert_close(model.prefill(0, tokens), expected, atol=2e-5, rtol=1e-5)
+
+
+def test_a_sharded_checkpoint_is_read_through_its_index(checkpoints, tmp_path):
+    """Only the files model.safetensors.index.json names are read: a stray consolidated.safetensors (Mistral's releases
+    ship one beside the shards, under other tensor names) is ignored."""
+    from safetensors.torch import load_file, save_file
+
+    _, directory = checkpoints("compressed-tensors")
+    tensors = load_file(str(directory / "model.safetensors"))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in shards.items():
+        save_file({n: tensors[n] for n in part}, str(tmp_path / file))
+    weight_map = {n: file for file, part in shards.items() for n in part}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (tmp_path / "config.json").write_text((directory / "config.json").read_text())
+    save_file(
+        {"layers.0.attention.wq.weight": torch.zeros(4, 4).to(fp8.FP8_DTYPE)},
+        str(tmp_path / "consolidated.safetensors"),
+    )
+    state = load_source(tmp_path).state_dict
+    reference = load_source(directory).state_dict
+    assert state.keys() == reference.keys()
+    assert all(
+        torch.equal(state[n].view(torch.uint8), reference[n].view(torch.uint8)) for n in state if n.endswith("weight")
+    )

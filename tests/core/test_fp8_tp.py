@@ -15,7 +15,7 @@ from optimum_neuron_plugin.models.sharding import layout_for
 
 from .helpers import prompt
 
-pytestmark = pytest.mark.timeout(1200)
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.slow]  # two exports and two spawned ranks
 
 SHAPE = dict(
     batch_size=2, sequence_length=64, prefill_chunk_size=8, on_device_sampling=False, context_buckets=(64,),
