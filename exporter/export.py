@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from exporter.cli import ExportRequest
+from exporter.plan import plan_export
 
 # Weights, configs and tokenizer files; other formats (.bin, .onnx, .gguf, ...) of a hub repository are not needed.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
@@ -49,8 +50,11 @@ def _looks_like_path(model: str) -> bool:
     )
 
 
-def resolve_model_source(model: str, progress: Callable[[str], None] = print) -> Path:
-    """A local model directory or .gguf file; a hub id is downloaded (or found in the cache) first."""
+def resolve_model_source(
+    model: str, progress: Callable[[str], None] = print, patterns: list[str] | None = None
+) -> Path:
+    """A local model directory or .gguf file; a hub id is downloaded (or found in the cache) first: the files
+    matching `patterns` (default HUB_PATTERNS)."""
     path = Path(model).expanduser()
     if path.exists():
         if path.is_dir():
@@ -65,10 +69,10 @@ def resolve_model_source(model: str, progress: Callable[[str], None] = print) ->
         return path.absolute()
     if not model or _looks_like_path(model):
         raise ExportInputError(f"model {model!r} not found: no such file or directory")
-    return _download(model, progress)
+    return _download(model, progress, patterns or HUB_PATTERNS)
 
 
-def _download(repo_id: str, progress: Callable[[str], None]) -> Path:
+def _download(repo_id: str, progress: Callable[[str], None], patterns: list[str]) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -80,7 +84,7 @@ def _download(repo_id: str, progress: Callable[[str], None]) -> Path:
 
     progress(f"resolving {repo_id} on the Hugging Face Hub")
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except HFValidationError:
         raise ExportInputError(
             f"model {repo_id!r} is neither an existing local path nor a valid Hugging Face Hub model id"
@@ -262,6 +266,7 @@ def export(request: ExportRequest, progress: Callable[[str], None] = _progress) 
     target = check_output(request.output, request.overwrite, source)
 
     progress(describe_config(config))
+    plan_export(source, config, progress)  # refuses an export that cannot fit before any weight is read
     from optimum_neuron_plugin.runtime import NeuronModelForCausalLM
 
     start = time.monotonic()
@@ -283,6 +288,9 @@ def run(args) -> int:
     try:
         request = request_from_args(args)
         _quiet_libraries()
+        if request.dry_run:
+            dry_run(request)
+            return 0
         target = export(request)
     except (ValueError, OSError, ImportError) as error:
         print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
@@ -296,6 +304,13 @@ def run(args) -> int:
     for line in describe(target):
         print(f"  {line}")
     return 0
+
+
+def dry_run(request: ExportRequest) -> None:
+    """Prints the graphs the export would compile and the memory plan per rank; reads only config.json."""
+    source = resolve_model_source(request.model, _progress, patterns=["config.json"])
+    print(describe_config(request.neuron_config), flush=True)
+    plan_export(source, request.neuron_config, lambda line: print(line, flush=True))
 
 
 def _quiet_libraries() -> None:

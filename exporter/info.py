@@ -63,17 +63,14 @@ def describe(directory: str | Path) -> list[str]:
     for key, value in extra.items():
         lines.append(f"  {key}: {json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else value}")
 
+    from exporter.plan import graph_line
     from optimum_neuron_plugin.backends import get_backend
-    from optimum_neuron_plugin.graphs import COPY_PREFIX, graph_specs
+    from optimum_neuron_plugin.graphs import graph_specs
 
     specs = graph_specs(neuron_config, int(config.get("vocab_size") or 0))
     lines.append(f"graphs ({len(specs)}):")
-    for spec in specs:
-        shape = f"[{spec.rows} x {spec.tokens}]"
-        output = "sampling on device" if spec.samples else "returns logits"
-        if spec.name == COPY_PREFIX:
-            output = "copies a slot's rows"
-        lines.append(f"  {spec.name:<18} {shape:<10} {spec.bucket_label:<20} {output}")
+    lines.extend(f"  {graph_line(spec)}" for spec in specs)
+    lines.extend(_memory_lines(config, neuron_config, raw))
     # One file per graph on the cpu backend; a manifest per graph plus its NEFF cache files on the neuron backend.
     programs = get_backend(neuron_config).graph_files(directory, specs)
     missing = [p for p in programs if not p.is_file()]
@@ -88,6 +85,19 @@ def describe(directory: str | Path) -> list[str]:
     chat = _has_chat_template(directory)
     lines.append(f"chat template: {'yes' if chat else 'no'}")
     return lines
+
+
+def _memory_lines(config: dict, neuron_config, raw: dict) -> list[str]:
+    """The memory plan per rank (optimum_neuron_plugin.sizing), at the LNC the graphs were compiled for."""
+    from exporter.plan import make_plan
+    from optimum_neuron_plugin.models.args import ModelArgs, UnsupportedModelError
+
+    try:
+        args = ModelArgs.from_hf_config(config)
+    except (UnsupportedModelError, KeyError, TypeError) as error:
+        return [f"memory plan: unavailable ({error})"]
+    lnc = str((raw.get("compiler") or {}).get("logical_nc_config") or "")
+    return make_plan(args, neuron_config, int(lnc) if lnc in ("1", "2") else None).memory.lines()
 
 
 def _has_chat_template(directory: Path) -> bool:
