@@ -269,15 +269,52 @@ def export(request: ExportRequest, progress: Callable[[str], None] = _progress) 
     plan_export(source, config, progress)  # refuses an export that cannot fit before any weight is read
     from optimum_neuron_plugin.runtime import NeuronModelForCausalLM
 
+    options = compile_options(request, target)
     start = time.monotonic()
-    model = NeuronModelForCausalLM.export(source, config, progress=progress)
+    try:
+        model = NeuronModelForCausalLM.export(source, config, progress=progress, options=options)
+    except BaseException:
+        _keep_for_resume(options.resume_dir, progress)
+        raise
     progress(f"compiled {len(model.specs)} graph(s) in {time.monotonic() - start:.1f} s")
     with staging_directory(target) as staging:
         progress(f"writing {request.output}")
         model.save_pretrained(staging)
         record_versions(staging, config.backend)
         publish(staging, target, request.overwrite)
+    shutil.rmtree(options.resume_dir, ignore_errors=True)
     return target
+
+
+def resume_directory(target: Path) -> Path:
+    """Where an export keeps each graph as soon as it is compiled, until its output is published: the same command
+    run again after an interruption copies them instead of compiling them again."""
+    return target.parent / f".{target.name}.compiled"
+
+
+def compile_options(request: ExportRequest, target: Path):
+    """Compile workers (the request's, else what this host's cores and memory allow) and the resume directory."""
+    from optimum_neuron_plugin.backends import get_backend
+    from optimum_neuron_plugin.backends.compile_pool import CompileOptions, default_workers
+
+    workers = request.compile_workers
+    if workers is None:
+        backend = get_backend(request.neuron_config)
+        workers = default_workers(backend.worker_bytes)
+        if request.neuron_config.backend == "neuron":  # each worker compiles on a NeuronCore of its own
+            from optimum_neuron_plugin.backends.neuron import neuron_core_count
+
+            workers = max(1, min(workers, neuron_core_count()))
+    resume = resume_directory(target)
+    resume.mkdir(parents=True, exist_ok=True)
+    return CompileOptions(workers=workers, resume_dir=resume)
+
+
+def _keep_for_resume(resume: Path, progress: Callable[[str], None]) -> None:
+    if any(resume.iterdir()):
+        progress(f"the graphs compiled so far are kept in {resume}: the same command resumes from them")
+    else:
+        shutil.rmtree(resume, ignore_errors=True)
 
 
 def run(args) -> int:

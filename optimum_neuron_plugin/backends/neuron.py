@@ -41,11 +41,14 @@ from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from ..placement import Rank, neuron_core
 from . import Progress, join_device_group, join_gloo_group, neuron_devices_present
+from .compile_pool import SERIAL, CompileOptions
+from .compile_pool import run as compile_with_pool
 
 logger = logging.getLogger(__name__)
 
 GRAPH_DIR = "graphs"
 CACHE_DIR = "neuron-cache"  # under GRAPH_DIR
+WORKER_DIR = ".compile-workers"  # a compile worker's own NEFF cache: <WORKER_DIR>/<worker>/graphs/neuron-cache
 # TorchNeuron's persistent NEFF cache directory (csrc/core/cache/PersistentCacheBackend.cpp).
 CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 # TorchNeuron's optimisation level for torch.compile graphs when NEURON_COMPILER_OPT_LEVEL is unset.
@@ -90,6 +93,10 @@ class NeuronBackend:
 
     name = "neuron"
     compiles_on_live_ranks = True  # TorchNeuron lowers collectives against the live group
+    shares_compile_cache = False  # TorchNeuron's NEFF cache is the shared one
+    # Host memory one compile worker needs: neuronx-cc on a graph of an 8B model (an estimate; the export's summary
+    # reports the time per graph, --compile-workers overrides it).
+    worker_bytes = 16 * 1024**3
 
     def __init__(
         self,
@@ -151,11 +158,19 @@ class NeuronBackend:
         directory: Path,
         progress: Progress,
         peers: Peers = ALONE,
+        options: CompileOptions = SERIAL,
     ) -> None:
-        """Compiles every graph by calling it once. Under tensor parallelism every rank calls this with its shard
-        and the same graphs in the same order (`peers`): rank 0 writes each graph's manifest once every rank's
-        cache files for it are written, and before any rank starts the next graph."""
+        """Compiles every graph by calling it once. Alone (tensor parallelism 1) through compile_pool: graphs already
+        in the export's resume directory are copied, the others compiled here or in `options.workers` processes.
+        Under tensor parallelism every rank calls this with its shard and the same graphs in the same order (`peers`):
+        rank 0 writes each graph's manifest once every rank's cache files for it are written, and before any rank
+        starts the next graph."""
         self.check_can_compile()
+        if peers.group is None:
+            _require_worker_cores(self, min(options.workers, len(graphs)))
+            progress(f"compiling {len(graphs)} graph(s) with torch.compile(backend={self.compiler!r})")
+            compile_with_pool(self, graphs, params, caches, directory, progress, options)
+            return
         cache = _use_cache(directory)
         device_graphs = NeuronGraphs(self, graphs, params, caches)
         listed = _files_under(cache)
@@ -165,19 +180,49 @@ class NeuronBackend:
             progress(
                 f"compiling graph {spec.key} [{spec.rows} x {spec.tokens}] with torch.compile(backend={self.compiler!r})"
             )
-            try:
-                device_graphs(spec, *example_inputs(spec))
-            except Exception as error:  # noqa: BLE001 - Dynamo, StableHLO lowering and neuronx-cc errors
-                message = " ".join(str(error).split())[:500]
-                raise ExportError(f"compiling graph {spec.key} failed ({message}); see the log above") from None
+            _call(device_graphs, spec)
             peers.barrier()
             if peers.rank == 0:
-                added = _files_under(cache) - listed
-                listed |= added
-                _require_neff(spec, added, cache)
-                manifest = {"graph": spec.key, "cache_files": sorted(str(p.relative_to(cache.parent)) for p in added)}
-                (cache.parent / f"{spec.key}.neuron.json").write_text(json.dumps(manifest, indent=2) + "\n")
+                listed |= _write_manifest(spec, cache, _files_under(cache) - listed, cache)
             peers.barrier()
+
+    def compiler_identity(self) -> tuple:
+        """TorchNeuron's NEFF cache key holds the graph, the target, the LNC and the compiler options but no compiler
+        version (neuron.py's module docstring): the resume directory's key adds the versions."""
+        return tuple(sorted(self.versions().items()))
+
+    def worker_state(self, graphs: list[DecoderGraph], params: dict, caches: list, directory: Path, worker: int):
+        """The exporting process compiles into the artifact's NEFF cache itself (it may load the graphs next). A worker
+        process takes NeuronCore `worker` (TorchNeuron compiles graphs called on a device; the runtime claims every
+        visible core otherwise) and a NEFF cache of its own: TorchNeuron reads CACHE_ENV once per process, and files
+        it adds there belong to the graph it just compiled."""
+        if worker < 0:
+            cache = _use_cache(directory)
+        else:
+            if self.device == "neuron":
+                pin_cores(Rank(tp_rank=worker, tp_size=worker + 1))
+            self._require_compiler(ExportError)  # this process's Dynamo backends (a stand-in registers its own)
+            cache = _use_cache(Path(directory) / WORKER_DIR / str(worker))
+        return NeuronGraphs(self, graphs, params, caches), cache
+
+    def compile_graph(self, graph: DecoderGraph, state, directory: Path) -> list[str]:
+        """Calls the graph once; its new NEFF cache files move to the artifact's cache, listed by its manifest."""
+        device_graphs, cache = state
+        before = _files_under(cache)
+        _call(device_graphs, graph.spec)
+        shared = Path(directory) / GRAPH_DIR / CACHE_DIR
+        added = _files_under(cache) - before
+        if cache != shared:
+            moved = set()
+            for path in added:
+                target = shared / path.relative_to(cache)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+                moved.add(target)
+            added = moved
+        _write_manifest(graph.spec, shared, added, cache)
+        names = [f"{graph.spec.key}.neuron.json", *sorted(str(p.relative_to(shared.parent)) for p in added)]
+        return [f"{GRAPH_DIR}/{name}" for name in names]
 
     def load(
         self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path
@@ -255,6 +300,23 @@ class NeuronGraphs:
                 )
         # chunk_and_decode with on-device sampling returns (chunk logits, token ids).
         return tuple(x.cpu() for x in output) if isinstance(output, tuple) else output.cpu()
+
+
+def _call(device_graphs: NeuronGraphs, spec: GraphSpec) -> None:
+    try:
+        device_graphs(spec, *example_inputs(spec))
+    except Exception as error:  # noqa: BLE001 - Dynamo, StableHLO lowering and neuronx-cc errors
+        message = " ".join(str(error).split())[:500]
+        raise ExportError(f"compiling graph {spec.key} failed ({message}); see the log above") from None
+
+
+def _write_manifest(spec: GraphSpec, cache: Path, added: set[Path], where: Path) -> set[Path]:
+    """graphs/<key>.neuron.json: the NEFF cache files (under `cache`) compiling `spec` added (in the NEFF cache
+    `where`); returns them."""
+    _require_neff(spec, added, where)
+    manifest = {"graph": spec.key, "cache_files": sorted(str(p.relative_to(cache.parent)) for p in added)}
+    (cache.parent / f"{spec.key}.neuron.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return added
 
 
 def _require_neff(spec: GraphSpec, added: set[Path], cache: Path) -> None:
@@ -340,6 +402,16 @@ def _pin_export_core() -> None:
 def _require_cores(error: type[Exception], context: str) -> None:
     if neuron_core_count() == 0:
         raise error(f"{context}no NeuronCore is visible on this host (/dev/neuron*, NEURON_RT_VISIBLE_CORES): {WHERE}")
+
+
+def _require_worker_cores(backend: NeuronBackend, workers: int) -> None:
+    """Compile workers each compile on a NeuronCore of their own (TorchNeuron compiles graphs called on a device)."""
+    cores = neuron_core_count()
+    if backend.device == "neuron" and workers > 1 and cores < workers:
+        raise ExportError(
+            f"--compile-workers {workers} compiles on {workers} NeuronCores (one process each) but {cores} are "
+            "visible (NEURON_RT_VISIBLE_CORES): lower --compile-workers"
+        )
 
 
 def _require_tp_cores(degree: int) -> None:
