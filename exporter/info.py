@@ -115,10 +115,22 @@ def _has_chat_template(directory: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="neuron-plugin-info",
-        description="Print what a directory written by `optimum-cli export neuron` contains.",
+        description="Print what a directory written by `optimum-cli export neuron` contains (its graphs and memory "
+        "plan per rank), or with --check-host whether this host is ready for the neuron backend.",
     )
-    parser.add_argument("directory", type=Path, help="an exported model directory")
+    parser.add_argument("directory", type=Path, nargs="?", help="an exported model directory")
+    parser.add_argument(
+        "--check-host",
+        action="store_true",
+        help="print the versions, NeuronCores, LNC and HBM per core of this host; fail with what to fix",
+    )
     args = parser.parse_args(argv)
+    if args.check_host:
+        from exporter.host_check import main as check_host
+
+        return check_host()
+    if args.directory is None:
+        parser.error("give an exported model directory, or --check-host")
     try:
         lines = describe(args.directory)
     except (ValueError, OSError) as error:
