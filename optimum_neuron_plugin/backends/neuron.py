@@ -39,7 +39,7 @@ import torch.distributed as dist
 from ..config import NEURON_CONFIG_FILE, NeuronConfig
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
-from ..placement import Rank, neuron_core
+from ..placement import Rank, neuron_core, parse_cores
 from . import Progress, join_device_group, join_gloo_group, neuron_devices_present
 from .compile_pool import SERIAL, CompileOptions
 from .compile_pool import run as compile_with_pool
@@ -48,7 +48,9 @@ logger = logging.getLogger(__name__)
 
 GRAPH_DIR = "graphs"
 CACHE_DIR = "neuron-cache"  # under GRAPH_DIR
-WORKER_DIR = ".compile-workers"  # a compile worker's own NEFF cache: <WORKER_DIR>/<worker>/graphs/neuron-cache
+WORKER_DIR = ".compile-workers"
+# The NeuronCores an export could use before it pinned itself to the first: its compile workers take one each.
+EXPORT_CORES_ENV = "ONP_EXPORT_CORES"  # a compile worker's own NEFF cache: <WORKER_DIR>/<worker>/graphs/neuron-cache
 # TorchNeuron's persistent NEFF cache directory (csrc/core/cache/PersistentCacheBackend.cpp).
 CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 # TorchNeuron's optimisation level for torch.compile graphs when NEURON_COMPILER_OPT_LEVEL is unset.
@@ -58,7 +60,7 @@ COMPILE_PACKAGES = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc"}
 RUNTIME_PACKAGES = {"torch-neuronx": "torch_neuronx"}
 INSTALL = (
     'scripts/setup-neuron.sh (pip install ".[neuron]" from the Neuron pip repository) on a trn2/trn3 host with '
-    "Python 3.12+ (Neuron SDK 2.33, docs/neuron.md)"
+    "Ubuntu 26.04 and Python 3.12-3.14 (Neuron SDK 2.33, docs/neuron.md)"
 )
 WHERE = "run it on a trn2 or trn3 instance (Neuron SDK 2.33+), or use --backend cpu"
 NO_CPU_COMPILE = (
@@ -199,8 +201,8 @@ class NeuronBackend:
         if worker < 0:
             cache = _use_cache(directory)
         else:
-            if self.device == "neuron":
-                pin_cores(Rank(tp_rank=worker, tp_size=worker + 1))
+            if self.device == "neuron":  # before this process starts the runtime
+                os.environ["NEURON_RT_VISIBLE_CORES"] = str(_export_cores()[worker])
             self._require_compiler(ExportError)  # this process's Dynamo backends (a stand-in registers its own)
             cache = _use_cache(Path(directory) / WORKER_DIR / str(worker))
         return NeuronGraphs(self, graphs, params, caches), cache
@@ -392,11 +394,25 @@ def pin_cores(rank: Rank) -> None:
 def _pin_export_core() -> None:
     """A tensor-parallel-1 export compiles in its own process: it takes the first visible NeuronCore only, as every
     rank does, instead of the runtime's default of every core of the instance (a server on other cores keeps them).
-    Only before this process starts the runtime: the runtime reads NEURON_RT_VISIBLE_CORES when it starts."""
+    Only before this process starts the runtime: the runtime reads NEURON_RT_VISIBLE_CORES when it starts. The cores
+    it could see are kept in EXPORT_CORES_ENV for its compile workers (one core each)."""
     import torch_neuronx
 
     if not torch_neuronx.is_neuron_runtime_initialized():
+        if EXPORT_CORES_ENV not in os.environ:
+            visible = os.environ.get("NEURON_RT_VISIBLE_CORES")
+            cores = parse_cores(visible) if visible else list(range(neuron_core_count()))
+            os.environ[EXPORT_CORES_ENV] = ",".join(map(str, cores))
         pin_cores(Rank())
+
+
+def _export_cores() -> list[int]:
+    """The NeuronCores the export may use (before it pinned itself to the first)."""
+    kept = os.environ.get(EXPORT_CORES_ENV)
+    if kept is not None:
+        return [int(core) for core in kept.split(",") if core]
+    visible = os.environ.get("NEURON_RT_VISIBLE_CORES")
+    return parse_cores(visible) if visible else list(range(neuron_core_count()))
 
 
 def _require_cores(error: type[Exception], context: str) -> None:
@@ -406,8 +422,10 @@ def _require_cores(error: type[Exception], context: str) -> None:
 
 def _require_worker_cores(backend: NeuronBackend, workers: int) -> None:
     """Compile workers each compile on a NeuronCore of their own (TorchNeuron compiles graphs called on a device)."""
-    cores = neuron_core_count()
-    if backend.device == "neuron" and workers > 1 and cores < workers:
+    if backend.device != "neuron" or workers <= 1:
+        return
+    cores = len(_export_cores())
+    if cores < workers:
         raise ExportError(
             f"--compile-workers {workers} compiles on {workers} NeuronCores (one process each) but {cores} are "
             "visible (NEURON_RT_VISIBLE_CORES): lower --compile-workers"

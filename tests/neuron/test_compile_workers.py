@@ -8,15 +8,19 @@ byte, and every graph is compiled once."""
 
 from __future__ import annotations
 
+import os
 from functools import partial
 from pathlib import Path
 
+import pytest
 import torch
 from support.tiny_models import save_tiny
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+from optimum_neuron_plugin.backends import neuron
 from optimum_neuron_plugin.backends.compile_pool import CompileOptions
-from optimum_neuron_plugin.backends.neuron import CACHE_ENV, NeuronBackend
+from optimum_neuron_plugin.backends.neuron import CACHE_ENV, EXPORT_CORES_ENV, NeuronBackend
+from optimum_neuron_plugin.errors import ExportError
 from tests.core.helpers import VOCAB
 from tests.neuron.fake_compiler import FAKE, LOG_ENV, MODULE
 
@@ -51,3 +55,17 @@ def test_two_workers_write_the_serial_artifact_and_compile_each_graph_once(tmp_p
     model.warm_up()
     loads = log.read_text().splitlines()
     assert len(loads) == 11 and all(line.endswith(" hit") for line in loads)
+
+
+def test_workers_take_the_cores_the_export_could_see(stand_in_sdk, fake_neuron_compiler, monkeypatch):
+    """The export pins itself to its first core before the runtime starts; its workers take the others, one each,
+    and more workers than those cores is refused."""
+    monkeypatch.setenv(EXPORT_CORES_ENV, "")  # restored (absent) after the test, whatever the backend writes
+    monkeypatch.delenv(EXPORT_CORES_ENV)
+    monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "4-5")
+    backend = NeuronBackend(NeuronConfig(**SHAPE))  # device "neuron" on the stand-in SDK
+    backend.check_can_compile()
+    assert os.environ["NEURON_RT_VISIBLE_CORES"] == "4" and os.environ[EXPORT_CORES_ENV] == "4,5"
+    neuron._require_worker_cores(backend, 2)
+    with pytest.raises(ExportError, match=r"--compile-workers 3 compiles on 3 NeuronCores .* but 2 are visible"):
+        neuron._require_worker_cores(backend, 3)
