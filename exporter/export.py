@@ -296,11 +296,13 @@ def compile_options(request: ExportRequest, target: Path):
     """Compile workers (the request's, else what this host's cores and memory allow) and the resume directory."""
     from optimum_neuron_plugin.backends import get_backend
     from optimum_neuron_plugin.backends.compile_pool import CompileOptions, default_workers
+    from optimum_neuron_plugin.graphs import graph_specs
 
     workers = request.compile_workers
     if workers is None:
         backend = get_backend(request.neuron_config)
-        workers = default_workers(backend.worker_bytes)
+        graphs = len(graph_specs(request.neuron_config, 0))
+        workers = default_workers(backend.worker_bytes, graphs, backend.graphs_per_worker)
         if request.neuron_config.backend == "neuron":  # each worker compiles on a NeuronCore of its own
             from optimum_neuron_plugin.backends.neuron import neuron_core_count
 

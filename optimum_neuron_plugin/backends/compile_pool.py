@@ -42,6 +42,8 @@ SERIAL = CompileOptions()
 
 class PoolBackend(Protocol):
     shares_compile_cache: bool  # whether ONP_CPU_COMPILE_CACHE applies
+    worker_bytes: int  # host memory one compile worker needs (default_workers)
+    graphs_per_worker: int  # graphs a worker must have to pay for its start (default_workers)
 
     def compiler_identity(self) -> tuple:
         """What besides the graph decides the compiled bytes: compiler versions, flags, target."""
@@ -53,10 +55,11 @@ class PoolBackend(Protocol):
         """Compiles one graph into directory; returns the files it wrote, relative to directory."""
 
 
-def default_workers(per_worker_bytes: int) -> int:
-    """As many workers as the host's cores and available memory allow (each needs per_worker_bytes)."""
+def default_workers(per_worker_bytes: int, graphs: int, graphs_per_worker: int) -> int:
+    """As many workers as the host's cores and available memory allow (each needs per_worker_bytes), and no more than
+    one per graphs_per_worker graphs (a worker's start, a torch import and a weights load, must pay for itself)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(cores, _available_memory() // max(per_worker_bytes, 1)))
+    return max(1, min(cores, _available_memory() // max(per_worker_bytes, 1), graphs // graphs_per_worker))
 
 
 def _available_memory() -> int:

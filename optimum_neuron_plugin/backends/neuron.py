@@ -99,6 +99,7 @@ class NeuronBackend:
     # Host memory one compile worker needs: neuronx-cc on a graph of an 8B model (an estimate; the export's summary
     # reports the time per graph, --compile-workers overrides it).
     worker_bytes = 16 * 1024**3
+    graphs_per_worker = 1  # a graph compiles in minutes
 
     def __init__(
         self,
