@@ -190,8 +190,7 @@ class NeuronBackend:
             peers.barrier()
 
     def compiler_identity(self) -> tuple:
-        """TorchNeuron's NEFF cache key holds the graph, the target, the LNC and the compiler options but no compiler
-        version (neuron.py's module docstring): the resume directory's key adds the versions."""
+        """The versions besides the options, target and LNC: TorchNeuron's own NEFF cache key holds no version."""
         return tuple(sorted(self.versions().items()))
 
     def worker_state(self, graphs: list[DecoderGraph], params: dict, caches: list, directory: Path, worker: int):
@@ -314,8 +313,7 @@ def _call(device_graphs: NeuronGraphs, spec: GraphSpec) -> None:
 
 
 def _write_manifest(spec: GraphSpec, cache: Path, added: set[Path], where: Path) -> set[Path]:
-    """graphs/<key>.neuron.json: the NEFF cache files (under `cache`) compiling `spec` added (in the NEFF cache
-    `where`); returns them."""
+    """graphs/<key>.neuron.json: the files under `cache` compiling `spec` (in NEFF cache `where`) added."""
     _require_neff(spec, added, where)
     manifest = {"graph": spec.key, "cache_files": sorted(str(p.relative_to(cache.parent)) for p in added)}
     (cache.parent / f"{spec.key}.neuron.json").write_text(json.dumps(manifest, indent=2) + "\n")
