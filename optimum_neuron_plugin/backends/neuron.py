@@ -289,7 +289,8 @@ class NeuronGraphs:
         NeuronGraphs.built_in_process += len(graphs)
 
     def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        inputs = [x.to(self.device) for x in inputs]
+        # Row-major like the example inputs: Dynamo guards every stride (a [rows, 1] transposed view traces again).
+        inputs = [x.clone(memory_format=torch.contiguous_format).to(self.device) for x in inputs]
         before = _files_under(self.cache) if spec in self.unchecked else None
         # Every graph shares one code object (DecoderGraph.forward): Dynamo keeps one cache entry per distinct graph.
         with torch.no_grad(), _dynamo_limit(NeuronGraphs.built_in_process):
