@@ -270,6 +270,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "call); inductor compiles each graph to C++ with AOTInductor (minutes per graph for a real model)",
     )
     optional.add_argument(
+        *_spellings("dry-run"),
+        dest="dry_run",
+        action="store_true",
+        help="print the graphs the export would compile and the memory plan per rank, then exit without compiling "
+        "(reads only the model's config.json: no weights, no Neuron SDK; OUTPUT is not written)",
+    )
+    optional.add_argument(
+        *_spellings("compile-workers"),
+        dest="compile_workers",
+        metavar="N",
+        type=int,
+        default=None,
+        help="graphs compiled at once, in N processes; a graph compiled by an interrupted export of the same "
+        "model and options is reused (resume). Default: what the host's cores and memory allow",
+    )
+    optional.add_argument(
         *_spellings("overwrite"),
         dest="overwrite",
         action="store_true",
@@ -314,6 +330,8 @@ class ExportRequest:
     neuron_config: object  # optimum_neuron_plugin.config.NeuronConfig
     output: Path
     overwrite: bool
+    dry_run: bool = False
+    compile_workers: int | None = None  # None: exporter.workers.default_workers()
 
 
 def request_from_args(args: argparse.Namespace) -> ExportRequest:
@@ -346,7 +364,13 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         quantization=args.quantize,
         kv_cache_dtype=None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype,
     )
-    return ExportRequest(model=args.model, neuron_config=config, output=args.output, overwrite=args.overwrite)
+    workers = getattr(args, "compile_workers", None)
+    if workers is not None and workers < 1:
+        raise ValueError(f"--compile-workers {workers} is not allowed: must be an integer >= 1")
+    return ExportRequest(
+        model=args.model, neuron_config=config, output=args.output, overwrite=args.overwrite,
+        dry_run=getattr(args, "dry_run", False), compile_workers=workers,
+    )  # fmt: skip
 
 
 def build_parser(prog: str = "optimum-cli export neuron") -> argparse.ArgumentParser:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from exporter.cli import ExportRequest
+from exporter.plan import plan_export
 
 # Weights, configs and tokenizer files; other formats (.bin, .onnx, .gguf, ...) of a hub repository are not needed.
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
@@ -49,8 +50,11 @@ def _looks_like_path(model: str) -> bool:
     )
 
 
-def resolve_model_source(model: str, progress: Callable[[str], None] = print) -> Path:
-    """A local model directory or .gguf file; a hub id is downloaded (or found in the cache) first."""
+def resolve_model_source(
+    model: str, progress: Callable[[str], None] = print, patterns: list[str] | None = None
+) -> Path:
+    """A local model directory or .gguf file; a hub id is downloaded (or found in the cache) first: the files
+    matching `patterns` (default HUB_PATTERNS)."""
     path = Path(model).expanduser()
     if path.exists():
         if path.is_dir():
@@ -65,10 +69,10 @@ def resolve_model_source(model: str, progress: Callable[[str], None] = print) ->
         return path.absolute()
     if not model or _looks_like_path(model):
         raise ExportInputError(f"model {model!r} not found: no such file or directory")
-    return _download(model, progress)
+    return _download(model, progress, patterns or HUB_PATTERNS)
 
 
-def _download(repo_id: str, progress: Callable[[str], None]) -> Path:
+def _download(repo_id: str, progress: Callable[[str], None], patterns: list[str]) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -80,7 +84,7 @@ def _download(repo_id: str, progress: Callable[[str], None]) -> Path:
 
     progress(f"resolving {repo_id} on the Hugging Face Hub")
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_PATTERNS))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except HFValidationError:
         raise ExportInputError(
             f"model {repo_id!r} is neither an existing local path nor a valid Hugging Face Hub model id"
@@ -262,17 +266,57 @@ def export(request: ExportRequest, progress: Callable[[str], None] = _progress) 
     target = check_output(request.output, request.overwrite, source)
 
     progress(describe_config(config))
+    plan_export(source, config, progress)  # refuses an export that cannot fit before any weight is read
     from optimum_neuron_plugin.runtime import NeuronModelForCausalLM
 
+    options = compile_options(request, target)
     start = time.monotonic()
-    model = NeuronModelForCausalLM.export(source, config, progress=progress)
+    try:
+        model = NeuronModelForCausalLM.export(source, config, progress=progress, options=options)
+    except BaseException:
+        _keep_for_resume(options.resume_dir, progress)
+        raise
     progress(f"compiled {len(model.specs)} graph(s) in {time.monotonic() - start:.1f} s")
     with staging_directory(target) as staging:
         progress(f"writing {request.output}")
         model.save_pretrained(staging)
         record_versions(staging, config.backend)
         publish(staging, target, request.overwrite)
+    shutil.rmtree(options.resume_dir, ignore_errors=True)
     return target
+
+
+def resume_directory(target: Path) -> Path:
+    """Where an export keeps each graph as soon as it is compiled, until its output is published: the same command
+    run again after an interruption copies them instead of compiling them again."""
+    return target.parent / f".{target.name}.compiled"
+
+
+def compile_options(request: ExportRequest, target: Path):
+    """Compile workers (the request's, else what this host's cores and memory allow) and the resume directory."""
+    from optimum_neuron_plugin.backends import get_backend
+    from optimum_neuron_plugin.backends.compile_pool import CompileOptions, default_workers
+    from optimum_neuron_plugin.graphs import graph_specs
+
+    workers = request.compile_workers
+    if workers is None:
+        backend = get_backend(request.neuron_config)
+        graphs = len(graph_specs(request.neuron_config, 0))
+        workers = default_workers(backend.worker_bytes, graphs, backend.graphs_per_worker)
+        if request.neuron_config.backend == "neuron":  # each worker compiles on a NeuronCore of its own
+            from optimum_neuron_plugin.backends.neuron import neuron_core_count
+
+            workers = max(1, min(workers, neuron_core_count()))
+    resume = resume_directory(target)
+    resume.mkdir(parents=True, exist_ok=True)
+    return CompileOptions(workers=workers, resume_dir=resume)
+
+
+def _keep_for_resume(resume: Path, progress: Callable[[str], None]) -> None:
+    if any(resume.iterdir()):
+        progress(f"the graphs compiled so far are kept in {resume}: the same command resumes from them")
+    else:
+        shutil.rmtree(resume, ignore_errors=True)
 
 
 def run(args) -> int:
@@ -283,6 +327,9 @@ def run(args) -> int:
     try:
         request = request_from_args(args)
         _quiet_libraries()
+        if request.dry_run:
+            dry_run(request)
+            return 0
         target = export(request)
     except (ValueError, OSError, ImportError) as error:
         print(f"error: {one_line(error)}", file=sys.stderr, flush=True)
@@ -296,6 +343,13 @@ def run(args) -> int:
     for line in describe(target):
         print(f"  {line}")
     return 0
+
+
+def dry_run(request: ExportRequest) -> None:
+    """Prints the graphs the export would compile and the memory plan per rank; reads only config.json."""
+    source = resolve_model_source(request.model, _progress, patterns=["config.json"])
+    print(describe_config(request.neuron_config), flush=True)
+    plan_export(source, request.neuron_config, lambda line: print(line, flush=True))
 
 
 def _quiet_libraries() -> None:

@@ -65,17 +65,14 @@ def describe(directory: str | Path) -> list[str]:
 
     lines.append(f"quantization: {_quantization(directory, neuron_config)}")
 
+    from exporter.plan import graph_line
     from optimum_neuron_plugin.backends import get_backend
-    from optimum_neuron_plugin.graphs import COPY_PREFIX, graph_specs
+    from optimum_neuron_plugin.graphs import graph_specs
 
     specs = graph_specs(neuron_config, int(config.get("vocab_size") or 0))
     lines.append(f"graphs ({len(specs)}):")
-    for spec in specs:
-        shape = f"[{spec.rows} x {spec.tokens}]"
-        output = "sampling on device" if spec.samples else "returns logits"
-        if spec.name == COPY_PREFIX:
-            shape, output = "[2 slots]", "copies a slot's rows"
-        lines.append(f"  {spec.name:<18} {shape:<10} {spec.bucket_label:<20} {output}")
+    lines.extend(f"  {graph_line(spec)}" for spec in specs)
+    lines.extend(_memory_lines(config, neuron_config, raw))
     # One file per graph on the cpu backend; a manifest per graph plus its NEFF cache files on the neuron backend.
     programs = get_backend(neuron_config).graph_files(directory, specs)
     missing = [p for p in programs if not p.is_file()]
@@ -120,6 +117,19 @@ def _quantization(directory: Path, neuron_config) -> str:
     return "; ".join(parts)
 
 
+def _memory_lines(config: dict, neuron_config, raw: dict) -> list[str]:
+    """The memory plan per rank (optimum_neuron_plugin.sizing), at the LNC the graphs were compiled for."""
+    from exporter.plan import make_plan
+    from optimum_neuron_plugin.models.args import ModelArgs, UnsupportedModelError
+
+    try:
+        args = ModelArgs.from_hf_config(config)
+    except (UnsupportedModelError, KeyError, TypeError) as error:
+        return [f"memory plan: unavailable ({error})"]
+    lnc = str((raw.get("compiler") or {}).get("logical_nc_config") or "")
+    return make_plan(args, neuron_config, int(lnc) if lnc in ("1", "2") else None).memory.lines()
+
+
 def _has_chat_template(directory: Path) -> bool:
     if (directory / "chat_template.jinja").is_file() or (directory / "chat_template.json").is_file():
         return True
@@ -135,10 +145,22 @@ def _has_chat_template(directory: Path) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="neuron-plugin-info",
-        description="Print what a directory written by `optimum-cli export neuron` contains.",
+        description="Print what a directory written by `optimum-cli export neuron` contains (its graphs and memory "
+        "plan per rank), or with --check-host whether this host is ready for the neuron backend.",
     )
-    parser.add_argument("directory", type=Path, help="an exported model directory")
+    parser.add_argument("directory", type=Path, nargs="?", help="an exported model directory")
+    parser.add_argument(
+        "--check-host",
+        action="store_true",
+        help="print the versions, NeuronCores, LNC and HBM per core of this host; fail with what to fix",
+    )
     args = parser.parse_args(argv)
+    if args.check_host:
+        from exporter.host_check import main as check_host
+
+        return check_host()
+    if args.directory is None:
+        parser.error("give an exported model directory, or --check-host")
     try:
         lines = describe(args.directory)
     except (ValueError, OSError) as error:

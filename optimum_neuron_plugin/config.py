@@ -31,6 +31,12 @@ CPU_COMPILERS = ("export", "inductor")
 MAX_DEFAULT_BUCKETS = 4
 # Default prefill buckets: 0 and multiples of the chunk size in half-octave steps, at most this many nonzero ones.
 MAX_DEFAULT_PREFILL_BUCKETS = 10
+# The neuron backend's defaults are economical: neuronx-cc takes minutes per graph of an 8B model, so a chunked export
+# compiles at most 11 graphs (docs/neuron.md, "Graphs"): 2 context buckets (chunk_and_decode, copy_prefix), 3 decode
+# buckets (token_generation for batch_size rows only) and the prefill buckets 0 plus 3 doubling chunk multiples.
+NEURON_MAX_DEFAULT_BUCKETS = 2
+NEURON_MAX_DEFAULT_DECODE_BUCKETS = 3
+NEURON_MAX_DEFAULT_PREFILL_BUCKETS = 3
 # Fields an artifact may leave out of neuron_config.json (their default applies).
 OPTIONAL_FIELDS = (
     "speculative_tokens", "prompt_logprobs", "prefill_tail_size", "prefix_copy", "decode_buckets", "quantization",
@@ -155,9 +161,16 @@ class NeuronConfig:
         if self.prefill_batch_size > self.batch_size:
             _fail("prefill_batch_size", self.prefill_batch_size, f"at most batch_size ({self.batch_size})")
         object.__setattr__(self, "max_logprobs", self._checked_max_logprobs())
-        default = default_context_buckets(self.sequence_length, self.prefill_chunk_size)
+        neuron, defaults = self.backend == "neuron", self.context_buckets is None
+        limit = NEURON_MAX_DEFAULT_BUCKETS if neuron else MAX_DEFAULT_BUCKETS
+        default = default_context_buckets(self.sequence_length, self.prefill_chunk_size, limit)
         object.__setattr__(self, "context_buckets", self._checked_buckets("context_buckets", default))
-        object.__setattr__(self, "decode_buckets", self._checked_buckets("decode_buckets", self.context_buckets))
+        decode = self.context_buckets
+        if neuron and defaults:  # decode graphs compile fastest: one bucket more than the others
+            decode = default_context_buckets(
+                self.sequence_length, self.prefill_chunk_size, NEURON_MAX_DEFAULT_DECODE_BUCKETS
+            )
+        object.__setattr__(self, "decode_buckets", self._checked_buckets("decode_buckets", decode))
         object.__setattr__(self, "decode_batch_sizes", self._checked_decode_batch_sizes())
         object.__setattr__(self, "prefill_buckets", self._checked_prefill_buckets())
 
@@ -188,6 +201,8 @@ class NeuronConfig:
                 _fail("prefill_buckets", list(self.prefill_buckets), "empty without chunked prefill")
             return ()
         if self.prefill_buckets is None:
+            if self.backend == "neuron":
+                return doubling_prefill_buckets(self.sequence_length, self.prefill_chunk_size)
             return default_prefill_buckets(self.sequence_length, self.prefill_chunk_size)
         buckets = _int_tuple("prefill_buckets", self.prefill_buckets)
         if not buckets or list(buckets) != sorted(set(buckets)) or buckets[0] != 0:
@@ -202,7 +217,7 @@ class NeuronConfig:
 
     def _checked_decode_batch_sizes(self) -> tuple[int, ...]:
         if self.decode_batch_sizes is None:
-            return default_decode_batch_sizes(self.batch_size)
+            return default_decode_batch_sizes(self.batch_size, self.backend)
         sizes = _int_tuple("decode_batch_sizes", self.decode_batch_sizes)
         if not sizes or list(sizes) != sorted(set(sizes)) or sizes[0] < 1:
             _fail("decode_batch_sizes", list(sizes), "strictly increasing positive row counts")
@@ -300,15 +315,18 @@ class NeuronConfig:
             raise NeuronConfigError(f"{path}: {error}") from None
 
 
-def default_context_buckets(sequence_length: int, prefill_chunk_size: int) -> tuple[int, ...]:
-    """Doubling lengths from the chunk size (512 without chunking) up to sequence_length, the largest
-    MAX_DEFAULT_BUCKETS of them: each bucket is one more graph of each kind to compile."""
+def default_context_buckets(
+    sequence_length: int, prefill_chunk_size: int, limit: int = MAX_DEFAULT_BUCKETS
+) -> tuple[int, ...]:
+    """Doubling lengths from the chunk size (512 without chunking) up to sequence_length, the largest `limit` of
+    them: each bucket is one more graph of each kind to compile."""
     length = min(prefill_chunk_size or 512, sequence_length)
     buckets = []
     while length < sequence_length:
         buckets.append(length)
         length *= 2
-    return (*buckets[-(MAX_DEFAULT_BUCKETS - 1) :], sequence_length) if buckets else (sequence_length,)
+    kept = buckets[max(0, len(buckets) - (limit - 1)) :]
+    return (*kept, sequence_length)
 
 
 def default_prefill_buckets(sequence_length: int, chunk: int) -> tuple[int, ...]:
@@ -324,9 +342,20 @@ def default_prefill_buckets(sequence_length: int, chunk: int) -> tuple[int, ...]
     return (0, *steps[-(MAX_DEFAULT_PREFILL_BUCKETS - 1) :], sequence_length)
 
 
-def default_decode_batch_sizes(batch_size: int) -> tuple[int, ...]:
-    """One row and batch_size rows: a lone request (concurrency 1, the tail of a batch) attends and samples one row
-    instead of batch_size; any other count pads up to batch_size."""
+def doubling_prefill_buckets(
+    sequence_length: int, chunk: int, limit: int = NEURON_MAX_DEFAULT_PREFILL_BUCKETS
+) -> tuple[int, ...]:
+    """The neuron backend's prefill buckets: 0, then the largest `limit` - 1 doubling multiples of the chunk size
+    below sequence_length, then sequence_length. A chunk attends at most twice its prior context."""
+    return (0, *default_context_buckets(sequence_length, chunk, limit))
+
+
+def default_decode_batch_sizes(batch_size: int, backend: str = "cpu") -> tuple[int, ...]:
+    """cpu: one row and batch_size rows, so a lone request (concurrency 1, the tail of a batch) attends and samples
+    one row instead of batch_size; any other count pads up to batch_size. neuron: batch_size rows only (one graph
+    per decode bucket; --decode-batch-sizes 1,B adds the one-row graphs)."""
+    if backend == "neuron":
+        return (batch_size,)
     return (1, batch_size) if batch_size > 1 else (1,)
 
 

@@ -20,11 +20,12 @@ from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from ..models.collectives import GROUP_OPS
 from . import Progress, join_gloo_group
+from .compile_pool import SERIAL, CompileOptions
+from .compile_pool import run as compile_with_pool
 from .cpu_experts import use_expert_views
 from .cpu_linear import packable, use_packed_linears
 from .cpu_script import Replay, traced_call
 from .cpu_serde import load_program, save_program
-from .program_cache import ProgramCache
 
 GRAPH_DIR = "graphs"
 
@@ -56,11 +57,15 @@ FORMATS = {
 class CpuBackend:
     name = "cpu"
     compiles_on_live_ranks = False
+    shares_compile_cache = True  # ONP_CPU_COMPILE_CACHE
+    # Host memory one compile worker needs besides the memory-mapped weights (tracing a graph of a 8B model), and the
+    # graphs a worker must have to pay for its start (a graph traces in seconds; benchmark/compile_workers.py).
+    worker_bytes = 4 * 1024**3
+    graphs_per_worker = 8
 
     def __init__(self, neuron_config: NeuronConfig) -> None:
         self.neuron_config = neuron_config
         self.format = FORMATS[neuron_config.cpu_compiler]
-        self.cache = ProgramCache.from_env()
 
     def check_can_compile(self) -> None:
         """torch is all it needs. Tensor-parallel programs are torch.export programs: their collectives name a
@@ -82,23 +87,31 @@ class CpuBackend:
         return [self.graph_path(directory, spec) for spec in specs]
 
     def compile(
-        self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path, progress: Progress
+        self,
+        graphs: list[DecoderGraph],
+        params: dict,
+        caches: list[torch.Tensor],
+        directory: Path,
+        progress: Progress,
+        options: CompileOptions = SERIAL,
     ) -> None:
-        for graph in graphs:
-            spec = graph.spec
-            progress(
-                f"compiling graph {spec.name} [{spec.rows} x {spec.tokens}], {spec.bucket_label}, "
-                f"with {self.format.description}"
-            )
-            path = self.graph_path(directory, spec)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            key = self.cache.key(graph, params, caches, self.format.suffix)
-            if self.cache.fetch(key, path):
-                continue
-            with torch.no_grad(), _without_stack_traces():
-                program = torch.export.export(graph, (params, caches, *example_inputs(spec)), strict=False)
-            self.format.save(program, path)
-            self.cache.store(key, path)
+        progress(f"compiling {len(graphs)} graph(s) with {self.format.description}")
+        compile_with_pool(self, graphs, params, caches, directory, progress, options)
+
+    def compiler_identity(self) -> tuple:
+        return (self.format.suffix, torch.__version__)
+
+    def worker_state(self, graphs: list[DecoderGraph], params: dict, caches: list, directory: Path, worker: int):
+        return params, caches
+
+    def compile_graph(self, graph: DecoderGraph, state, directory: Path) -> list[str]:
+        params, caches = state
+        path = self.graph_path(directory, graph.spec)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with torch.no_grad(), _without_stack_traces():
+            program = torch.export.export(graph, (params, caches, *example_inputs(graph.spec)), strict=False)
+        self.format.save(program, path)
+        return [str(path.relative_to(directory))]
 
     def load(self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path) -> CpuGraphs:
         programs = {g.spec: self._load_program(self.graph_path(directory, g.spec)) for g in graphs}

@@ -39,13 +39,18 @@ import torch.distributed as dist
 from ..config import NEURON_CONFIG_FILE, NeuronConfig
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
-from ..placement import Rank, neuron_core
+from ..placement import Rank, neuron_core, parse_cores
 from . import Progress, join_device_group, join_gloo_group, neuron_devices_present
+from .compile_pool import SERIAL, CompileOptions
+from .compile_pool import run as compile_with_pool
 
 logger = logging.getLogger(__name__)
 
 GRAPH_DIR = "graphs"
 CACHE_DIR = "neuron-cache"  # under GRAPH_DIR
+WORKER_DIR = ".compile-workers"
+# The NeuronCores an export could use before it pinned itself to the first: its compile workers take one each.
+EXPORT_CORES_ENV = "ONP_EXPORT_CORES"  # a compile worker's own NEFF cache: <WORKER_DIR>/<worker>/graphs/neuron-cache
 # TorchNeuron's persistent NEFF cache directory (csrc/core/cache/PersistentCacheBackend.cpp).
 CACHE_ENV = "TORCH_NEURONX_NEFF_CACHE_DIR"
 # TorchNeuron's optimisation level for torch.compile graphs when NEURON_COMPILER_OPT_LEVEL is unset.
@@ -55,7 +60,7 @@ COMPILE_PACKAGES = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc"}
 RUNTIME_PACKAGES = {"torch-neuronx": "torch_neuronx"}
 INSTALL = (
     'scripts/setup-neuron.sh (pip install ".[neuron]" from the Neuron pip repository) on a trn2/trn3 host with '
-    "Python 3.12+ (Neuron SDK 2.33, docs/neuron.md)"
+    "Ubuntu 26.04 and Python 3.12-3.14 (Neuron SDK 2.33, docs/neuron.md)"
 )
 WHERE = "run it on a trn2 or trn3 instance (Neuron SDK 2.33+), or use --backend cpu"
 NO_CPU_COMPILE = (
@@ -90,6 +95,11 @@ class NeuronBackend:
 
     name = "neuron"
     compiles_on_live_ranks = True  # TorchNeuron lowers collectives against the live group
+    shares_compile_cache = False  # TorchNeuron's NEFF cache is the shared one
+    # Host memory one compile worker needs: neuronx-cc on a graph of an 8B model (an estimate; the export's summary
+    # reports the time per graph, --compile-workers overrides it).
+    worker_bytes = 16 * 1024**3
+    graphs_per_worker = 1  # a graph compiles in minutes
 
     def __init__(
         self,
@@ -151,11 +161,19 @@ class NeuronBackend:
         directory: Path,
         progress: Progress,
         peers: Peers = ALONE,
+        options: CompileOptions = SERIAL,
     ) -> None:
-        """Compiles every graph by calling it once. Under tensor parallelism every rank calls this with its shard
-        and the same graphs in the same order (`peers`): rank 0 writes each graph's manifest once every rank's
-        cache files for it are written, and before any rank starts the next graph."""
+        """Compiles every graph by calling it once. Alone (tensor parallelism 1) through compile_pool: graphs already
+        in the export's resume directory are copied, the others compiled here or in `options.workers` processes.
+        Under tensor parallelism every rank calls this with its shard and the same graphs in the same order (`peers`):
+        rank 0 writes each graph's manifest once every rank's cache files for it are written, and before any rank
+        starts the next graph."""
         self.check_can_compile()
+        if peers.group is None:
+            _require_worker_cores(self, min(options.workers, len(graphs)))
+            progress(f"compiling {len(graphs)} graph(s) with torch.compile(backend={self.compiler!r})")
+            compile_with_pool(self, graphs, params, caches, directory, progress, options)
+            return
         cache = _use_cache(directory)
         device_graphs = NeuronGraphs(self, graphs, params, caches)
         listed = _files_under(cache)
@@ -165,19 +183,48 @@ class NeuronBackend:
             progress(
                 f"compiling graph {spec.key} [{spec.rows} x {spec.tokens}] with torch.compile(backend={self.compiler!r})"
             )
-            try:
-                device_graphs(spec, *example_inputs(spec))
-            except Exception as error:  # noqa: BLE001 - Dynamo, StableHLO lowering and neuronx-cc errors
-                message = " ".join(str(error).split())[:500]
-                raise ExportError(f"compiling graph {spec.key} failed ({message}); see the log above") from None
+            _call(device_graphs, spec)
             peers.barrier()
             if peers.rank == 0:
-                added = _files_under(cache) - listed
-                listed |= added
-                _require_neff(spec, added, cache)
-                manifest = {"graph": spec.key, "cache_files": sorted(str(p.relative_to(cache.parent)) for p in added)}
-                (cache.parent / f"{spec.key}.neuron.json").write_text(json.dumps(manifest, indent=2) + "\n")
+                listed |= _write_manifest(spec, cache, _files_under(cache) - listed, cache)
             peers.barrier()
+
+    def compiler_identity(self) -> tuple:
+        """The versions besides the options, target and LNC: TorchNeuron's own NEFF cache key holds no version."""
+        return tuple(sorted(self.versions().items()))
+
+    def worker_state(self, graphs: list[DecoderGraph], params: dict, caches: list, directory: Path, worker: int):
+        """The exporting process compiles into the artifact's NEFF cache itself (it may load the graphs next). A worker
+        process takes NeuronCore `worker` (TorchNeuron compiles graphs called on a device; the runtime claims every
+        visible core otherwise) and a NEFF cache of its own: TorchNeuron reads CACHE_ENV once per process, and files
+        it adds there belong to the graph it just compiled."""
+        if worker < 0:
+            cache = _use_cache(directory)
+        else:
+            if self.device == "neuron":  # before this process starts the runtime
+                os.environ["NEURON_RT_VISIBLE_CORES"] = str(_export_cores()[worker])
+            self._require_compiler(ExportError)  # this process's Dynamo backends (a stand-in registers its own)
+            cache = _use_cache(Path(directory) / WORKER_DIR / str(worker))
+        return NeuronGraphs(self, graphs, params, caches), cache
+
+    def compile_graph(self, graph: DecoderGraph, state, directory: Path) -> list[str]:
+        """Calls the graph once; its new NEFF cache files move to the artifact's cache, listed by its manifest."""
+        device_graphs, cache = state
+        before = _files_under(cache)
+        _call(device_graphs, graph.spec)
+        shared = Path(directory) / GRAPH_DIR / CACHE_DIR
+        added = _files_under(cache) - before
+        if cache != shared:
+            moved = set()
+            for path in added:
+                target = shared / path.relative_to(cache)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, target)
+                moved.add(target)
+            added = moved
+        _write_manifest(graph.spec, shared, added, cache)
+        names = [f"{graph.spec.key}.neuron.json", *sorted(str(p.relative_to(shared.parent)) for p in added)]
+        return [f"{GRAPH_DIR}/{name}" for name in names]
 
     def load(
         self, graphs: list[DecoderGraph], params: dict, caches: list[torch.Tensor], directory: Path
@@ -242,7 +289,8 @@ class NeuronGraphs:
         NeuronGraphs.built_in_process += len(graphs)
 
     def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        inputs = [x.to(self.device) for x in inputs]
+        # Row-major like the example inputs: Dynamo guards every stride (a [rows, 1] transposed view traces again).
+        inputs = [x.clone(memory_format=torch.contiguous_format).to(self.device) for x in inputs]
         before = _files_under(self.cache) if spec in self.unchecked else None
         # Every graph shares one code object (DecoderGraph.forward): Dynamo keeps one cache entry per distinct graph.
         with torch.no_grad(), _dynamo_limit(NeuronGraphs.built_in_process):
@@ -255,6 +303,22 @@ class NeuronGraphs:
                 )
         # chunk_and_decode with on-device sampling returns (chunk logits, token ids).
         return tuple(x.cpu() for x in output) if isinstance(output, tuple) else output.cpu()
+
+
+def _call(device_graphs: NeuronGraphs, spec: GraphSpec) -> None:
+    try:
+        device_graphs(spec, *example_inputs(spec))
+    except Exception as error:  # noqa: BLE001 - Dynamo, StableHLO lowering and neuronx-cc errors
+        message = " ".join(str(error).split())[:500]
+        raise ExportError(f"compiling graph {spec.key} failed ({message}); see the log above") from None
+
+
+def _write_manifest(spec: GraphSpec, cache: Path, added: set[Path], where: Path) -> set[Path]:
+    """graphs/<key>.neuron.json: the files under `cache` compiling `spec` (in NEFF cache `where`) added."""
+    _require_neff(spec, added, where)
+    manifest = {"graph": spec.key, "cache_files": sorted(str(p.relative_to(cache.parent)) for p in added)}
+    (cache.parent / f"{spec.key}.neuron.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return added
 
 
 def _require_neff(spec: GraphSpec, added: set[Path], cache: Path) -> None:
@@ -330,16 +394,42 @@ def pin_cores(rank: Rank) -> None:
 def _pin_export_core() -> None:
     """A tensor-parallel-1 export compiles in its own process: it takes the first visible NeuronCore only, as every
     rank does, instead of the runtime's default of every core of the instance (a server on other cores keeps them).
-    Only before this process starts the runtime: the runtime reads NEURON_RT_VISIBLE_CORES when it starts."""
+    Only before this process starts the runtime: the runtime reads NEURON_RT_VISIBLE_CORES when it starts. The cores
+    it could see are kept in EXPORT_CORES_ENV for its compile workers (one core each)."""
     import torch_neuronx
 
     if not torch_neuronx.is_neuron_runtime_initialized():
+        if EXPORT_CORES_ENV not in os.environ:
+            visible = os.environ.get("NEURON_RT_VISIBLE_CORES")
+            cores = parse_cores(visible) if visible else list(range(neuron_core_count()))
+            os.environ[EXPORT_CORES_ENV] = ",".join(map(str, cores))
         pin_cores(Rank())
+
+
+def _export_cores() -> list[int]:
+    """The NeuronCores the export may use (before it pinned itself to the first)."""
+    kept = os.environ.get(EXPORT_CORES_ENV)
+    if kept is not None:
+        return [int(core) for core in kept.split(",") if core]
+    visible = os.environ.get("NEURON_RT_VISIBLE_CORES")
+    return parse_cores(visible) if visible else list(range(neuron_core_count()))
 
 
 def _require_cores(error: type[Exception], context: str) -> None:
     if neuron_core_count() == 0:
         raise error(f"{context}no NeuronCore is visible on this host (/dev/neuron*, NEURON_RT_VISIBLE_CORES): {WHERE}")
+
+
+def _require_worker_cores(backend: NeuronBackend, workers: int) -> None:
+    """Compile workers each compile on a NeuronCore of their own (TorchNeuron compiles graphs called on a device)."""
+    if backend.device != "neuron" or workers <= 1:
+        return
+    cores = len(_export_cores())
+    if cores < workers:
+        raise ExportError(
+            f"--compile-workers {workers} compiles on {workers} NeuronCores (one process each) but {cores} are "
+            "visible (NEURON_RT_VISIBLE_CORES): lower --compile-workers"
+        )
 
 
 def _require_tp_cores(degree: int) -> None:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from .. import artifact, backends
 from ..backends import BackendFactory
+from ..backends.compile_pool import SERIAL, CompileOptions
 from ..backends.neuron_ranks import compile_on_ranks
 from ..config import NeuronConfig
 from ..errors import ArtifactError, ExportError
@@ -37,9 +38,11 @@ def export(
     neuron_config: NeuronConfig,
     progress: Callable[[str], None] | None = None,
     make_backend: BackendFactory = backends.get_backend,
+    options: CompileOptions = SERIAL,
 ) -> Model:
     """Compiles every graph of `model` (a HF directory, a .gguf file or a hub id) into a temporary directory; the
-    returned model runs them until save_pretrained copies them into an artifact."""
+    returned model runs them until save_pretrained copies them into an artifact. `options`: compile workers and
+    the directory of an interrupted export's graphs (backends/compile_pool.py)."""
     progress = progress or (lambda message: None)
     from ..sources import gguf_read_once, load_source, read_config
 
@@ -64,7 +67,7 @@ def export(
     hf_config["architectures"] = [args.architecture]
     workdir = Path(tempfile.mkdtemp(prefix="onp-graphs-"))
     try:
-        compile_graphs(backend, args, layout, neuron_config, params, workdir, progress)
+        compile_graphs(backend, args, layout, neuron_config, params, workdir, progress, options)
     except BaseException:
         shutil.rmtree(workdir, ignore_errors=True)
         raise
@@ -107,12 +110,15 @@ def load(
         raise ArtifactError(f"{directory / 'graphs'}: cannot load a compiled graph ({error}); export again") from None
 
 
-def compile_graphs(backend, args, layout, neuron_config, params, workdir, progress) -> None:
+def compile_graphs(backend, args, layout, neuron_config, params, workdir, progress, options=SERIAL) -> None:
     """Compiles every graph. Under TP on the CPU backend the graphs are traced once on rank 0's shard shapes (every
     rank's are the same) against a fake process group: one rank-independent program per graph and bucket. TorchNeuron
     compiles them for a live group instead: one process per NeuronCore, each on its shard (backends/neuron_ranks.py)."""
     nc = neuron_config
     if nc.tp_degree > 1 and backend.compiles_on_live_ranks:
+        if options.workers > 1 or options.resume_dir:
+            progress(f"tensor parallel {nc.tp_degree}: every graph compiles on the {nc.tp_degree} ranks in turn (no "
+                     "compile workers, no resume)")  # fmt: skip
         compile_on_ranks(backend, args, params, artifact.cache_dtype(nc), workdir, progress)
         return
     shard = sharding.shard_params(params, args, layout, 0)
@@ -123,7 +129,7 @@ def compile_graphs(backend, args, layout, neuron_config, params, workdir, progre
     local = sharding.local_args(args, layout)
     if nc.tp_degree == 1:
         graphs = [DecoderGraph(local, spec, nc.max_topk) for spec in graph_specs(nc, args.vocab_size)]
-        backend.compile(graphs, shard, caches, workdir, progress)
+        backend.compile(graphs, shard, caches, workdir, progress, options=options)
         return
     if dist.is_initialized():
         raise ExportError(
@@ -133,7 +139,7 @@ def compile_graphs(backend, args, layout, neuron_config, params, workdir, progre
     with export_world(nc.tp_degree) as group:
         cc = Collectives(nc.tp_degree, group)
         graphs = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in graph_specs(nc, args.vocab_size)]
-        backend.compile(graphs, shard, caches, workdir, progress)
+        backend.compile(graphs, shard, caches, workdir, progress, options=options)
 
 
 # neuronx-cc refuses float8_e4m3fn operands on trn1/trn2 (NCC_EVRF051) unless told to read them as trn2's E4M3.

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from .. import artifact, backends
 from ..backends import BackendFactory
+from ..backends.compile_pool import SERIAL, CompileOptions
 from ..config import NeuronConfig
 from ..errors import ArtifactError, InputError
 from ..graph_inputs import CopyInputs
@@ -112,8 +113,9 @@ class NeuronModelForCausalLM:
         neuron_config: NeuronConfig,
         progress: Callable[[str], None] | None = None,
         make_backend: BackendFactory = backends.get_backend,
+        options: CompileOptions = SERIAL,
     ) -> NeuronModelForCausalLM:
-        return artifact_io.export(cls, model, neuron_config, progress, make_backend)
+        return artifact_io.export(cls, model, neuron_config, progress, make_backend, options)
 
     def save_pretrained(self, directory: str | Path) -> None:
         if self.sharded:

@@ -231,6 +231,8 @@ def test_info_command_describes_an_export(llama_export, tmp_path):
         "chunked_prefill",
         "token_generation",
         "model.safetensors",
+        "memory per rank (tensor parallel 1):",
+        "(cpu backend: information only, no device limit)",
     ):
         assert text in done.stdout
     refused = subprocess.run([str(INFO_CLI), str(tmp_path)], capture_output=True, text=True, env=cli_env())

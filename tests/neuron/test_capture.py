@@ -21,9 +21,10 @@ from .conftest import ARCHITECTURES, MOE_ARCHITECTURES
 RECORDER = "onp_record_graphs"
 # Chunked prefill (prior buckets 0, 8, 16, 24, 32, 48, 64; context buckets 8, 16, 32, 64) with on-device sampling;
 # and one context_encoding graph.
+# One-row decode graphs too (not a neuron default): every code path is captured.
 CONFIGS = {
-    "chunked": dict(batch_size=2, sequence_length=64, prefill_chunk_size=8),
-    "context_encoding": dict(batch_size=2, sequence_length=32, prefill_chunk_size=0),
+    "chunked": dict(batch_size=2, sequence_length=64, prefill_chunk_size=8, decode_batch_sizes=(1, 2)),
+    "context_encoding": dict(batch_size=2, sequence_length=32, prefill_chunk_size=0, decode_batch_sizes=(1, 2)),
 }
 
 
@@ -53,10 +54,11 @@ def test_every_graph_is_one_dynamo_graph(tiny_models, recorded, name, shape):
     backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
     graphs = NeuronGraphs(backend, model.graphs(config), model.params(config), model.caches(config))
     specs = graph_specs(config, model.args.vocab_size)
-    # per context bucket token_generation of 1 and 2 rows, and chunk_and_decode and copy_prefix if chunked (else
-    # context_encoding); chunked_prefill per prefill bucket
-    per_bucket = 4 if config.chunked else 3
-    assert len(specs) == per_bucket * len(config.context_buckets) + len(config.prefill_buckets)
+    # per decode bucket token_generation of 1 and 2 rows; per context bucket chunk_and_decode and copy_prefix if
+    # chunked (else context_encoding); chunked_prefill per prefill bucket
+    per_bucket = 2 if config.chunked else 1
+    expected = 2 * len(config.decode_buckets) + per_bucket * len(config.context_buckets) + len(config.prefill_buckets)
+    assert len(specs) == expected
     # copy_prefix depends on the cache's shape only: Dynamo would reuse another model's capture of the same shape.
     torch._dynamo.reset()
     check_captured(graphs, every_code_path(specs), recorded, name)

@@ -1,0 +1,66 @@
+"""The export plan: the graphs an export compiles and the memory one rank needs, from the model's config alone.
+
+`--dry-run` prints it and stops; every export prints it and, on the neuron backend, refuses at once (before any
+weight is read) an export whose rank cannot fit one logical NeuronCore.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    graph_lines: list[str]
+    memory: object  # optimum_neuron_plugin.sizing.MemoryPlan
+
+    def lines(self) -> list[str]:
+        return [*self.graph_lines, f"{len(self.graph_lines)} graphs", *self.memory.lines()]
+
+
+def graph_line(spec) -> str:
+    """One graph of an export: kind, [rows x tokens], bucket, what it returns (its file name in the artifact)."""
+    from optimum_neuron_plugin.graphs import COPY_PREFIX
+
+    shape = f"[{spec.rows} x {spec.tokens}]" + (f" + chunk {spec.chunk}" if spec.chunk else "")
+    output = "samples on device" if spec.samples else "returns logits"
+    if spec.name == COPY_PREFIX:
+        output = "copies a slot's rows"
+    return f"{spec.key:<32} {spec.name:<18} {shape:<20} {spec.bucket_label:<20} {output}"
+
+
+def chip_for(neuron_config):
+    """The chip a neuron export is sized for (its --instance-type, trn2 when none is given); None for cpu."""
+    from optimum_neuron_plugin.sizing import CHIPS
+
+    if neuron_config.backend != "neuron":
+        return None
+    return CHIPS[neuron_config.target or "trn2"]
+
+
+def make_plan(args, neuron_config, lnc: int | None = None) -> ExportPlan:
+    from optimum_neuron_plugin.graphs import graph_specs
+    from optimum_neuron_plugin.sizing import lnc_from_env, plan_memory
+
+    chip = chip_for(neuron_config)
+    lnc = lnc or (lnc_from_env(chip) if chip else None)
+    specs = graph_specs(neuron_config, args.vocab_size)
+    return ExportPlan([graph_line(spec) for spec in specs], plan_memory(args, neuron_config, chip, lnc))
+
+
+def plan_export(model: Path, neuron_config, progress: Callable[[str], None]) -> ExportPlan:
+    """Reads the model's config (no weights), checks the options against it, prints the plan and refuses a neuron
+    export that does not fit (SizingError naming the smallest tensor-parallel degree that does)."""
+    from optimum_neuron_plugin.runtime.artifact_io import check_model
+    from optimum_neuron_plugin.sizing import check_fits
+    from optimum_neuron_plugin.sources import read_config
+
+    _, args = read_config(model)
+    check_model(neuron_config, args)
+    plan = make_plan(args, neuron_config)
+    for line in plan.lines():
+        progress(line)
+    check_fits(plan.memory, args, neuron_config)
+    return plan

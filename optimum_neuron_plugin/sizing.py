@@ -1,0 +1,211 @@
+"""Sizing: what one rank of an export holds in device memory, against one logical NeuronCore's HBM.
+
+Per rank (tensor parallelism splits heads, the MLP and the vocabulary; models/sharding.py):
+- weights: every weight of the rank's shard in the export's dtype (the same count as models/sharding.py slices);
+- KV cache: layers x batch_size x sequence_length x 2 (K and V) x the rank's KV heads x head_dim, in that dtype;
+- activations: an estimate of the largest graph's live tensors (activation_bytes), the largest over the export's
+  graphs;
+- a runtime reserve (RUNTIME_RESERVE): the Neuron runtime's own buffers, the NEFF's instructions and I/O tensors.
+The estimate is conservative on purpose: refusing an export that would have fitted costs a flag, accepting one that
+does not costs hours of compilation before the load fails.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .config import NeuronConfig
+from .graphs import COPY_PREFIX, PROMPT_LOGITS, VERIFY, GraphSpec, graph_specs
+from .models.args import ModelArgs
+from .models.sharding import ShardingError, plan_for
+
+GIB = 1024**3
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+RUNTIME_RESERVE = 1 * GIB
+# The Neuron runtime's variable for the logical NeuronCore configuration (physical cores per logical core).
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+# Largest tensor-parallel degree looked at when suggesting one (a trn2.48xlarge has 16 chips: 64 logical cores at
+# LNC=2, 128 at LNC=1).
+MAX_TP = 128
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One Trainium chip: its HBM, its physical NeuronCores and the default LNC (physical cores per logical core)."""
+
+    name: str
+    hbm_gib: int
+    physical_cores: int
+    default_lnc: int
+    source: str
+
+    def core_bytes(self, lnc: int) -> int:
+        """HBM of one logical NeuronCore: the chip's memory shared by its physical cores, lnc of them per core."""
+        return self.hbm_gib * GIB * lnc // self.physical_cores
+
+
+CHIPS = {
+    "trn2": Chip(
+        "trn2", 96, 8, 2,
+        "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/trainium2.html",
+    ),
+    "trn3": Chip(
+        "trn3", 144, 8, 2,
+        "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/trainium3.html",
+    ),
+}  # fmt: skip
+
+
+class SizingError(ValueError):
+    """The export cannot fit one logical NeuronCore; the message says what would."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    tp_degree: int
+    weights: int
+    kv_cache: int
+    activations: int
+    largest_graph: str
+    chip: Chip | None  # None: the cpu backend (no device limit)
+    lnc: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.activations + RUNTIME_RESERVE
+
+    @property
+    def capacity(self) -> int | None:
+        return self.chip.core_bytes(self.lnc) if self.chip else None
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity is None or self.total <= self.capacity
+
+    def lines(self) -> list[str]:
+        lines = [
+            f"memory per rank (tensor parallel {self.tp_degree}):",
+            f"  weights      {_gib(self.weights)}",
+            f"  KV cache     {_gib(self.kv_cache)}",
+            f"  activations  {_gib(self.activations)} (estimate, largest graph {self.largest_graph})",
+            f"  reserve      {_gib(RUNTIME_RESERVE)} (Neuron runtime, NEFF I/O)",
+            f"  total        {_gib(self.total)}",
+        ]
+        if self.chip is None:
+            lines.append("  (cpu backend: information only, no device limit)")
+        else:
+            verdict = "fits" if self.fits else "does NOT fit"
+            lines.append(
+                f"  one {self.chip.name} logical NeuronCore at LNC={self.lnc}: {_gib(self.capacity)} "
+                f"({self.chip.hbm_gib} GiB per chip / {self.chip.physical_cores // self.lnc} logical cores): {verdict}"
+            )
+        return lines
+
+
+def lnc_from_env(chip: Chip) -> int:
+    value = os.environ.get(LNC_ENV, "")
+    return int(value) if value in ("1", "2") else chip.default_lnc
+
+
+def plan_memory(args: ModelArgs, nc: NeuronConfig, chip: Chip | None, lnc: int | None = None) -> MemoryPlan:
+    """What one rank of the export `nc` of the model `args` holds (raises ShardingError for a bad tp_degree)."""
+    lnc = lnc or (chip.default_lnc if chip else 1)
+    specs = graph_specs(nc, args.vocab_size)
+    width = DTYPE_BYTES[nc.torch_dtype]
+    largest = max(specs, key=lambda spec: activation_bytes(args, nc, spec))
+    return MemoryPlan(
+        tp_degree=nc.tp_degree,
+        weights=weight_count(args, nc.tp_degree) * width,
+        kv_cache=kv_cache_bytes(args, nc),
+        activations=activation_bytes(args, nc, largest),
+        largest_graph=largest.key,
+        chip=chip,
+        lnc=lnc,
+    )
+
+
+def weight_count(args: ModelArgs, degree: int) -> int:
+    """Elements of one rank's weights (norms and biases included; the vocabulary padded to a multiple of degree)."""
+    plan = plan_for(args, degree)
+    h, d = args.hidden_size, args.head_dim
+    vocab = plan.local_vocab if degree > 1 else args.vocab_size
+    count = vocab * h * (1 if args.tie_word_embeddings else 2) + h
+    for layer in range(args.num_hidden_layers):
+        q, kv = plan.heads * d, plan.kv_heads * d
+        count += h * (q + 2 * kv) + q * h + (4 if args.sandwich_norms else 2) * h
+        count += (q + 2 * kv) if args.qkv_bias else 0
+        count += 2 * d if args.qk_norm else 0
+        if args.is_moe(layer):
+            count += args.num_experts * (3 * plan.moe_intermediate * h + h)  # experts and the router
+        else:
+            count += 3 * plan.intermediate * h
+    return count
+
+
+def kv_cache_bytes(args: ModelArgs, nc: NeuronConfig) -> int:
+    kv_heads = plan_for(args, nc.tp_degree).kv_heads
+    per_token = 2 * kv_heads * args.head_dim * DTYPE_BYTES[nc.torch_dtype]
+    return args.num_hidden_layers * nc.batch_size * nc.sequence_length * per_token
+
+
+def activation_bytes(args: ModelArgs, nc: NeuronConfig, spec: GraphSpec) -> int:
+    """Estimate of one graph's live activations on a rank: one layer's working set (layers run one after another)
+    plus the logits.
+    - tokens T = rows x tokens (+ the prompt chunk of chunk_and_decode);
+    - hidden states: 4 x T x hidden (residual, normed input, attention output, MLP output);
+    - q, k, v: T x (heads + 2 kv heads) x head_dim; MLP: 2 x T x the rank's intermediate (gate, up), or per routed
+      expert for a MoE layer;
+    - attention scores in fp32: the rank's heads x T x (bucket + T) (the chunk attends the bucket and itself);
+    - logits in fp32: each output row x the rank's vocabulary, and the whole vocabulary once gathered."""
+    if spec.name == COPY_PREFIX:
+        return 0
+    plan = plan_for(args, nc.tp_degree)
+    width = DTYPE_BYTES[nc.torch_dtype]
+    tokens = spec.rows * spec.tokens + spec.chunk
+    mlp = plan.intermediate
+    if args.num_experts:
+        mlp = max(mlp, args.num_experts_per_tok * plan.moe_intermediate)
+    layer = tokens * (4 * args.hidden_size + (plan.heads + 2 * plan.kv_heads) * args.head_dim + 2 * mlp) * width
+    scores = plan.heads * tokens * (spec.bucket + tokens) * 4
+    every_row = spec.name in (PROMPT_LOGITS, VERIFY)
+    rows = (tokens if every_row else spec.rows) + (1 if spec.chunk else 0)
+    logits = rows * (plan.local_vocab + (args.vocab_size if nc.tp_degree > 1 else 0)) * 4
+    return layer + scores + logits
+
+
+def smallest_fitting_tp(args: ModelArgs, nc: NeuronConfig, chip: Chip, lnc: int) -> int | None:
+    """The smallest tensor-parallel degree (allowed by the model's heads) at which a rank fits, or None."""
+    from dataclasses import replace
+
+    for degree in range(1, MAX_TP + 1):
+        try:
+            candidate = replace(nc, tp_degree=degree)
+            if plan_memory(args, candidate, chip, lnc).fits:
+                return degree
+        except ShardingError:
+            continue
+    return None
+
+
+def check_fits(plan: MemoryPlan, args: ModelArgs, nc: NeuronConfig) -> None:
+    """Refuses an export whose rank cannot fit one logical NeuronCore, naming the smallest degree that fits."""
+    if plan.fits:
+        return
+    chip = plan.chip
+    need = (
+        f"{_gib(plan.total)} per rank, one {chip.name} logical NeuronCore at LNC={plan.lnc} holds {_gib(plan.capacity)}"
+    )
+    degree = smallest_fitting_tp(args, nc, chip, plan.lnc)
+    if degree is not None:
+        fix = f"use --tensor-parallel-size {degree} (the smallest that fits)"
+    else:
+        fix = "no tensor-parallel degree fits: lower --batch-size or --sequence-length"
+    raise SizingError(
+        f"this export does not fit: {need} (weights {_gib(plan.weights)}, KV cache {_gib(plan.kv_cache)}, "
+        f"activations {_gib(plan.activations)}); {fix}"
+    )
+
+
+def _gib(num_bytes: int) -> str:
+    return f"{num_bytes / GIB:.2f} GiB"

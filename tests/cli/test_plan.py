@@ -1,0 +1,54 @@
+"""`optimum-cli export neuron --dry-run` and the sizing refusal, from a directory holding only Llama-3.1-8B's
+config.json: no weights are read and no Neuron SDK is needed (this host has none)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .helpers import run_export
+
+CONFIG = Path(__file__).parents[1] / "fixtures" / "llama-3.1-8b" / "config.json"
+SHAPE = ("--batch-size", 8, "--sequence-length", 8192, "--prefill-chunk-size", 1024, "--backend", "neuron")
+
+
+@pytest.fixture
+def config_only(tmp_path) -> Path:
+    directory = tmp_path / "llama-3.1-8b"
+    directory.mkdir()
+    shutil.copyfile(CONFIG, directory / "config.json")
+    return directory
+
+
+def test_dry_run_prints_the_graphs_and_the_plan_and_compiles_nothing(config_only, tmp_path):
+    out = tmp_path / "out"
+    done = run_export("--model", config_only, *SHAPE, "--instance-type", "trn2", "--tensor-parallel-size", 2,
+                      "--dry-run", out)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    count = lines.index("11 graphs")
+    graphs = lines[count - 11 : count]
+    assert [line.split()[0] for line in graphs[:4]] == [f"chunked_prefill_{b}" for b in (0, 2048, 4096, 8192)]
+    assert sum(line.split()[1] == "token_generation" for line in graphs) == 3
+    assert "memory per rank (tensor parallel 2):" in lines[count + 1]
+    assert any("one trn2 logical NeuronCore at LNC=2: 24.00 GiB" in line and line.endswith(": fits") for line in lines)
+    assert not out.exists()
+
+
+def test_dry_run_for_trn3(config_only, tmp_path):
+    done = run_export("--model", config_only, *SHAPE, "--instance-type", "trn3", "--dry-run", tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    assert any("one trn3 logical NeuronCore at LNC=2: 36.00 GiB" in line for line in done.stdout.splitlines())
+
+
+def test_an_export_that_cannot_fit_is_refused_before_reading_weights(config_only, tmp_path):
+    """The directory has no weights: reaching the weights would fail with another error."""
+    out = tmp_path / "out"
+    done = run_export("--model", config_only, *SHAPE, "--instance-type", "trn2", out)
+    assert done.returncode == 1
+    assert len(done.error_lines) == 1 and "Traceback" not in done.stderr
+    assert "does not fit: 25.20 GiB per rank" in done.error_lines[0]
+    assert "use --tensor-parallel-size 2 (the smallest that fits)" in done.error_lines[0]
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["llama-3.1-8b"]

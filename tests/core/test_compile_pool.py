@@ -1,0 +1,85 @@
+"""Compile workers and resumable exports on the cpu backend: a parallel export writes the serial export's graph files
+byte for byte, an interrupted export compiles only the graphs it had not finished, and each graph prints a progress
+line (done / total, time per graph, time left)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from support.tiny_models import save_tiny
+
+from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+from optimum_neuron_plugin.backends.compile_pool import CompileOptions
+from optimum_neuron_plugin.backends.program_cache import CACHE_ENV
+
+from .helpers import CHUNKED_LOGITS_LIGHT, VOCAB
+
+PROGRESS = re.compile(
+    r"^\[(\d+)/(\d+)\] graph (\S+): compiled in [\d.]+ s \([\d.]+ s per graph so far, about \d+ s left\)$"
+)
+REUSED = re.compile(r"^\[(\d+)/(\d+)\] graph (\S+): reused \(compiled by an earlier export\)$")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("hf") / "llama", "llama", seed=21, vocab_size=VOCAB)
+
+
+@pytest.fixture(autouse=True)
+def no_shared_cache(monkeypatch):
+    monkeypatch.delenv(CACHE_ENV, raising=False)  # every graph compiled by the export under test
+
+
+def _graph_files(directory: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(directory)): p.read_bytes() for p in sorted((directory / "graphs").rglob("*")) if p.is_file()
+    }
+
+
+def _export(source: Path, output: Path, options: CompileOptions, progress=None) -> dict[str, bytes]:
+    model = NeuronModelForCausalLM.export(
+        source, NeuronConfig(**CHUNKED_LOGITS_LIGHT), progress=progress, options=options
+    )
+    model.save_pretrained(output)
+    return _graph_files(output)
+
+
+def test_two_workers_write_the_serial_graph_files_byte_for_byte(source, tmp_path):
+    lines: list[str] = []
+    serial = _export(source, tmp_path / "serial", CompileOptions(workers=1))
+    parallel = _export(source, tmp_path / "parallel", CompileOptions(workers=2), lines.append)
+    assert len(serial) == 11 and parallel == serial
+    assert "compiling 11 graph(s) in 2 worker processes" in lines
+    progress = [PROGRESS.match(line) for line in lines if line.startswith("[")]
+    assert all(progress) and sorted(int(m[1]) for m in progress) == list(range(1, 12))
+    assert {m[2] for m in progress} == {"11"}
+
+
+def test_an_interrupted_export_resumes_and_compiles_only_the_rest(source, tmp_path, monkeypatch):
+    resume = tmp_path / "resume"
+    reference = _export(source, tmp_path / "reference", CompileOptions(workers=1))
+    traced = []
+    export = torch.export.export
+
+    def counted(*args, **kwargs):
+        traced.append(args[0].spec.key)
+        return export(*args, **kwargs)
+
+    monkeypatch.setattr(torch.export, "export", counted)
+
+    def stop_after_four(line: str) -> None:
+        if PROGRESS.match(line) and int(PROGRESS.match(line)[1]) == 4:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _export(source, tmp_path / "first", CompileOptions(workers=1, resume_dir=resume), stop_after_four)
+    first = list(traced)
+    assert len(first) == 4 and len(list(resume.iterdir())) == 4
+    lines: list[str] = []
+    resumed = _export(source, tmp_path / "second", CompileOptions(workers=1, resume_dir=resume), lines.append)
+    assert len(traced) - len(first) == 7 and not set(traced[4:]) & set(first)
+    assert [REUSED.match(line)[3] for line in lines if REUSED.match(line)] == first
+    assert resumed == reference
