@@ -2,7 +2,8 @@
 
 - Internal load balancing: a head (`--data-parallel-size 2 --data-parallel-size-local 1`, one engine and the API) and
   a `--headless --data-parallel-start-rank 1` node (one engine). Greedy outputs equal Hugging Face's and both
-  engines serve; when the headless node goes down the head fails cleanly, it does not hang.
+  engines serve. When the headless node goes down, vLLM 0.32 hangs the requests it routes there (xfail: it
+  watches only local engine processes).
 
 Hybrid load balancing needs two engines per node for a dense model (with one, vLLM switches to external load
 balancing, which it refuses for dense models): its placement is checked in test_data_parallel_config.py; external
@@ -77,6 +78,11 @@ def completion_status(server: Server, prompt: list[int], timeout: float) -> int 
         connection.close()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="vLLM 0.32 checks only local engine processes: a request routed to a headless node that went down hangs "
+    "(its ZMQ sockets drop messages to a gone peer, no heartbeat); a supervisor must restart the group",
+)
 def test_the_head_fails_cleanly_when_the_headless_node_goes_down(two_nodes, prompts):
     head, node = two_nodes
     kill_group(node.process)  # the node's server and engine, at once (a machine going down)
