@@ -98,6 +98,7 @@ run = {
 }
 json.dump(run, open(sys.argv[1], "w"), indent=1)
 EOF
+"$PYTHON" "$BENCH_DIR/record.py" "$RUN_DIR" -- "$0" "$@" >/dev/null
 
 interleave_wanted() {
   [ "$INTERLEAVE" = 1 ] && { [ "$1" = chunked-hybrid ] || [ "$1" = chunked-interleaved ]; }
@@ -118,8 +119,8 @@ run_one() {
   run_step "$BENCH_DIR/drive.sh" "$name" || ok=0
   if [ "$ok" = 1 ] && interleave_wanted "$name"; then
     log "$name: serial vs interleaved scenario"
-    run_step "$PYTHON" "$BENCH_DIR/interleave.py" --name "$name" --url "http://$HOST:$PORT" \
-      --model-dir "$(served_dir "$name")" --out "$RUN_DIR/interleave-$name.json" \
+    run_step "$PYTHON" "$BENCH_DIR/served.py" interleave --name "$name" --url "http://$HOST:$PORT" \
+      --model-dir "$(served_dir "$name")" --out "$RUN_DIR" \
       --stats-file "$RUN_DIR/$name.stats.jsonl" 2>"$RUN_DIR/interleave-$name.log" || ok=0
     tail -1 "$RUN_DIR/interleave-$name.log" >&2
   fi
@@ -153,7 +154,7 @@ EOF
 
 collect_args=("$RUN_DIR")
 if [ -n "$LATEST" ]; then collect_args+=(--latest "$LATEST"); fi
-"$PYTHON" "$BENCH_DIR/collect.py" "${collect_args[@]}"
+"$PYTHON" "$BENCH_DIR/tools/collect.py" "${collect_args[@]}"
 if [ "${#failures[@]}" -gt 0 ]; then
   die "failed configurations: ${failures[*]}"
 fi

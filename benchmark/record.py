@@ -2,14 +2,16 @@
 
     .venv/bin/python benchmark/record.py RUN_DIR -- COMMAND [ARGS...]
 
-The drivers (graphs.py, served.py) call record(); the shell scenarios call this script. Keys already in run.json
-(e.g. matrix.sh's knobs) are kept; commit, command and host are (over)written.
+The drivers (graphs.py, served.py) call record(); the shell scenarios call this script first. The first record of a
+folder sets its command (a scenario's, not the driver calls it makes); later ones add their keys. Also recorded: the
+knobs (environment variables the benchmark scripts read) set for the run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -44,13 +46,23 @@ def host() -> dict:
     }
 
 
+def knobs() -> dict[str, str]:
+    """The environment variables the benchmark's shell scripts read (`${NAME`), as set for this run."""
+    names = set()
+    for script in (REPO / "benchmark").glob("*.sh"):
+        names.update(re.findall(r"\$\{([A-Z][A-Z0-9_]*)", script.read_text()))
+    return {name: os.environ[name] for name in sorted(names) if name in os.environ}
+
+
 def record(run_dir: Path, command: list[str], **extra) -> Path:
-    """Write (or complete) run_dir/run.json with the commit, the command line, the host and `extra`."""
+    """Write (or complete) run_dir/run.json: the commit, the command line, the host and knobs, and `extra`."""
     run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / "run.json"
     run = json.loads(path.read_text()) if path.is_file() else {}
     run.setdefault("started", time.strftime("%Y-%m-%d %H:%M:%S %Z"))
-    run.update(commit=commit(), command=shlex.join(command), host=host(), **extra)
+    if "command" not in run:
+        run.update(commit=commit(), command=shlex.join(command), host=host(), knobs=knobs())
+    run.update(**extra)
     path.write_text(json.dumps(run, indent=1) + "\n")
     return path
 

@@ -2,7 +2,7 @@
 rank, the top max_logprobs) against the same graphs returning tokens only (max_logprobs 0). Same process, same
 threads, timings alternated, ratios printed (below 1.0: faster with logprobs).
 
-    .venv/bin/python benchmark/device_logprobs.py [--threads 1] [--context 300] [--compiler export]
+    .venv/bin/python benchmark/graph_cases/device_logprobs.py [--threads 1] [--context 300] [--compiler export]
 
 Exports SmolLM2 twice (cached under benchmark/results/artifacts/), then measures at --context positions:
 - decode / decode_1: a token_generation call of batch_size rows / one row, with logprobs against without;

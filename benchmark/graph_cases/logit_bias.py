@@ -2,7 +2,7 @@
 same graphs without that input (max_logit_bias 0), and a step whose rows carry pairs and min_p against one whose rows
 carry none. Same process, same threads, timings alternated, ratios printed (below 1.0: faster with the feature).
 
-    .venv/bin/python benchmark/logit_bias.py [--threads 1] [--context 300] [--compiler export]
+    .venv/bin/python benchmark/graph_cases/logit_bias.py [--threads 1] [--context 300] [--compiler export]
 
 Exports SmolLM2 twice (cached under benchmark/results/artifacts/; the first is device_logprobs.py's "with" artifact),
 both with max_logprobs 20, then measures at --context positions:

