@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from record import record
+from record import record, split_extra
 
 BENCH = Path(__file__).resolve().parent
 CASES_DIR = BENCH / "graph_cases"
@@ -97,6 +97,10 @@ CASES = (
          "two artifacts' decode steps alternated per context bucket, same next token (ARGS: artifact A, B)",
          "", "{artifact} {artifact} --contexts 40,100 --threads 1 --repeats 1",
          "20261126-decode-attention-two-products-vs-fused"),
+    Case("prefill-vllm", "prefill_vllm.py",
+         "one prompt's prefill in one process against vLLM CPU's (compiled, eager) (ARGS: artifact, its HF dir)",
+         "", "{artifact} {model} --lengths 100 --repeats 1 --modes eager --profile",
+         "20261127-prefill-in-process-vs-vllm-cpu"),
     Case("speculative", "speculative.py",
          "in-process engine: n-gram and draft-model speculation against plain decoding (ARGS: artifact, out)",
          "", "{artifact} {out} --modes plain,ngram --workloads random --prompts 1 --output-tokens 4",
@@ -143,8 +147,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="result directory (default: benchmark/results/<date>-<case>)")
     parser.add_argument("--tiny", type=Path, metavar="MODEL_DIR", help="the case's smoke arguments on this model")
     parser.add_argument("--artifact", type=Path, help="with --tiny: an export of the tiny model")
-    parser.add_argument("extra", nargs="*", help="after --: arguments appended to the case's")
-    args = parser.parse_args()
+    argv, extra = split_extra(sys.argv[1:])
+    args = parser.parse_args(argv)
+    args.extra = extra
     if args.list:
         print(listing())
         return

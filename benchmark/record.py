@@ -67,6 +67,14 @@ def record(run_dir: Path, command: list[str], **extra) -> Path:
     return path
 
 
+def split_extra(argv: list[str]) -> tuple[list[str], list[str]]:
+    """A driver's own arguments and those after `--` (passed on to the case's script)."""
+    if "--" not in argv:
+        return argv, []
+    split = argv.index("--")
+    return argv[:split], argv[split + 1 :]
+
+
 def main() -> None:
     args = sys.argv[1:]
     if len(args) < 3 or args[1] != "--":

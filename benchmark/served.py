@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from record import record
+from record import record, split_extra
 
 BENCH = Path(__file__).resolve().parent
 WORKLOADS = BENCH / "workloads"
@@ -171,13 +171,14 @@ def parser_for() -> argparse.ArgumentParser:
     parser.add_argument("--num-warmups", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    parser.add_argument("extra", nargs="*", help="after --: options passed to the workload script")
     return parser
 
 
 def main() -> None:
     parser = parser_for()
-    args = parser.parse_args()
+    argv, extra = split_extra(sys.argv[1:])
+    args = parser.parse_args(argv)
+    args.extra = extra
     if args.list:
         print(listing())
         return

@@ -37,6 +37,7 @@ GRAPH_OUTPUTS = {
     "warm-up": "warm_up.md",
     "program-load": "program_load.md",
     "decode-ab": "decode_ab.md",
+    "prefill-vllm": "prefill_vllm.md",
     "speculative": "results.md",
 }
 
@@ -66,6 +67,15 @@ def test_lists_name_every_case():
 def test_unknown_case_names_the_cases():
     done = subprocess.run([sys.executable, str(BENCH / "graphs.py"), "calls-typo"], capture_output=True, text=True)
     assert done.returncode == 2 and "unknown case 'calls-typo'" in done.stderr and "prefill-profile" in done.stderr
+
+
+def test_arguments_after_the_separator_reach_the_case_script(tmp_path):
+    """`graphs.py calls -- --context 1100`: the committed run's arguments, then the user's (the last value wins)."""
+    argv, extra = graphs.split_extra(["calls", "--out", str(tmp_path), "--", "--context", "1100"])
+    assert argv == ["calls", "--out", str(tmp_path)] and extra == ["--context", "1100"]
+    cmd = graphs.command(graphs.BY_NAME["calls"], tmp_path, extra, None, None)
+    assert cmd[-4:] == ["--context", "1100", "--out", str(tmp_path)]
+    assert cmd.index("300") < cmd.index("1100"), "the case's own --context 300 comes first"
 
 
 @pytest.mark.slow
