@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Run the whole benchmark matrix: every configuration in CONFIGS and PEERS at every concurrency
-# level in CONCURRENCY, the serial vs interleaved scenario, then collect.py.
+# level in CONCURRENCY (served.py random), the serial vs interleaved scenario (served.py interleave),
+# then tools/collect.py.
 #
 #   benchmark/matrix.sh
 #
 # Each server is started by serve.sh, driven by drive.sh and stopped by its PID (also on exit or
 # interrupt). Results: benchmark/results/<timestamp>/ (raw JSON per run, results.csv, results.md,
-# PNG plots), copied to benchmark/results/latest/ (LATEST= to skip, LATEST=DIR elsewhere).
+# PNG plots, run.json: commit, command, host, knobs), the summary copied to benchmark/results/latest/ (LATEST= to skip, LATEST=DIR elsewhere).
 # Knobs (environment, defaults in benchmark/common.sh): MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE
 # TP BACKEND CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS NUM_WARMUPS SEED CONFIGS PEERS PORT
 # RESULTS_ROOT ARTIFACTS RUN_DIR; INTERLEAVE=0 skips the serial vs interleaved scenario (run when
-# CONFIGS has chunked-hybrid or chunked-interleaved; INTERLEAVE_* tune it, see interleave.py).
+# CONFIGS has chunked-hybrid or chunked-interleaved; INTERLEAVE_* tune it, see workloads/interleave.py).
 set -euo pipefail
 requested_run_dir=${RUN_DIR:-}
 # shellcheck source=benchmark/common.sh

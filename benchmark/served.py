@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -147,9 +148,9 @@ def listing() -> str:
     width = max(len(case.name) for case in CASES)
     lines = []
     for case in CASES:
-        defaults = " ".join(f"--{k.replace('_', '-')} {v!r}" for k, v in case.defaults.items())
+        defaults = " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in case.defaults.items())
         lines.append(f"{case.name:<{width}}  {case.measures}")
-        lines.append(f"{'':<{width}}  run by {case.entry}; {defaults or 'options of workloads/interleave.py'}")
+        lines.append(f"{'':<{width}}  run by {case.entry}; {defaults or 'workloads/interleave.py options after --'}")
         lines.append(f"{'':<{width}}  -> results/{case.result}")
     return "\n".join(lines)
 
