@@ -46,13 +46,15 @@ def tiny_model(bench_cache) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_artifact(bench_cache, tiny_model) -> Path:
-    """The tiny model exported as the served and graph cases need it: 4 rows, S 256, 64-token chunks, on-device
-    sampling with logprobs, room for 4 speculative tokens."""
+    """The tiny model exported as the served and graph cases need it: 4 rows, S 256, 128-token chunks, one context
+    bucket (few graphs: quick to export, load and warm up), on-device sampling with logprobs, 4 speculative tokens."""
 
     def export(out: Path) -> None:
         from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 
-        config = NeuronConfig(batch_size=4, sequence_length=256, prefill_chunk_size=64, speculative_tokens=4)
+        config = NeuronConfig(
+            batch_size=4, sequence_length=256, prefill_chunk_size=128, context_buckets=(256,), speculative_tokens=4
+        )
         NeuronModelForCausalLM.export(str(tiny_model), config).save_pretrained(out)
 
-    return build_once(bench_cache / "tiny-llama-b4-s256-c64-k4", export)
+    return build_once(bench_cache / "tiny-llama-b4-s256-c128-l256-k4", export)

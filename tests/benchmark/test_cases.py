@@ -17,6 +17,8 @@ import pytest
 import served
 from support.server import serve, server_env
 
+from optimum_neuron_plugin.backends.program_cache import CACHE_ENV
+
 from .conftest import BENCH, REPO
 
 # What each graph case writes besides run.json.
@@ -83,6 +85,8 @@ def test_arguments_after_the_separator_reach_the_case_script(tmp_path):
 def test_graph_case(case, tiny_model, tiny_artifact, bench_cache, tmp_path):
     out = tmp_path / case
     env = server_env(BENCH_ARTIFACTS=str(bench_cache / "graph-artifacts"), PYTHONPATH=str(REPO))
+    if CACHE_ENV in os.environ:  # the session's compile cache: programs another case compiled are copied
+        env[CACHE_ENV] = os.environ[CACHE_ENV]
     cmd = [sys.executable, str(BENCH / "graphs.py"), case, "--tiny", str(tiny_model), "--artifact", str(tiny_artifact)]
     done = subprocess.run([*cmd, "--out", str(out)], env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, f"{case}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
