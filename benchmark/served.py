@@ -120,6 +120,11 @@ def interleave(args: argparse.Namespace) -> None:
     cmd = [sys.executable, str(WORKLOADS / "interleave.py"), "--name", args.name, "--url", args.url]
     cmd += ["--model-dir", str(args.model_dir), "--out", str(args.out / f"interleave-{args.name}.json")]
     cmd += ["--stats-file", str(args.stats_file)] if args.stats_file else []
+    shape_file = args.model_dir / "neuron_config.json"
+    if shape_file.is_file():  # the served artifact's shape, not the environment's knobs
+        shape = json.loads(shape_file.read_text())
+        cmd += ["--batch-size", str(shape["batch_size"]), "--sequence-length", str(shape["sequence_length"])]
+        cmd += ["--chunk-size", str(shape["prefill_chunk_size"])]
     subprocess.run([*cmd, *args.extra], check=True)
 
 
