@@ -93,7 +93,8 @@ def in_fresh_process(side: str, args: argparse.Namespace, env: dict[str, str]) -
     done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env})
     if done.returncode != 0:
         raise SystemExit(f"{side} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.splitlines()[-1])
+    # vLLM may log to stdout after the figures: the figures are the last JSON line.
+    return json.loads(next(line for line in reversed(done.stdout.splitlines()) if line.startswith("{")))
 
 
 def main() -> None:
