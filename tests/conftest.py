@@ -34,6 +34,7 @@ SHARED_FIXTURE_GROUPS = {
     "smollm2": ("tests/cli/test_export.py", "tests/core/test_smollm2.py", "tests/vllm/test_smollm2_engine.py"),
     "reliability servers": ("tests/reliability/",),
     "speculative": ("tests/vllm/test_speculative.py", "tests/vllm/test_speculative_draft.py"),
+    "benchmark": ("tests/benchmark/",),
 }
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
 # one worker on the 2-core machine, benchmark/results/20261126-test-suite-2-workers/durations.txt: the SmolLM2 group
@@ -47,7 +48,7 @@ LONGEST_FIRST = (
     "tests/core/test_hf_parity.py",
     "tests/neuron/test_capture.py",
     "tests/core/test_buckets.py",
-    "tests/benchmark/test_matrix.py",
+    "benchmark",
 )
 
 

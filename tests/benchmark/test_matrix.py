@@ -11,47 +11,18 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+import collect
 import pytest
+from support.server import free_port
 
-REPO = Path(__file__).resolve().parents[2]
-BENCH = REPO / "benchmark"
-sys.path.insert(0, str(BENCH))
-
-import collect  # noqa: E402
-from support.server import free_port  # noqa: E402
-
+BENCH = Path(__file__).resolve().parents[2] / "benchmark"
+REPO = BENCH.parent
 CONFIGS = ["chunked-hybrid", "chunked-interleaved"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FIXTURE_VERSION = 1
-
-
-@pytest.fixture(scope="session")
-def bench_cache(pytestconfig) -> Path:
-    """Cached across runs: the tiny model and its exports (rebuilt when missing)."""
-    return Path(pytestconfig.cache.mkdir(f"benchmark-fixtures-v{FIXTURE_VERSION}"))
-
-
-@pytest.fixture(scope="session")
-def tiny_model(bench_cache) -> Path:
-    target = bench_cache / "tiny-llama"
-    if not (target / "config.json").is_file():
-        import tiny_model as builder
-
-        staging = Path(tempfile.mkdtemp(prefix=".tiny-", dir=bench_cache))
-        try:
-            builder.build(staging, max_positions=256)
-            shutil.rmtree(target, ignore_errors=True)
-            staging.rename(target)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-    return target
 
 
 def read_csv(path: Path) -> list[dict]:
@@ -100,6 +71,9 @@ def test_matrix_tiny(tiny_model, bench_cache, tmp_path):
     assert len(runs) == 1, runs
     run_dir = runs[0]
     assert not list(run_dir.glob("*.pid")), "a server was left running (PID file still there)"
+    run = json.loads((run_dir / "run.json").read_text())
+    assert run["command"].endswith("matrix.sh") and run["commit"] and run["host"]["cores"] >= 1
+    assert run["knobs"]["CONFIGS"] == " ".join(CONFIGS)
     for name in CONFIGS:
         raw = json.loads((run_dir / f"{name}-c2.json").read_text())
         assert raw["completed"] == 3 and raw["failed"] == 0
@@ -190,7 +164,9 @@ def test_collect_made_up_run(tmp_path):
         (run_dir / f"interleave-{name}.json").write_text(json.dumps(scenario))
 
     latest = tmp_path / "latest"
-    subprocess.run([sys.executable, str(BENCH / "collect.py"), str(run_dir), "--latest", str(latest)], check=True)
+    subprocess.run(
+        [sys.executable, str(BENCH / "tools" / "collect.py"), str(run_dir), "--latest", str(latest)], check=True
+    )
 
     rows = read_csv(run_dir / "results.csv")
     order = ["ce-ods", "chunked-hybrid", "chunked-interleaved", "vllm-cpu", "hf-generate"]
@@ -211,5 +187,7 @@ def test_collect_made_up_run(tmp_path):
 
 
 def test_collect_without_results_fails(tmp_path):
-    done = subprocess.run([sys.executable, str(BENCH / "collect.py"), str(tmp_path)], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "tools" / "collect.py"), str(tmp_path)], capture_output=True, text=True
+    )
     assert done.returncode != 0 and "no results" in done.stderr

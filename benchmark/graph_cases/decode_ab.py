@@ -1,0 +1,70 @@
+"""Two artifacts' decode steps side by side: per context bucket, batch_size rows decoding near a context in that
+bucket, the two artifacts' calls alternated in one process (median of --repeats after 3 warm-up calls each), then
+both artifacts' next token after the same prompt (equal when the two compute the same thing).
+
+    .venv/bin/python benchmark/graph_cases/decode_ab.py ARTIFACT_A ARTIFACT_B [--contexts 200,300,1100,1200,1600]
+
+Used to compare two builds of one model (e.g. two attention forms, each exported from its own source tree).
+Writes decode_ab.json and decode_ab.md into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from common import add_out, alternate, write_json
+
+
+def main() -> None:
+    from optimum_neuron_plugin import NeuronModelForCausalLM
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("a", type=Path)
+    parser.add_argument("b", type=Path)
+    parser.add_argument("--contexts", default="200,300,1100,1200,1600")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=21)
+    add_out(parser, "decode-ab")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    models = {
+        "a": NeuronModelForCausalLM.from_pretrained(str(args.a)),
+        "b": NeuronModelForCausalLM.from_pretrained(str(args.b)),
+    }
+    rows = models["a"].neuron_config.batch_size
+    results = {}
+    for context in (int(c) for c in args.contexts.split(",")):
+        step = {"a": context, "b": context}
+
+        def call(name: str, step: dict = step):
+            def decode():
+                models[name].decode(list(range(rows)), [7] * rows, [step[name]] * rows)
+                step[name] += 1
+
+            return decode
+
+        results[f"context_{context}"] = alternate(call("a"), call("b"), args.repeats, ("a", "b"))
+    prompt = list(range(100, 100 + min(300, models["a"].neuron_config.sequence_length // 2)))
+    tokens = {
+        name: model.decode([0], [int(model.prefill(0, prompt).argmax())], [len(prompt)])
+        for name, model in models.items()
+    }
+    same = repr(tokens["a"]) == repr(tokens["b"])
+    lines = [f"Decode step of {rows} rows: A {args.a.name}, B {args.b.name}, {args.threads} threads", ""]
+    lines += ["| context | A ms | B ms | A / B |", "|---:|---:|---:|---:|"]
+    lines += [
+        f"| {k.removeprefix('context_')} | {r['a_ms']:.1f} | {r['b_ms']:.1f} | {r['ratio']:.2f} |"
+        for k, r in results.items()
+    ]
+    lines += ["", f"Same next token after a {len(prompt)}-token prompt: {same}"]
+    print("\n".join(lines))
+    write_json(
+        args.out, "decode_ab.json", {"a": str(args.a), "b": str(args.b), **results, "same_token": same}, "decode_ab"
+    )
+    (args.out / "decode_ab.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

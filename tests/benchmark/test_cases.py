@@ -1,0 +1,142 @@
+"""Every case of the two benchmark drivers, run on a tiny model, so that none can rot.
+
+Graph cases: `benchmark/graphs.py CASE --tiny MODEL --artifact ARTIFACT` (each case's smoke arguments), one by one.
+Served cases: one `vllm serve` of the tiny artifact, every case of `benchmark/served.py` sent to it with a handful of
+short requests. Each run must leave its results and a run.json naming the commit, the command and the host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import graphs
+import pytest
+import served
+from support.server import serve, server_env
+
+from optimum_neuron_plugin.backends.program_cache import CACHE_ENV
+
+from .conftest import BENCH, REPO
+
+# What each graph case writes besides run.json.
+GRAPH_OUTPUTS = {
+    "calls": "graphs.json",
+    "calls-long-context": "graphs.json",
+    "prefill": "prefill.md",
+    "prefill-profile": "profile.md",
+    "attention": "attention-64.md",
+    "attention-decoder": "decoder-64.md",
+    "chunk-widths": "calls.md",
+    "moe": "qwen3moe-e4-k2-h64.json",
+    "device-logprobs": "device_logprobs.json",
+    "logit-bias": "logit_bias.json",
+    "token-bitmask": "token_bitmask.json",
+    "sampling-tail": "sampling_tail.json",
+    "prompt-logits-export": "export.json",
+    "warm-up": "warm_up.md",
+    "program-load": "program_load.md",
+    "decode-ab": "decode_ab.md",
+    "prefill-vllm": "prefill_vllm.md",
+    "speculative": "results.md",
+}
+
+
+def assert_recorded(out, command_part: str) -> dict:
+    run = json.loads((out / "run.json").read_text())
+    assert run["commit"] and run["commit"] != "unknown"
+    assert command_part in run["command"]
+    assert run["host"]["cpu"] and run["host"]["cores"] >= 1
+    return run
+
+
+def test_every_case_has_a_smoke_check():
+    assert set(GRAPH_OUTPUTS) == set(graphs.BY_NAME)
+
+
+def test_lists_name_every_case():
+    for driver, cases in (("graphs.py", graphs.CASES), ("served.py", served.CASES)):
+        listing = subprocess.run(
+            [sys.executable, str(BENCH / driver), "--list"], capture_output=True, text=True, check=True
+        ).stdout
+        for case in cases:
+            assert f"\n{case.name} " in f"\n{listing}", (driver, case.name)
+            assert case.measures in listing
+
+
+def test_unknown_case_names_the_cases():
+    done = subprocess.run([sys.executable, str(BENCH / "graphs.py"), "calls-typo"], capture_output=True, text=True)
+    assert done.returncode == 2 and "unknown case 'calls-typo'" in done.stderr and "prefill-profile" in done.stderr
+
+
+def test_arguments_after_the_separator_reach_the_case_script(tmp_path):
+    """`graphs.py calls -- --context 1100`: the committed run's arguments, then the user's (the last value wins)."""
+    argv, extra = graphs.split_extra(["calls", "--out", str(tmp_path), "--", "--context", "1100"])
+    assert argv == ["calls", "--out", str(tmp_path)] and extra == ["--context", "1100"]
+    cmd = graphs.command(graphs.BY_NAME["calls"], tmp_path, extra, None, None)
+    assert cmd[-4:] == ["--context", "1100", "--out", str(tmp_path)]
+    assert cmd.index("300") < cmd.index("1100"), "the case's own --context 300 comes first"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(GRAPH_OUTPUTS))
+def test_graph_case(case, tiny_model, tiny_artifact, bench_cache, tmp_path):
+    out = tmp_path / case
+    env = server_env(BENCH_ARTIFACTS=str(bench_cache / "graph-artifacts"), PYTHONPATH=str(REPO))
+    if CACHE_ENV in os.environ:  # the session's compile cache: programs another case compiled are copied
+        env[CACHE_ENV] = os.environ[CACHE_ENV]
+    cmd = [sys.executable, str(BENCH / "graphs.py"), case, "--tiny", str(tiny_model), "--artifact", str(tiny_artifact)]
+    done = subprocess.run([*cmd, "--out", str(out)], env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"{case}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    assert (out / GRAPH_OUTPUTS[case]).stat().st_size > 0
+    run = assert_recorded(out, f"graphs.py {case}")
+    assert run["case"] == case and run["seconds"] > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tiny_artifact, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("served")
+    stats = logs / "stats.jsonl"
+    yield from serve(tiny_artifact, logs / "server.log", env={"ONP_STATS_FILE": str(stats)})
+
+
+SERVED = {
+    "random": (["--concurrency", "1 2", "--input-len", "40", "--output-len", "4", "--num-prompts", "3"],
+               ["tiny-c1.json", "tiny-c2.json"]),
+    "long-prompt": (["--input-len", "150", "--num-prompts", "1"], ["tiny-c1.json"]),
+    "interleave": (["--", "--rounds", "1", "--long-len", "130", "--short-len", "8", "--decoders", "2"],
+                   ["interleave-tiny.json"]),
+    "shared-prefix": (["--prefix-len", "64", "--question-len", "8", "--output-len", "4", "--num-prompts", "3",
+                       "--concurrency", "2"], ["tiny.json"]),
+    "multi-turn": (["--conversations", "2", "--turns", "2", "--first-len", "40", "--question-len", "8",
+                    "--output-len", "4", "--concurrency", "2"], ["tiny.json"]),
+}  # fmt: skip
+
+
+def test_every_served_case_has_a_smoke_check():
+    assert set(SERVED) == set(served.BY_NAME)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", list(SERVED))
+def test_served_case(case, tiny_server, tiny_artifact, tmp_path):
+    options, outputs = SERVED[case]
+    out = tmp_path / case
+    stats = tiny_server.log.parent / "stats.jsonl"
+    cmd = [sys.executable, str(BENCH / "served.py"), case, "--url", tiny_server.url, "--model-dir", str(tiny_artifact)]
+    cmd += ["--out", str(out), "--name", "tiny", "--stats-file", str(stats), *options]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{case}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    for name in outputs:
+        result = json.loads((out / name).read_text())
+        assert result, name
+    if case in ("random", "long-prompt"):
+        for name in outputs:
+            figures = json.loads((out / name).read_text())
+            assert figures["failed"] == 0 and figures["median_ttft_ms"] > 0
+            lines = (out / name.replace(".json", ".stats.jsonl")).read_text().splitlines()
+            assert len(lines) == figures["completed"], "one runner stats line per measured request"
+    assert_recorded(out, f"served.py {case}")
