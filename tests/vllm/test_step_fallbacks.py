@@ -110,8 +110,9 @@ def test_a_failure_after_the_first_row_of_a_batched_prefill_records_nothing_twic
     sample, calls = runner.host_sampler.sample, []
 
     def second_row_fails_once(logits, states):
-        calls.extend(s.req_id.split("-")[0] for s in states)  # vLLM's ids: the caller's, a dash, a suffix
-        if "row1" in calls and calls.count("row1") == 1:
+        names = [s.req_id.split("-")[0] for s in states]  # vLLM's ids: the caller's, a dash, a suffix
+        calls.extend(names)
+        if "row1" in names and calls.count("row1") == 1:
             raise RuntimeError("host sampling failed on purpose")
         return sample(logits, states)
 
