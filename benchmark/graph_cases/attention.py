@@ -83,9 +83,9 @@ def lse_form(start: int, chunk: int, prior_buckets) -> callable:
 
 def decoder_forms(model: Path, prompt: int, chunk: int, context, prefill) -> dict[str, list]:
     """Per chunk, a call of the eager decoder in the bucket form and in the fused form (same cache)."""
+    from optimum_neuron_plugin.models.decoder import decoder_logits
     from optimum_neuron_plugin.models.kv_cache import empty_cache
     from optimum_neuron_plugin.models.layers import rope_inv_freq
-    from optimum_neuron_plugin.models.decoder import decoder_logits
     from optimum_neuron_plugin.sources import load_source
 
     source = load_source(model)

@@ -26,13 +26,13 @@ def prefill_and_decode(
     if seq_id in batch.seq_ids:
         raise InputError(f"slot {seq_id} cannot prefill and decode in the same call")
     fused_at = gs.selector.riding_chunk(len(tokens), start, batch.positions)
-    if fused_at is None:
-        result = decode(gs, batch)
-        return prefill(gs, seq_id, tokens, start), result
-    # A call that raises leaves the generators as they were: the caller may run the two calls apart instead,
-    # and a seeded request then draws what it would have drawn.
+    # A call that raises leaves the generators as they were (also when the decode ran before a prefill that raised):
+    # the caller may run the two calls apart instead, and a seeded request then draws what it would have drawn.
     saved = [None if g is None else g.get_state() for g in batch.generators]
     try:
+        if fused_at is None:
+            result = decode(gs, batch)
+            return prefill(gs, seq_id, tokens, start), result
         return fused(gs, seq_id, tokens, start, fused_at, batch)
     except Exception:
         for generator, state in zip(batch.generators, saved, strict=True):

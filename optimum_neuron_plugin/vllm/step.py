@@ -31,7 +31,7 @@ class ScheduledSlice:
 
 @dataclass
 class StepPlan:
-    """Decodes run first, in one token_generation call; then prefills, one request at a time."""
+    """The step's decoding requests and prompt slices, in vLLM's order (step_calls.plan_calls orders their calls)."""
 
     decodes: list[ScheduledSlice] = field(default_factory=list)
     prefills: list[ScheduledSlice] = field(default_factory=list)

@@ -161,6 +161,80 @@ def test_sampled_requests_speculate_and_reproduce(llm, tokenizer):
     assert first[0] == first[1] and len(first[0]) == 16
 
 
+class GraphCallLog:
+    """The runner's graph calls, by step: (runtime method, the requests of its rows by their caller's id). The
+    runtime methods are wrapped, and call through: what runs is the real model."""
+
+    METHODS = ("copy_prefix", "verify", "decode", "prefill_and_decode", "prefill", "prefill_batch", "prefill_positions")
+
+    def __init__(self, runner, monkeypatch) -> None:
+        self.runner, self.steps, self._depth = runner, [], 0
+        for name in self.METHODS:
+            monkeypatch.setattr(runner.model, name, self._logged(name, getattr(runner.model, name)))
+        execute = runner.execute
+        monkeypatch.setattr(runner, "execute", lambda *a, **k: (self.steps.append([]), execute(*a, **k))[1])
+
+    def _logged(self, name, method):
+        def call(*args, **kwargs):
+            if self._depth == 0:  # a runtime method calling another (prefill -> prefill_batch) is one call
+                self.steps[-1].append((name, self._requests(name, args)))
+            self._depth += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self._depth -= 1
+
+        return call
+
+    def _requests(self, name: str, args) -> list[str]:
+        slots = {
+            "copy_prefix": lambda: [args[1]],
+            "verify": lambda: list(args[0]),
+            "decode": lambda: list(args[0]),
+            "prefill_and_decode": lambda: [*args[3], args[0]],
+            "prefill_batch": lambda: [p[0] for p in args[0]],
+        }.get(name, lambda: [args[0]])()
+        owner = {s.slot: req_id.split("-")[0] for req_id, s in self.runner.requests.items()}
+        return [owner[slot] for slot in slots]
+
+
+def test_a_steps_graph_calls_run_in_the_documented_order(llm, tokenizer, tiny_hf, monkeypatch):
+    """One step holding every kind of work (step_calls.py): a prefix copy for a request whose prefix a decoding
+    request holds, the verify call of the request with drafts, the decode of a request that may not speculate (it
+    asks for logprobs) riding in the first prompt slice's chunk, then the other prompt slice. Every request gets
+    transformers' greedy tokens."""
+    from vllm import SamplingParams
+
+    engine, calls = llm.llm_engine, GraphCallLog(runner(llm), monkeypatch)
+    base = prompt_of(2 * 19, tokenizer, offset=2)  # the words twice: n-gram drafts from the first step on
+    prompts = {"holder": base, "plain": prompt_of(20, tokenizer, offset=7)}
+    prompts |= {"copier": base[:30] + prompt_of(5, tokenizer, offset=11), "fresh": prompt_of(9, tokenizer, offset=4)}
+    new_tokens = 12
+    params = {name: greedy(new_tokens) for name in prompts}
+    params["plain"] = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True, logprobs=1)
+    scheduler = engine.engine_core.engine_core.scheduler
+    for name in ("holder", "plain"):
+        engine.add_request(name, {"prompt_token_ids": prompts[name]}, params[name])
+    finished = {}
+    for _ in range(4):  # until the holder has drafts for the next step
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+        if any(r.spec_token_ids for i, r in scheduler.requests.items() if i.startswith("holder")):
+            break
+    for name in ("copier", "fresh"):
+        engine.add_request(name, {"prompt_token_ids": prompts[name]}, params[name])
+    finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert calls.steps[-1] == [
+        ("copy_prefix", ["copier"]),
+        ("verify", ["holder"]),
+        ("prefill_and_decode", ["plain", "copier"]),
+        ("prefill", ["fresh"]),
+    ]
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    outputs = {name: list(finished[name].outputs[0].token_ids) for name in prompts}
+    assert outputs == {name: hf_greedy(tiny_hf, p, new_tokens) for name, p in prompts.items()}
+
+
 REFUSED = {
     "another-k": (dict(speculative_config=dict(NGRAM, num_speculative_tokens=2)), 'set "num_speculative_tokens": 3'),
     "interleaved": (
@@ -227,7 +301,7 @@ def priced_runner(llm):
     ONP_SPECULATION_MIN_ACCEPTANCE=0 measures none); put back to none after the test."""
     run = runner(llm)
     yield run
-    run.verify_costs = None
+    run.speculation.verify_costs = None
 
 
 def priced(model, decode: dict[int, float], verify: dict[int, float]) -> VerifyCosts:
@@ -274,7 +348,7 @@ def test_drafts_that_do_not_pay_never_reach_vllm(llm, priced_runner, tokenizer, 
     expected = [hf_greedy(tiny_hf, p, 16) for p in prompts]
     drafted = {}
     for verify_seconds in (100.0, 1.0):
-        priced_runner.verify_costs = priced(
+        priced_runner.speculation.verify_costs = priced(
             model, decode={1: 1.0, 4: 1.0}, verify={1: verify_seconds, 4: verify_seconds}
         )
         served, ids = generate(llm, prompts, greedy(16))

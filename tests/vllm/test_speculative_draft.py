@@ -54,7 +54,7 @@ def llm(spec_dir, chunked_dir):
     engine = make_llm(spec_dir, speculative_config=draft_config(chunked_dir), disable_log_stats=False)
     # Drafts always go to vLLM: which steps draft no longer hangs on graph timings taken at a loaded start-up
     # (test_speculative.py tests the costs); the per-request acceptance gate still applies.
-    runner(engine).verify_costs = None
+    runner(engine).speculation.verify_costs = None
     yield engine
     close_llm(engine)
 
@@ -69,9 +69,9 @@ def other_draft(llm, other_dir):
     from optimum_neuron_plugin.vllm.draft_model import DraftModelDrafts
 
     run = runner(llm)
-    mine, run.drafter = run.drafter, DraftModelDrafts(str(other_dir), K, SEQUENCE_LENGTH)
-    yield run.drafter
-    run.drafter = mine
+    mine, run.speculation.drafter = run.speculation.drafter, DraftModelDrafts(str(other_dir), K, SEQUENCE_LENGTH)
+    yield run.speculation.drafter
+    run.speculation.drafter = mine
 
 
 def greedy(max_tokens: int):

@@ -1,0 +1,94 @@
+"""The one loop that runs a step's graph calls (step_calls.py): failure isolation, health and generator state.
+
+For each call, less the requests that failed earlier in the step:
+- the generators of its requests are saved, and the call runs into a StepResult of its own (graph_calls.py);
+- when it succeeds, health's count of failed calls in a row resets, and its result is committed (tokens appended to
+  the requests, prefill figures added) and merged into the step's;
+- when it raises, its requests' generators are restored and its result dropped, so nothing of the failed call
+  remains: a seeded request run again draws what it would have drawn. A call with a fallback then runs the fallback's
+  calls in its place; any other fails its requests (NeuronScheduler finishes them with an error), and too many
+  failed calls in a row stop the engine (health.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from .graph_calls import CallExecutor
+from .health import GraphHealth
+from .log import get_logger
+from .requests import RequestState
+from .step_calls import GraphCall, StepResult
+
+logger = get_logger(__name__)
+
+
+class GuardedCalls:
+    def __init__(
+        self, executor: CallExecutor, requests: dict[str, RequestState], health: GraphHealth,
+        graph_files: Callable[[str], str],
+    ) -> None:  # fmt: skip
+        self.executor = executor
+        self.requests = requests
+        self.health = health
+        self.graph_files = graph_files  # graph name -> its files, for the log
+
+    def run(self, calls: Sequence[GraphCall]) -> StepResult:
+        step, pending = StepResult(), list(calls)
+        while pending:
+            call = pending.pop(0).without(step.failed)
+            if call is None:
+                continue
+            saved = self._generator_states(call.req_ids)
+            try:
+                result = self.executor.run(call)
+            except Exception as error:  # noqa: BLE001 - any graph failure fails its requests only (scheduler.py)
+                self._restore(saved)
+                if call.fallback:
+                    logger.warning(
+                        "graph %s raised %s: %s; running its requests in %d separate calls",
+                        self.executor.graph(call), type(error).__name__, error, len(call.fallback),
+                    )  # fmt: skip
+                    pending[:0] = call.fallback
+                else:
+                    step.failed += self._failed(call, error)
+                continue
+            self.health.succeeded()
+            self._commit(result)
+            step.merge(result)
+        return step
+
+    def _generator_states(self, req_ids: list[str]) -> list[tuple]:
+        generators = [self.requests[r].generator for r in req_ids]
+        return [(g, g.get_state()) for g in generators if g is not None]
+
+    @staticmethod
+    def _restore(saved: list[tuple]) -> None:
+        for generator, state in saved:
+            generator.set_state(state)
+
+    def _commit(self, result: StepResult) -> None:
+        for req_id, tokens in result.tokens.items():
+            self.requests[req_id].output_token_ids.extend(tokens)
+        for record in result.prefilled:
+            stats = self.requests[record.req_id].stats
+            stats.prefill_seconds += record.seconds
+            stats.prefill_calls += record.calls
+            stats.prefill_steps += 1
+            stats.interleaved |= record.interleaved
+            stats.batched |= record.batched
+
+    def _failed(self, call: GraphCall, error: Exception) -> list[str]:
+        """The requests of a call that raised, logged with the graph's files; raises EngineStopError when too many
+        calls failed in a row (health.py)."""
+        stop = self.health.failed()
+        graph = self.executor.graph(call)
+        logger.error(
+            "graph %s (%s) raised %s: %s; failing request(s) %s%s",
+            graph, self.graph_files(graph), type(error).__name__, error, ", ".join(call.req_ids),
+            "" if stop else ", the server keeps serving",
+            exc_info=error,
+        )  # fmt: skip
+        if stop:
+            raise self.health.stop_error(graph, error) from error
+        return call.req_ids

@@ -1,0 +1,135 @@
+"""The step as data: one engine step's graph calls, in order, each naming its requests and its fallback.
+
+plan_calls orders them (the one place the order is decided):
+
+1. copy_prefix, one call per prefix copy, in claim order (prefix_cache.py), before any other call reads or writes
+   the cache: a source's rows [0, length) are still what its owner committed.
+2. verify: the decoding requests that may speculate, when one of them has drafts (speculative_decoding.py).
+3. the other decoding requests (token_generation), riding in the first prompt slice's chunk (chunk_and_decode) when
+   the artifact fuses and the step's prompt slices are not prefilled together; falling back to the decode batch and
+   the slice apart, so that a bad prompt fails alone.
+4. the prompt slices: together (prefill_batch, falling back to one call per slice) when the artifact has prefill
+   batch graphs and there is more than one slice, else one call each (the chunk loop).
+5. the slices of requests asking for prompt logprobs, one call each on the prompt_logits graphs.
+
+The runner runs the list in one guarded loop (guarded_calls.py); a request that failed in a call is left out of the
+calls after it. Each call's tokens, logprobs and prefill figures go into a StepResult of its own, merged into the
+step's only when the call succeeded.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field, replace
+
+from vllm.v1.outputs import LogprobsTensors
+
+from .host_sampling import TokenLogprobs
+from .prefix_cache import PrefixCopy
+from .step import ScheduledSlice
+
+
+class CallKind(enum.Enum):
+    COPY = "copy_prefix"
+    VERIFY = "verify"
+    FUSED = "chunk_and_decode"
+    DECODE = "token_generation"
+    PREFILL = "prefill"  # one prompt slice (the chunk loop)
+    PREFILL_TOGETHER = "prefill_batch"  # several prompt slices side by side
+    PROMPT_LOGITS = "prompt_logits"
+
+
+@dataclass(frozen=True)
+class GraphCall:
+    kind: CallKind
+    decodes: tuple[ScheduledSlice, ...] = ()  # decoding (or verifying) rows
+    prefills: tuple[ScheduledSlice, ...] = ()  # prompt slices
+    copy: PrefixCopy | None = None
+    interleaved: bool = False  # the step that prefills these slices also decodes other requests (stats)
+    fallback: tuple[GraphCall, ...] = ()  # run in its place when it raises; none: its requests fail
+
+    @property
+    def req_ids(self) -> list[str]:
+        if self.copy is not None:
+            return [self.copy.req_id]
+        return [w.req_id for w in (*self.decodes, *self.prefills)]
+
+    def without(self, failed: Collection[str]) -> GraphCall | None:
+        """This call less the requests that failed earlier in the step; None when none is left."""
+        if not failed or not set(self.req_ids) & set(failed):
+            return self
+        if self.copy is not None:
+            return None
+        decodes = tuple(w for w in self.decodes if w.req_id not in failed)
+        prefills = tuple(w for w in self.prefills if w.req_id not in failed)
+        if not decodes and not prefills:
+            return None
+        kind, fallback = self.kind, tuple(c for c in (f.without(failed) for f in self.fallback) if c is not None)
+        if kind is CallKind.FUSED and not (decodes and prefills):
+            kind, fallback = (CallKind.DECODE if decodes else CallKind.PREFILL), ()
+        if kind is CallKind.PREFILL_TOGETHER and len(prefills) == 1:
+            kind, fallback = CallKind.PREFILL, ()
+        return replace(self, kind=kind, decodes=decodes, prefills=prefills, fallback=fallback)
+
+
+def plan_calls(
+    copies: Sequence[PrefixCopy],
+    verifies: Sequence[ScheduledSlice],
+    decodes: Sequence[ScheduledSlice],
+    prefills: Sequence[ScheduledSlice],
+    positions: Sequence[ScheduledSlice],
+    fuses: bool,
+    prefill_batch_size: int,
+) -> list[GraphCall]:
+    """The step's graph calls in order (module docstring). positions: slices of requests asking for prompt logprobs;
+    fuses: the artifact has chunk_and_decode graphs."""
+    calls = [GraphCall(CallKind.COPY, copy=copy) for copy in copies]
+    if verifies:
+        calls.append(GraphCall(CallKind.VERIFY, decodes=tuple(verifies)))
+    interleaved, decodes, prefills = bool(decodes), tuple(decodes), list(prefills)
+    # A batched chunk saves ~25% of every prompt row's compute, a ride saves one decode call: batching wins.
+    together = len(prefills) > 1 and prefill_batch_size > 1
+    if decodes and prefills and fuses and not together:
+        first = (prefills.pop(0),)
+        apart = (GraphCall(CallKind.DECODE, decodes), GraphCall(CallKind.PREFILL, prefills=first, interleaved=True))
+        calls.append(GraphCall(CallKind.FUSED, decodes, first, interleaved=True, fallback=apart))
+    elif decodes:
+        calls.append(GraphCall(CallKind.DECODE, decodes))
+    alone = [GraphCall(CallKind.PREFILL, prefills=(w,), interleaved=interleaved) for w in prefills]
+    if together:
+        calls.append(GraphCall(CallKind.PREFILL_TOGETHER, prefills=tuple(prefills), interleaved=interleaved,
+                               fallback=tuple(alone)))  # fmt: skip
+    else:
+        calls += alone
+    calls += [GraphCall(CallKind.PROMPT_LOGITS, prefills=(w,), interleaved=interleaved) for w in positions]
+    return calls
+
+
+@dataclass(frozen=True)
+class PrefillRecord:
+    """A prompt slice's figures (RequestStats), added to its request when its call succeeds."""
+
+    req_id: str
+    seconds: float
+    calls: int
+    interleaved: bool
+    batched: bool
+
+
+@dataclass
+class StepResult:
+    """What a call (or the whole step) produced, by request."""
+
+    tokens: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
+    prefilled: list[PrefillRecord] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+    def merge(self, other: StepResult) -> None:
+        self.tokens |= other.tokens
+        self.logprobs |= other.logprobs
+        self.prompt_logprobs |= other.prompt_logprobs
+        self.prefilled += other.prefilled
+        self.failed += other.failed
