@@ -95,6 +95,9 @@ class CpuBackend:
             key = self.cache.key(graph, params, caches, self.format.suffix)
             if self.cache.fetch(key, path):
                 continue
+            # Prompt chunks attend through the op whose CPU kernel reads only the keys they attend
+            # (cpu_attention.py); an AOTInductor package keeps the masked form, which it compiles to C++.
+            graph.chunk_op = self.format is FORMATS["export"]
             with torch.no_grad(), _without_stack_traces():
                 program = torch.export.export(graph, (params, caches, *example_inputs(spec)), strict=False)
             self.format.save(program, path)
