@@ -5,7 +5,9 @@ The masked form runs PyTorch's CPU flash kernel over [the whole prior bucket | t
 bias: a masked key costs what a live one does, and adding the bias to every score costs more (docs/attention-split.md).
 Here each row runs two flash calls: its prior, cache positions [low, start) read in place (a view of the cache,
 nothing copied), without a mask unless the layer slides (then under the bias's columns for those positions); and its
-own block under the bias's own columns. The two partial softmaxes merge by their log-sum-exp (the flash kernel
+own block, causal over its real keys (the kernel's causal form skips the upper triangle; padded queries, past the
+last real key, see every real key as the mask has it), or under the bias's own columns in a sliding layer. The two
+partial softmaxes merge by their log-sum-exp (the flash kernel
 returns it): o = o_own + (o_prior - o_own) * sigmoid(lse_prior - lse_own). A key the bias masks for every query
 weighs exactly 0 in the masked form (exp of the -1e9 fill underflows), so leaving it out changes the result by the
 rounding of a different summation order only (tests/core/test_chunk_kernel.py). An attention sink is one more
@@ -28,7 +30,7 @@ def chunk_attention_cpu(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     seq_ids: torch.Tensor,
-    starts: torch.Tensor,
+    positions: torch.Tensor,
     bias: torch.Tensor,
     window: int,
     scale: float | None,
@@ -45,11 +47,13 @@ def chunk_attention_cpu(
     if sinks is not None:  # [KVH, G*T, 1]: head h's sink for each of its queries, rounded like the bias
         sink_logits = sinks.to(bias.dtype).float().view(kv_heads, groups, 1).expand(-1, -1, t).reshape(-1, groups * t)
     outs = []
-    for i, (row, start) in enumerate(zip(seq_ids.tolist(), starts.tolist(), strict=True)):
+    for i, (row, (start, last)) in enumerate(zip(seq_ids.tolist(), positions[:, [0, -1]].tolist(), strict=True)):
         qi = queries[i : i + 1]
-        out, lse = _flash(
-            qi, own_keys[i : i + 1], own_values[i : i + 1], attn_mask=bias[i : i + 1, ..., prior:], scale=scale
-        )
+        if window:
+            own = bias[i : i + 1, ..., prior:]
+            out, lse = _flash(qi, own_keys[i : i + 1], own_values[i : i + 1], attn_mask=own, scale=scale)
+        else:
+            out, lse = _own_causal(qi, own_keys[i : i + 1], own_values[i : i + 1], last - start + 1, scale)
         end = min(start, prior)
         low = max(0, start - window + 1) if window else 0
         if end > low:
@@ -64,6 +68,19 @@ def chunk_attention_cpu(
         outs.append(out)
     out = torch.cat(outs) if n > 1 else outs[0]  # [n, KVH, G*T, D]
     return out.view(n, kv_heads, groups, t, dim).permute(0, 3, 1, 2, 4).reshape(n, t, heads * dim)
+
+
+def _own_causal(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, real: int, scale: float | None):
+    """One row's own block without a window: queries [1, KVH, G*T, D] against its first `real` keys [1, KVH, T, D],
+    causally. As heads [1, H, T, D] (a view) against K/V repeated per group (a chunk's own keys: small), where the
+    kernel's causal form applies: query t sees keys u <= t, every real key from the last real query on."""
+    _, kv_heads, rows, dim = queries.shape
+    groups = rows // keys.shape[2]
+    heads = queries.view(1, kv_heads * groups, rows // groups, dim)
+    keys = keys[:, :, :real].repeat_interleave(groups, dim=1)
+    values = values[:, :, :real].repeat_interleave(groups, dim=1)
+    out, lse = _flash(heads, keys, values, is_causal=True, scale=scale)
+    return out.view(1, kv_heads, rows, dim), lse.reshape(1, kv_heads, rows)
 
 
 chunk_attention.register_kernel("cpu")(chunk_attention_cpu)

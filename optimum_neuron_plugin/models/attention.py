@@ -64,7 +64,7 @@ def attend_chunk(
     v_cache: torch.Tensor,
     rows: kv_cache.CallRows,
     bias: torch.Tensor,
-    starts: torch.Tensor,
+    positions: torch.Tensor,
     window: int = 0,
     scale: float | None = None,
     sinks: torch.Tensor | None = None,
@@ -74,13 +74,14 @@ def attend_chunk(
 
     Writes k/v into the cache, then attends [cache positions 0..P-1 of the rows | the chunk's own k/v] under
     `bias` [n, 1, G*T, P + T] (masks.chunk_bias; P: the graph's prior bucket, 0 for a graph of first chunks).
-    `starts` [n]: each row's first position; `window`: the layer's sliding window (0: none), the one in `bias`.
+    `positions` [n, T]: each row's positions (a padded row repeats its last); `window`: the layer's sliding window (0:
+    none), the one in `bias`.
     op: as the op `onp::chunk_attention`, which a backend's kernel may run (masked_chunk_attention otherwise)."""
     kv_cache.write(k_cache, rows, k)
     kv_cache.write(v_cache, rows, v)
     if not op:
-        return masked_chunk_attention(q, k, v, k_cache, v_cache, rows.seq_ids, starts, bias, window, scale, sinks)
-    return chunk_attention(q, k, v, k_cache, v_cache, rows.seq_ids, starts, bias, window, scale, sinks)
+        return masked_chunk_attention(q, k, v, k_cache, v_cache, rows.seq_ids, positions, bias, window, scale, sinks)
+    return chunk_attention(q, k, v, k_cache, v_cache, rows.seq_ids, positions, bias, window, scale, sinks)
 
 
 def masked_chunk_attention(
@@ -90,7 +91,7 @@ def masked_chunk_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     seq_ids: torch.Tensor,
-    starts: torch.Tensor,
+    positions: torch.Tensor,
     bias: torch.Tensor,
     window: int = 0,
     scale: float | None = None,
@@ -98,9 +99,10 @@ def masked_chunk_attention(
 ) -> torch.Tensor:
     """The chunk attention's definition: [cache positions 0..P-1 of rows seq_ids | the chunk's own k/v] under `bias`.
 
-    `starts` [n] (each row's first position) and `window` (the layer's sliding window, 0 for none) only say which
-    keys `bias` leaves to a query: for row i, cache positions [max(0, starts[i] - window + 1), starts[i]) (every one
-    of them without a window) and own keys. This form reads the whole prior bucket and ignores them."""
+    `positions` [n, T] (each row's positions, padding repeating the last real one) and `window` (the layer's sliding
+    window, 0 for none) only say which keys `bias` leaves to a query: for row i starting at s, cache positions
+    [max(0, s - window + 1), s) (every one of them without a window) and, without a window, the own keys causally up
+    to the last real one. This form reads the whole prior bucket and ignores them."""
     prior = bias.shape[-1] - q.shape[1]
     keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [n, KVH, T, D]
     if prior:
@@ -119,18 +121,18 @@ def chunk_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     seq_ids: torch.Tensor,
-    starts: torch.Tensor,
+    positions: torch.Tensor,
     bias: torch.Tensor,
     window: int,
     scale: float | None,
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """masked_chunk_attention as one op of the exported program: a backend's kernel replaces this form."""
-    return masked_chunk_attention(q, k, v, k_cache, v_cache, seq_ids, starts, bias, window, scale, sinks)
+    return masked_chunk_attention(q, k, v, k_cache, v_cache, seq_ids, positions, bias, window, scale, sinks)
 
 
 @chunk_attention.register_fake
-def _chunk_attention_shape(q, k, v, k_cache, v_cache, seq_ids, starts, bias, window, scale, sinks) -> torch.Tensor:
+def _chunk_attention_shape(q, k, v, k_cache, v_cache, seq_ids, positions, bias, window, scale, sinks) -> torch.Tensor:
     n, t, heads, dim = q.shape
     return q.new_empty(n, t, heads * dim)
 

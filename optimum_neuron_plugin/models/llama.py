@@ -176,7 +176,7 @@ class _AttentionCall:
     sliding_bias: torch.Tensor | None = None  # sliding-window layers: the positions they read
     window: torch.Tensor | None = None  # their read (kv_cache.window_index) when shorter than the bucket
     chunk: bool = False  # prompt chunks: prior context + own causal block (attend_chunk)
-    starts: torch.Tensor | None = None  # prompt chunks: each row's first position
+    positions: torch.Tensor | None = None  # prompt chunks: each row's positions
     op: bool = False  # prompt chunks: through the op onp::chunk_attention
 
     @classmethod
@@ -187,7 +187,7 @@ class _AttentionCall:
             bias = masks.chunk_bias(position_ids, bucket, kv_groups, dtype)
             window = args.sliding_window if args.has_sliding_layers else None
             sliding = masks.chunk_bias(position_ids, bucket, kv_groups, dtype, window) if window else None
-            return cls(rows, bias, tuple(position_ids.shape), sliding, None, True, position_ids[:, 0], op)
+            return cls(rows, bias, tuple(position_ids.shape), sliding, None, True, position_ids, op)
         slots = (lambda x: to_slots(x, rows.seq_ids)) if rows.in_slot_order else (lambda x: x)
         bias = slots(masks.attention_bias(position_ids, bucket, kv_groups, dtype))
         if not args.has_sliding_layers:
@@ -245,7 +245,7 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
         if call.chunk:
             window_size = args.sliding_window if sliding else 0
             out = attend_chunk(
-                qg, kg, vg, k_cache, v_cache, call.rows, bias, call.starts, window_size, args.attention_scale, sinks,
+                qg, kg, vg, k_cache, v_cache, call.rows, bias, call.positions, window_size, args.attention_scale, sinks,
                 op=call.op,
             )  # fmt: skip
         else:

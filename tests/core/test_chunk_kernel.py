@@ -41,7 +41,7 @@ def _case(starts, real, t, prior, heads, kv_heads, window=0, sinks=False, dtype=
     kv_cache.write(caches[0], rows, k)
     kv_cache.write(caches[1], rows, v)
     sink = rand(heads) if sinks else None
-    return (q, k, v, *caches, seq_ids, positions[:, 0], bias, window, 0.3, sink)
+    return (q, k, v, *caches, seq_ids, positions, bias, window, 0.3, sink)
 
 
 CASES = {
@@ -82,14 +82,13 @@ def test_bf16_matches_the_masked_definition_within_bf16_rounding(case):
 
 
 def test_attend_chunk_writes_the_cache_then_attends_through_the_op():
-    q, k, v, k_cache, v_cache, seq_ids, starts, bias, window, scale, sinks = _case(**CASES["sinks"])
-    positions = _positions([0, 13], [8, 3], 8)
+    q, k, v, k_cache, v_cache, seq_ids, positions, bias, window, scale, sinks = _case(**CASES["sinks"])
     rows = kv_cache.CallRows.of(k_cache, seq_ids, positions)
     caches = (k_cache.clone(), v_cache.clone())
-    out = attend_chunk(q, k, v, *caches, rows, bias, starts, window, scale, sinks, op=True)
+    out = attend_chunk(q, k, v, *caches, rows, bias, positions, window, scale, sinks, op=True)
     assert torch.equal(caches[0], k_cache) and torch.equal(caches[1], v_cache)  # the case wrote the same K/V
     torch.testing.assert_close(
-        out, masked_chunk_attention(q, k, v, k_cache, v_cache, seq_ids, starts, bias, 0, scale, sinks)
+        out, masked_chunk_attention(q, k, v, k_cache, v_cache, seq_ids, positions, bias, 0, scale, sinks)
     )
 
 
