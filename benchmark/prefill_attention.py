@@ -11,6 +11,11 @@ the whole prior bucket under the chunk's bias, what the graphs computed before t
 same replays, only the attention differs. "hf" is HF transformers' eager forward of the same tokens (logits of the
 last position only). A prefill is the graph calls up to the first token's logits (TTFT without the server).
 Writes prefill_attention.json and prefill_attention.md into --out.
+
+With --layer, one layer of SmolLM2's attention instead (9 heads over 3 KV heads, head_dim 64, random values): each
+chunk of a --lengths prompt through the kernel and the masked definition (prior bucket: the default prefill ladder),
+best of 3 per chunk with the forms alternated chunk by chunk, summed, against HF's causal SDPA of the whole prompt.
+Writes layer.json and layer.md.
 """
 
 from __future__ import annotations
@@ -39,6 +44,58 @@ def export(model: Path, out: Path, sequence_length: int, chunk: int) -> None:
     )  # fmt: skip
 
 
+def layer_main(args) -> None:
+    import torch.nn.functional as F
+
+    from optimum_neuron_plugin.backends.cpu_attention import chunk_attention_cpu
+    from optimum_neuron_plugin.config import default_prefill_buckets
+    from optimum_neuron_plugin.models.attention import masked_chunk_attention
+    from optimum_neuron_plugin.models.masks import chunk_bias
+
+    heads, kv_heads, dim, t = 9, 3, 64, args.chunk
+    buckets = default_prefill_buckets(args.sequence_length, t)
+    cache = [torch.randn(1, kv_heads, args.sequence_length, dim) for _ in range(2)]
+    seq_ids = torch.zeros(1, dtype=torch.int64)
+
+    def best(fn) -> float:
+        fn()
+        times = []
+        for _ in range(3):
+            began = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - began)
+        return min(times)
+
+    rows = []
+    for n in [int(x) for x in args.lengths.split(",")]:
+        seconds = {"kernel": 0.0, "masked": 0.0}
+        for start in range(0, n, t):
+            prior = next(b for b in buckets if b >= start)
+            positions = torch.arange(start, start + t, dtype=torch.int32)[None]
+            bias = chunk_bias(positions, prior, heads // kv_heads, torch.float32)
+            q, k, v = torch.randn(1, t, heads, dim), torch.randn(1, t, kv_heads, dim), torch.randn(1, t, kv_heads, dim)
+            inputs = (q, k, v, *cache, seq_ids, positions, bias, 0, None, None)
+            for name, form in (("kernel", chunk_attention_cpu), ("masked", masked_chunk_attention)):
+                seconds[name] += best(lambda form=form, inputs=inputs: form(*inputs))
+        q = torch.randn(1, heads, n, dim)
+        seconds["hf causal sdpa"] = best(lambda q=q: F.scaled_dot_product_attention(q, q, q, is_causal=True))
+        rows.append({"prompt_tokens": n, "seconds_per_layer": seconds})
+        print(f"[prefill_attention] layer {n}: {seconds}", flush=True)
+    lines = [f"Attention of one layer (SmolLM2 shapes), chunk {t}, {args.threads} threads, best of 3 per chunk", ""]
+    lines += ["| prompt | kernel s | masked s | HF causal SDPA s | kernel / masked | kernel / HF | masked / HF |"]
+    lines += ["|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        s = r["seconds_per_layer"]
+        k, m, h = s["kernel"], s["masked"], s["hf causal sdpa"]
+        lines.append(
+            f"| {r['prompt_tokens']} | {k:.3f} | {m:.3f} | {h:.3f} | {k / m:.2f} | {k / h:.2f} | {m / h:.2f} |"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "layer.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (args.out / "layer.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     from graphs import default_model, hf_model
 
@@ -54,8 +111,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=ROOT / "results")
+    parser.add_argument("--layer", action="store_true", help="one layer's attention: kernel vs masked vs HF")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.layer:
+        return layer_main(args)
     model_path = args.model or default_model()
     artifact = ARTIFACTS / f"prefill-attention-s{args.sequence_length}-c{args.chunk}"
     export(model_path, artifact, args.sequence_length, args.chunk)
