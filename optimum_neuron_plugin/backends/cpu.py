@@ -108,6 +108,9 @@ class CpuBackend:
         params, caches = state
         path = self.graph_path(directory, graph.spec)
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Prompt chunks attend through the op whose CPU kernel reads only the keys they attend
+        # (cpu_attention.py); an AOTInductor package keeps the masked form, which it compiles to C++.
+        graph.chunk_op = self.format is FORMATS["export"]
         with torch.no_grad(), _without_stack_traces():
             program = torch.export.export(graph, (params, caches, *example_inputs(graph.spec)), strict=False)
         self.format.save(program, path)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.export.pt2_archive.constants import EXTRA_DIR
 
+from . import cpu_attention  # noqa: F401 - the programs' custom ops and their CPU kernels, before a program loads
 from .cpu_graph_record import RECORD_FILE, rebuild, record
 
 

@@ -6,6 +6,11 @@
   softmax over the keys [prior | own]: the kernel's running max and sum merge the two partial softmaxes by their
   log-sum-exp, block by block, without materialising the scores (an explicit merge of two materialised
   softmaxes measured 2.5-4.8x slower on CPU, docs/attention-split.md).
+
+A chunk's attention is one op, `onp::chunk_attention`, whose definition below is the masked form: the form every
+backend can compile (TorchNeuron captures it whole). A backend may register a kernel that computes the same function
+reading only the keys the mask leaves: the CPU backend's (backends/cpu_attention.py) reads each row's prior up to
+its start, without a mask, and merges it with the own block by their log-sum-exp.
 """
 
 from __future__ import annotations
@@ -63,29 +68,88 @@ def attend_chunk(
     v_cache: torch.Tensor,
     rows: kv_cache.CallRows,
     bias: torch.Tensor,
+    positions: torch.Tensor,
+    window: int = 0,
     scale: float | None = None,
     sinks: torch.Tensor | None = None,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    op: bool = False,
 ) -> torch.Tensor:
     """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D], for n prompt chunks (rows of distinct cache rows).
     With an FP8 cache (`kv_scales`) the chunk attends its own K/V as stored, like any later call reads them.
 
     Writes k/v into the cache, then attends [cache positions 0..P-1 of the rows | the chunk's own k/v] under
-    `bias` [n, 1, G*T, P + T] (masks.chunk_bias; P: the graph's prior bucket, 0 for a graph of first chunks)."""
+    `bias` [n, 1, G*T, P + T] (masks.chunk_bias; P: the graph's prior bucket, 0 for a graph of first chunks).
+    `positions` [n, T]: each row's positions (a padded row repeats its last); `window`: the layer's sliding window (0:
+    none), the one in `bias`. With an FP8 cache (`kv_scales`) the chunk attends its own K/V as stored, like any
+    later call reads them.
+    op: as the op `onp::chunk_attention`, which a backend's kernel may run (masked_chunk_attention otherwise)."""
     k_scale, v_scale = kv_scales or (None, None)
     k, v = kv_cache.to_cache(k, k_scale), kv_cache.to_cache(v, v_scale)
     kv_cache.write(k_cache, rows, k)
     kv_cache.write(v_cache, rows, v)
     k, v = kv_cache.from_cache(k, k_scale, q.dtype), kv_cache.from_cache(v, v_scale, q.dtype)
+    if op and kv_scales is None:  # the kernel reads the cache as it is: an FP8 cache takes the masked form
+        return chunk_attention(q, k, v, k_cache, v_cache, rows.seq_ids, positions, bias, window, scale, sinks)
+    return masked_chunk_attention(
+        q, k, v, k_cache, v_cache, rows.seq_ids, positions, bias, window, scale, sinks, kv_scales
+    )  # fmt: skip
+
+
+def masked_chunk_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_ids: torch.Tensor,
+    positions: torch.Tensor,
+    bias: torch.Tensor,
+    window: int = 0,
+    scale: float | None = None,
+    sinks: torch.Tensor | None = None,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The chunk attention's definition: [cache positions 0..P-1 of rows seq_ids | the chunk's own k/v] under `bias`.
+
+    `positions` [n, T] (each row's positions, padding repeating the last real one) and `window` (the layer's sliding
+    window, 0 for none) only say which keys `bias` leaves to a query: for row i starting at s, cache positions
+    [max(0, s - window + 1), s) (every one of them without a window) and, without a window, the own keys causally up
+    to the last real one. This form reads the whole prior bucket and ignores them."""
     prior = bias.shape[-1] - q.shape[1]
     keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [n, KVH, T, D]
     if prior:
-        prior_keys = kv_cache.from_cache(kv_cache.read(k_cache, rows.seq_ids, prior), k_scale, q.dtype)
-        prior_values = kv_cache.from_cache(kv_cache.read(v_cache, rows.seq_ids, prior), v_scale, q.dtype)
+        k_scale, v_scale = kv_scales or (None, None)
+        prior_keys = kv_cache.from_cache(kv_cache.read(k_cache, seq_ids, prior), k_scale, q.dtype)
+        prior_values = kv_cache.from_cache(kv_cache.read(v_cache, seq_ids, prior), v_scale, q.dtype)
         keys, values = torch.cat((prior_keys, keys), dim=2), torch.cat((prior_values, values), dim=2)
     else:  # the CPU kernel runs ~25% slower on the transposed views
         keys, values = keys.contiguous(), values.contiguous()
     return _attend_rows(q, bias, keys, values, scale, sinks)
+
+
+@torch.library.custom_op("onp::chunk_attention", mutates_args=())
+def chunk_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_ids: torch.Tensor,
+    positions: torch.Tensor,
+    bias: torch.Tensor,
+    window: int,
+    scale: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """masked_chunk_attention as one op of the exported program: a backend's kernel replaces this form."""
+    return masked_chunk_attention(q, k, v, k_cache, v_cache, seq_ids, positions, bias, window, scale, sinks)
+
+
+@chunk_attention.register_fake
+def _chunk_attention_shape(q, k, v, k_cache, v_cache, seq_ids, positions, bias, window, scale, sinks) -> torch.Tensor:
+    n, t, heads, dim = q.shape
+    return q.new_empty(n, t, heads * dim)
 
 
 def _with_sinks(keys, values, bias, sinks: torch.Tensor, tokens: int):

@@ -92,6 +92,7 @@ def groups_logits(
     sliding_inv_freq: torch.Tensor | None = None,
     chunks: int = 0,
     every_column: bool = False,
+    chunk_op: bool = False,
 ) -> torch.Tensor:
     """decoder_logits of several row groups in one pass over the weights, e.g. a prompt chunk [1, C] and a decode
     batch [B, 1] (chunk_and_decode): the linears and the MLP run on every group's tokens at once, attention per
@@ -99,7 +100,8 @@ def groups_logits(
 
     Sliding-window layers rotate with `sliding_inv_freq` when the model gives them their own rope base. The first
     `chunks` groups are prompt chunks (decoder_logits' `chunk`). every_column: the logits of every token [tokens,
-    vocab] in group order instead of each row's last (the verify and prompt_logits graphs)."""
+    vocab] in group order instead of each row's last (the verify and prompt_logits graphs). chunk_op: the prompt
+    chunks attend through the op `onp::chunk_attention` (models/attention.py), for a backend that has its kernel."""
     x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
     positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
     rope = {False: rope_cos_sin(positions, inv_freq, x.dtype, rope_attention_factor(args))}
@@ -107,7 +109,7 @@ def groups_logits(
         local = rope_inv_freq(args, sliding=True) if sliding_inv_freq is None else sliding_inv_freq
         rope[True] = rope_cos_sin(positions, local, x.dtype) if args.sliding_rope_theta else rope[False]
     calls = [
-        _AttentionCall.of(args, caches[0], pos, seq, bucket, x.dtype, chunk=i < chunks)
+        _AttentionCall.of(args, caches[0], pos, seq, bucket, x.dtype, chunk=i < chunks, op=chunk_op)
         for i, (_, pos, seq) in enumerate(groups)
     ]
 
@@ -177,16 +179,18 @@ class _AttentionCall:
     sliding_bias: torch.Tensor | None = None  # sliding-window layers: the positions they read
     window: torch.Tensor | None = None  # their read (kv_cache.window_index) when shorter than the bucket
     chunk: bool = False  # prompt chunks: prior context + own causal block (attend_chunk)
+    positions: torch.Tensor | None = None  # prompt chunks: each row's positions
+    op: bool = False  # prompt chunks: through the op onp::chunk_attention
 
     @classmethod
-    def of(cls, args: ModelArgs, cache, position_ids, seq_ids, bucket, dtype, chunk: bool = False) -> _AttentionCall:
+    def of(cls, args: ModelArgs, cache, position_ids, seq_ids, bucket, dtype, chunk=False, op=False) -> _AttentionCall:
         kv_groups = args.num_attention_heads // args.num_key_value_heads
         rows = kv_cache.CallRows.of(cache, seq_ids, position_ids)
         if chunk:  # sliding layers read the whole prior bucket, masked to their window
             bias = masks.chunk_bias(position_ids, bucket, kv_groups, dtype)
             window = args.sliding_window if args.has_sliding_layers else None
             sliding = masks.chunk_bias(position_ids, bucket, kv_groups, dtype, window) if window else None
-            return cls(rows, bias, tuple(position_ids.shape), sliding, None, chunk=True)
+            return cls(rows, bias, tuple(position_ids.shape), sliding, None, True, position_ids, op)
         slots = (lambda x: to_slots(x, rows.seq_ids)) if rows.in_slot_order else (lambda x: x)
         bias = slots(masks.attention_bias(position_ids, bucket, kv_groups, dtype))
         if not args.has_sliding_layers:
@@ -243,7 +247,11 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
         sinks = params.get(a + "sinks")
         kv_scales = (params[a + "k_scale"], params[a + "v_scale"]) if a + "k_scale" in params else None
         if call.chunk:
-            out = attend_chunk(qg, kg, vg, k_cache, v_cache, call.rows, bias, args.attention_scale, sinks, kv_scales)
+            window_size = args.sliding_window if sliding else 0
+            out = attend_chunk(
+                qg, kg, vg, k_cache, v_cache, call.rows, bias, call.positions, window_size, args.attention_scale, sinks,
+                kv_scales, op=call.op,
+            )  # fmt: skip
         else:
             out = attend(qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale, sinks, kv_scales)
         outs.append(out.reshape(1, n * t, -1))

@@ -1,0 +1,109 @@
+"""The chunk attention op's CPU kernel (backends/cpu_attention.py) computes its masked definition
+(models/attention.py, masked_chunk_attention) within fp32 rounding: for rows with their own starts (a first chunk, a
+start inside the prior bucket, at its end), padded chunks, grouped and ungrouped heads, sliding windows shorter and
+longer than the prior, attention sinks, a cache of stale values past each start, and bf16. The exported programs
+call the op and replay it (every HF parity test of the core suite runs through it)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from optimum_neuron_plugin.backends import cpu_serde
+from optimum_neuron_plugin.backends.cpu_attention import chunk_attention_cpu
+from optimum_neuron_plugin.graphs import PREFILL_CHUNKS
+from optimum_neuron_plugin.models import kv_cache, masks
+from optimum_neuron_plugin.models.attention import attend_chunk, masked_chunk_attention
+
+SEQUENCE = 48
+DIM = 16
+
+
+def _positions(starts: list[int], real: list[int], t: int) -> torch.Tensor:
+    """Each row's positions, padded like runtime.prefill: the last real position repeated."""
+    rows = [[s + min(u, r - 1) for u in range(t)] for s, r in zip(starts, real, strict=True)]
+    return torch.tensor(rows, dtype=torch.int32)
+
+
+def _case(starts, real, t, prior, heads, kv_heads, window=0, sinks=False, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    n = len(starts)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=generator).to(dtype)
+
+    q, k, v = rand(n, t, heads, DIM), rand(n, t, kv_heads, DIM), rand(n, t, kv_heads, DIM)
+    caches = [rand(n + 1, kv_heads, SEQUENCE, DIM) * 3 for _ in range(2)]  # stale values everywhere
+    positions = _positions(starts, real, t)
+    seq_ids = torch.arange(n, 0, -1)  # rows in reverse cache order
+    bias = masks.chunk_bias(positions, prior, heads // kv_heads, dtype, window or None)
+    rows = kv_cache.CallRows.of(caches[0], seq_ids, positions)
+    kv_cache.write(caches[0], rows, k)
+    kv_cache.write(caches[1], rows, v)
+    sink = rand(heads) if sinks else None
+    return (q, k, v, *caches, seq_ids, positions, bias, window, 0.3, sink)
+
+
+CASES = {
+    "first chunks": dict(starts=[0, 0], real=[8, 5], t=8, prior=0, heads=4, kv_heads=2),
+    "first chunk, masked prior": dict(starts=[0], real=[8], t=8, prior=16, heads=4, kv_heads=2),
+    "starts inside and at the bucket's end": dict(
+        starts=[3, 16, 9], real=[8, 2, 7], t=8, prior=16, heads=4, kv_heads=2
+    ),
+    "one head per kv head": dict(starts=[5, 24], real=[4, 6], t=6, prior=24, heads=2, kv_heads=2),
+    "one token": dict(starts=[11], real=[1], t=1, prior=16, heads=6, kv_heads=2),
+    "window shorter than the prior": dict(starts=[20, 2], real=[8, 8], t=8, prior=24, heads=4, kv_heads=2, window=6),
+    "window longer than the chunk and prior": dict(
+        starts=[10], real=[5], t=8, prior=16, heads=4, kv_heads=1, window=40
+    ),
+    "sinks": dict(starts=[0, 13], real=[8, 3], t=8, prior=16, heads=4, kv_heads=2, sinks=True),
+    "window and sinks": dict(starts=[17, 0], real=[6, 8], t=8, prior=24, heads=4, kv_heads=2, window=5, sinks=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_kernel_computes_the_masked_definition(case):
+    inputs = _case(**CASES[case])
+    expected = masked_chunk_attention(*inputs)
+    torch.testing.assert_close(chunk_attention_cpu(*inputs), expected, atol=2e-6, rtol=1e-5)
+
+
+def test_the_op_runs_the_kernel_on_cpu_tensors():
+    inputs = _case(**CASES["starts inside and at the bucket's end"])
+    assert torch.equal(torch.ops.onp.chunk_attention(*inputs), chunk_attention_cpu(*inputs))
+
+
+@pytest.mark.parametrize("case", ["starts inside and at the bucket's end", "window and sinks"])
+def test_bf16_matches_the_masked_definition_within_bf16_rounding(case):
+    inputs = _case(**CASES[case], dtype=torch.bfloat16)
+    out = chunk_attention_cpu(*inputs)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
+    torch.testing.assert_close(out, masked_chunk_attention(*inputs), atol=2e-2, rtol=2e-2)
+
+
+def test_attend_chunk_writes_the_cache_then_attends_through_the_op():
+    q, k, v, k_cache, v_cache, seq_ids, positions, bias, window, scale, sinks = _case(**CASES["sinks"])
+    rows = kv_cache.CallRows.of(k_cache, seq_ids, positions)
+    caches = (k_cache.clone(), v_cache.clone())
+    out = attend_chunk(q, k, v, *caches, rows, bias, positions, window, scale, sinks, op=True)
+    assert torch.equal(caches[0], k_cache) and torch.equal(caches[1], v_cache)  # the case wrote the same K/V
+    torch.testing.assert_close(
+        out, masked_chunk_attention(q, k, v, k_cache, v_cache, seq_ids, positions, bias, 0, scale, sinks)
+    )
+
+
+def test_the_chunk_graphs_call_the_op_and_load_from_their_record(llama_logits):
+    """Every graph with prompt chunks calls the op once per layer, in the program rebuilt from its record; the
+    others keep their attention as it was. (Logits through it: every chunked test against HF.)"""
+    model = llama_logits.model
+    op = torch.ops.onp.chunk_attention.default
+    calls = {
+        spec: len(program.graph.find_nodes(op="call_function", target=op))
+        for spec, program in model.graphs.programs.items()
+    }
+    chunked = {spec for spec in calls if spec.name in PREFILL_CHUNKS or spec.chunk}
+    assert chunked and all(calls[spec] == 2 for spec in chunked)  # 2 layers
+    assert all(calls[spec] == 0 for spec in calls if spec not in chunked)
+    for spec in chunked:
+        path = model.backend.graph_path(model.graphs_dir, spec)
+        assert cpu_serde._record_text(path) is not None
