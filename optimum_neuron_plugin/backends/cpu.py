@@ -59,7 +59,7 @@ class CpuBackend:
     compiles_on_live_ranks = False
     shares_compile_cache = True  # ONP_CPU_COMPILE_CACHE
     # Host memory one compile worker needs besides the memory-mapped weights (tracing a graph of a 8B model), and the
-    # graphs a worker must have to pay for its start (a graph traces in seconds; benchmark/compile_workers.py).
+    # graphs a worker must have to pay for its start (a graph traces in seconds; benchmark/graph_cases/compile_workers.py).
     worker_bytes = 4 * 1024**3
     graphs_per_worker = 8
 

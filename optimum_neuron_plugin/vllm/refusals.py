@@ -149,6 +149,17 @@ def data_parallel(asked: Asked, fitted: Fitted) -> str | None:
     return "; ".join(data_parallel_problems(asked.vllm_config.parallel_config)) or None
 
 
+def kv_events_without_prefix_cache(asked: Asked, fitted: Fitted) -> str | None:
+    events = asked.vllm_config.kv_events_config
+    if events is None or not events.enable_kv_cache_events or (fitted.prefix_caching and asked.artifact.chunked):
+        return None
+    why = "--no-enable-prefix-caching" if not fitted.prefix_caching else "an export without prefill chunks"
+    return (
+        f"--kv-events-config publishes what the prefix cache holds, but it is off ({why}): remove --kv-events-config, "
+        "or serve with prefix caching (a chunked export, without --no-enable-prefix-caching)"
+    )
+
+
 def load_format(asked: Asked, fitted: Fitted) -> str | None:
     given = asked.vllm_config.load_config.load_format
     if given != "auto":
@@ -274,6 +285,7 @@ RULES: tuple[Rule, ...] = (
     scheduler_cls,
     kv_cache_dtype,
     data_parallel,
+    kv_events_without_prefix_cache,
     load_format,
     logprobs_mode,
     dtype,

@@ -94,11 +94,6 @@ class NeuronScheduler(Scheduler):
             block_size=block_size,
             report=self.enable_kv_cache_events,
         )
-        if self.enable_kv_cache_events and not enabled:
-            logger.warning(
-                "--kv-events-config is set but the prefix cache is off (--no-enable-prefix-caching, or an export "
-                "without prefill chunks): no KV-cache event will be published"
-            )
         # vLLM's own block hashes of each request (its prefix caching, which would compute them, stays off).
         self._hasher = block_hasher(block_size, vllm_config.cache_config.prefix_caching_hash_algo) if enabled else None
         self._claims: dict[str, int] = {}  # this step's claims while super().schedule() runs: req_id -> hit

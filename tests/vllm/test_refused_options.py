@@ -50,6 +50,10 @@ REFUSED = {
         f"max_num_seqs=256 exceeds the artifact's compiled batch_size={BATCH_SIZE}: pass --max-num-seqs {BATCH_SIZE}",
     ),
     "kv-cache-dtype": (dict(kv_cache_dtype="fp8"), "remove --kv-cache-dtype"),
+    "kv-events-without-prefix-cache": (
+        dict(kv_events_config={"enable_kv_cache_events": True, "publisher": "null"}, enable_prefix_caching=False),
+        "--kv-events-config publishes what the prefix cache holds, but it is off (--no-enable-prefix-caching)",
+    ),
     "load-format": (
         dict(load_format="dummy"),
         "load_format='dummy' is not supported (the artifact holds its weights, loaded as exported): remove --load-format",

@@ -1,8 +1,8 @@
 """FP8 weights and FP8 KV cache against the fp32 model: greedy agreement, logit error, artifact size, CPU decode step.
 
-    flock /tmp/heavy.lock nice -n 5 .venv/bin/python benchmark/fp8_accuracy.py HF_DIR OUT_DIR [--prompts 64 --tokens 64]
+    flock /tmp/heavy.lock nice -n 5 .venv/bin/python benchmark/graph_cases/fp8_accuracy.py HF_DIR OUT_DIR [--prompts 64 --tokens 64]
 
-HF_DIR: a plain checkpoint (benchmark/convert_gguf.py of SmolLM2's GGUF). Accuracy runs the decoder eagerly (the
+HF_DIR: a plain checkpoint (benchmark/tools/convert_gguf.py of SmolLM2's GGUF). Accuracy runs the decoder eagerly (the
 graphs' own code, models/decoder.py) in batches of 8 rows: per batch the fp32 model decodes greedily, and each variant
 (FP8 weights, FP8 KV cache, both) runs (a) teacher-forced on the fp32 tokens: top-1 agreement and |logit - fp32
 logit| per step, and (b) free-running: identical 64-token continuations and the first diverging step. Then two

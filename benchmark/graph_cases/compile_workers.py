@@ -1,6 +1,6 @@
 """Export wall time: serial against --compile-workers 2, fresh and resumed (after a kill at half the graphs).
 
-    flock /tmp/heavy.lock nice -n 5 python benchmark/compile_workers.py --out benchmark/results/DATE-compile-workers
+    flock /tmp/heavy.lock nice -n 5 python benchmark/graph_cases/compile_workers.py --out benchmark/results/DATE-compile-workers
 
 Runs `python -m exporter` (the same arguments as `optimum-cli export neuron`) on the bundled SmolLM2-135M GGUF, cpu
 backend, without the shared compile cache: the quickstart shape (B 4, S 2048, C 256: 23 graphs) and the neuron

@@ -1,6 +1,6 @@
 """Data-parallel throughput: one engine, two engines on one node, two "nodes" (a head and a headless node) on 127.0.0.1.
 
-    .venv/bin/python benchmark/dp_nodes.py ARTIFACT --out DIR [--rounds 2 --concurrency 8 --num-prompts 16]
+    .venv/bin/python benchmark/workloads/dp_nodes.py ARTIFACT --out DIR [--rounds 2 --concurrency 8 --num-prompts 16]
 
 Each configuration gives every engine one CPU thread (OMP_NUM_THREADS=1 per process): `one` serves 1 engine,
 `dp2` serves `--data-parallel-size 2` (vLLM splits the server's 2 threads, one per engine), `nodes2` a head
@@ -123,7 +123,7 @@ def main() -> None:
         "# Data-parallel throughput: 1 engine, DP 2 on one node, DP 2 as two nodes (head + headless)",
         "",
         f"commit {commit}; host: {cpu}, {os.cpu_count()} CPUs shared with other work (loaded: compare the ratios).",
-        f"command: `benchmark/dp_nodes.py {' '.join(sys.argv[1:])}`",
+        f"command: `benchmark/workloads/dp_nodes.py {' '.join(sys.argv[1:])}`",
         f"vllm bench serve, random {args.input_len} in / {args.output_len} out, {args.num_prompts} prompts, concurrency "
         f"{args.concurrency}; one thread per engine; {args.rounds} rounds alternated (mean).",
         "",

@@ -1,6 +1,6 @@
 """Prefix-aware routing by KV-cache events against round robin: two `vllm serve` replicas, multi-turn conversations.
 
-    .venv/bin/python benchmark/kv_router.py ARTIFACT --out DIR [--conversations 8 --turns 4 --rounds 2]
+    .venv/bin/python benchmark/workloads/kv_router.py ARTIFACT --out DIR [--conversations 8 --turns 4 --rounds 2]
 
 Starts two replicas of ARTIFACT on 127.0.0.1 (one CPU thread each, `--kv-events-config` on two ports,
 `--enable-prompt-tokens-details`), then runs the same kind of workload through two routers, alternated round after
@@ -267,7 +267,7 @@ def main() -> None:
         for replica in replicas:
             replica.stop()
     (args.out / "turns.json").write_text(json.dumps([asdict(t) for t in turns], indent=0))
-    text = summary(turns, args, " ".join(["benchmark/kv_router.py", *sys.argv[1:]]))
+    text = summary(turns, args, " ".join(["benchmark/workloads/kv_router.py", *sys.argv[1:]]))
     (args.out / "summary.md").write_text(text)
     print(text)
 
