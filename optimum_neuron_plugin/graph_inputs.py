@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 if TYPE_CHECKING:
-    from .graphs import GraphSpec
+    from .graph_spec import GraphSpec
 
 # dtype of the token id, position and seq id inputs of every graph (int64 is emulated on NeuronCores).
 INDEX_DTYPE = torch.int32

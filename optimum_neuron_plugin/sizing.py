@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from .config import NeuronConfig
 from .graphs import COPY_PREFIX, PROMPT_LOGITS, VERIFY, GraphSpec, graph_specs
 from .models.args import ModelArgs
-from .models.sharding import ShardingError, plan_for
+from .models.sharding import ShardingError, layout_for
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -127,7 +127,7 @@ def plan_memory(args: ModelArgs, nc: NeuronConfig, chip: Chip | None, lnc: int |
 
 def weight_count(args: ModelArgs, degree: int) -> int:
     """Elements of one rank's weights (norms and biases included; the vocabulary padded to a multiple of degree)."""
-    plan = plan_for(args, degree)
+    plan = layout_for(args, degree)
     h, d = args.hidden_size, args.head_dim
     vocab = plan.local_vocab if degree > 1 else args.vocab_size
     count = vocab * h * (1 if args.tie_word_embeddings else 2) + h
@@ -144,7 +144,7 @@ def weight_count(args: ModelArgs, degree: int) -> int:
 
 
 def kv_cache_bytes(args: ModelArgs, nc: NeuronConfig) -> int:
-    kv_heads = plan_for(args, nc.tp_degree).kv_heads
+    kv_heads = layout_for(args, nc.tp_degree).kv_heads
     per_token = 2 * kv_heads * args.head_dim * DTYPE_BYTES[nc.torch_dtype]
     return args.num_hidden_layers * nc.batch_size * nc.sequence_length * per_token
 
@@ -160,7 +160,7 @@ def activation_bytes(args: ModelArgs, nc: NeuronConfig, spec: GraphSpec) -> int:
     - logits in fp32: each output row x the rank's vocabulary, and the whole vocabulary once gathered."""
     if spec.name == COPY_PREFIX:
         return 0
-    plan = plan_for(args, nc.tp_degree)
+    plan = layout_for(args, nc.tp_degree)
     width = DTYPE_BYTES[nc.torch_dtype]
     tokens = spec.rows * spec.tokens + spec.chunk
     mlp = plan.intermediate

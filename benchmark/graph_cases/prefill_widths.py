@@ -46,7 +46,8 @@ def main() -> None:
     from common import ARTIFACTS, default_model, hf_model, slug
 
     from optimum_neuron_plugin.backends import cpu_attention  # noqa: F401 - the op's CPU kernel
-    from optimum_neuron_plugin.graphs import CHUNKED_PREFILL, INDEX_DTYPE, GraphSpec
+    from optimum_neuron_plugin.graph_inputs import INDEX_DTYPE
+    from optimum_neuron_plugin.graphs import CHUNKED_PREFILL, GraphSpec
     from optimum_neuron_plugin.models.kv_cache import empty_cache
     from optimum_neuron_plugin.runtime.artifact_io import to_params
     from optimum_neuron_plugin.sources import load_source, read_config

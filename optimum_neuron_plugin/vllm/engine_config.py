@@ -15,7 +15,6 @@ graphs. vLLM must never schedule beyond them. Fitting is two steps:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,6 +25,7 @@ from ..artifact import load_neuron_config
 from ..config import NEURON_CONFIG_FILE, NeuronConfig
 from . import refusals
 from .data_parallel import local_engines
+from .fitted import ConfigMismatchError, Fitted
 from .limits import ServingLimits
 from .log import get_logger
 from .options import (
@@ -49,31 +49,6 @@ HOST_ONLY_GENERATION_DEFAULTS = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
 }
-
-
-class ConfigMismatchError(ValueError):
-    """The vLLM configuration asks for more than the artifact was compiled for."""
-
-
-@dataclass(frozen=True)
-class Fitted:
-    """Every decision the fit makes; apply() writes them, nothing else changes the configuration."""
-
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    enable_chunked_prefill: bool
-    tensor_parallel_size: int
-    executor: str  # vLLM's distributed_executor_backend
-    data_parallel_size: int
-    prefix_caching: bool  # the plugin's prefix cache (prefix_cache.py)
-    num_gpu_blocks_override: int
-    max_logprobs: int
-    dtype: torch.dtype
-    limits: ServingLimits  # what validate_request checks each request against
-    generation_overrides: dict[str, float] = field(default_factory=dict)
-    environment: tuple[tuple[str, str], ...] = ()  # set unless already set
-    warnings: tuple[str, ...] = ()
 
 
 def fit_to_artifact(vllm_config: VllmConfig) -> ServingLimits:

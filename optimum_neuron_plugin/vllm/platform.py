@@ -101,10 +101,11 @@ class NeuronPlatform(Platform):
         """With the CLI parser (`vllm serve`, before it parses): record which options the command line sets, and
         check the requests' bodies where SamplingParams cannot tell what the client asked (http_checks.py)."""
         if parser is not None:
+            from .engine_config import refuse_tensor_parallel_size
             from .http_checks import add_http_checks
             from .user_args import record_user_options
 
-            record_user_options(parser)
+            record_user_options(parser, refuse_tensor_parallel_size)
             add_http_checks(parser)
 
     @classmethod

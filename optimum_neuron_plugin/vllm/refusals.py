@@ -10,19 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
 
 import vllm.envs as envs
 from vllm.config import VllmConfig
 
 from ..config import NeuronConfig
 from .data_parallel import data_parallel_problems
+from .fitted import Fitted
 from .options import PREFILL_MODE_ENV, PrefillMode
 from .speculation import speculation_problems
 from .user_args import UserOptions
-
-if TYPE_CHECKING:
-    from .engine_config import Fitted
 
 WORKER_CLS = "optimum_neuron_plugin.vllm.worker.NeuronWorker"
 SCHEDULER_CLS = "optimum_neuron_plugin.vllm.scheduler.NeuronScheduler"
@@ -36,7 +33,7 @@ class Asked:
     mode: PrefillMode
 
 
-Rule = Callable[[Asked, "Fitted"], "str | None"]
+Rule = Callable[[Asked, Fitted], "str | None"]
 
 
 def speculation(asked: Asked, fitted: Fitted) -> str | None:

@@ -20,11 +20,14 @@ are read from the configuration on both paths.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 USER_OPTIONS_KEY = "user_options"
+
+TensorParallelCheck = Callable[[Path, int], None]
 
 # EngineArgs fields whose unset value vLLM replaces with a default the platform cannot tell from an explicit one.
 TRACKED = (
@@ -58,9 +61,10 @@ class UserOptions:
         return cls(**{name: recorded[name] for name in TRACKED if recorded.get(name) is not None})
 
 
-def record_user_options(parser: argparse.ArgumentParser) -> None:
+def record_user_options(parser: argparse.ArgumentParser, refuse_tensor_parallel_size: TensorParallelCheck) -> None:
     """Make the parser record every tracked option the command line sets (and refuse a --tensor-parallel-size the
-    artifact was not exported for while parsing, before vLLM's own checks fail on it with a traceback)."""
+    artifact was not exported for while parsing, before vLLM's own checks fail on it with a traceback:
+    refuse_tensor_parallel_size(model, tp) raises a ValueError saying what to change)."""
     # argparse has no public accessor for a parser's actions; _actions is its documented-by-use attribute.
     for action in parser._actions:
         if action.dest in TRACKED and not isinstance(action, _Recording):
@@ -69,6 +73,8 @@ def record_user_options(parser: argparse.ArgumentParser) -> None:
             action.__class__ = type(f"Keeping{type(action).__name__}", (_KeepingRecord, type(action)), {})
         elif action.dest in ("model_tag", "model") and not isinstance(action, _CheckingModel):
             action.__class__ = type(f"Checking{type(action).__name__}", (_CheckingModel, type(action)), {})
+        if isinstance(action, _Recording | _CheckingModel):
+            action.refuse_tensor_parallel_size = refuse_tensor_parallel_size
 
 
 def _recorded(namespace: argparse.Namespace) -> dict[str, Any]:
@@ -114,9 +120,7 @@ def _check_tensor_parallel_size(action: argparse.Action, namespace: argparse.Nam
     tp = _recorded(namespace).get("tensor_parallel_size")
     if model is None or tp is None:
         return
-    from .engine_config import ConfigMismatchError, refuse_tensor_parallel_size
-
     try:
-        refuse_tensor_parallel_size(Path(model), tp)
-    except ConfigMismatchError as error:
+        action.refuse_tensor_parallel_size(Path(model), tp)
+    except ValueError as error:
         raise argparse.ArgumentError(action, str(error)) from None

@@ -1,0 +1,34 @@
+"""What fitting the engine to an artifact decides (engine_config.fit), and the error it raises when it cannot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .limits import ServingLimits
+
+
+class ConfigMismatchError(ValueError):
+    """The vLLM configuration asks for more than the artifact was compiled for."""
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """Every decision the fit makes; apply() writes them, nothing else changes the configuration."""
+
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enable_chunked_prefill: bool
+    tensor_parallel_size: int
+    executor: str  # vLLM's distributed_executor_backend
+    data_parallel_size: int
+    prefix_caching: bool  # the plugin's prefix cache (prefix_cache.py)
+    num_gpu_blocks_override: int
+    max_logprobs: int
+    dtype: torch.dtype
+    limits: ServingLimits  # what validate_request checks each request against
+    generation_overrides: dict[str, float] = field(default_factory=dict)
+    environment: tuple[tuple[str, str], ...] = ()  # set unless already set
+    warnings: tuple[str, ...] = ()
