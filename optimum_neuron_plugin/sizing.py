@@ -1,8 +1,10 @@
 """Sizing: what one rank of an export holds in device memory, against one logical NeuronCore's HBM.
 
 Per rank (tensor parallelism splits heads, the MLP and the vocabulary; models/sharding.py):
-- weights: every weight of the rank's shard in the export's dtype (the same count as models/sharding.py slices);
-- KV cache: layers x batch_size x sequence_length x 2 (K and V) x the rank's KV heads x head_dim, in that dtype;
+- weights: every weight of the rank's shard in the export's dtype (the same count as models/sharding.py slices),
+  one byte for the FP8 projections of a --quantize fp8 or FP8-checkpoint export;
+- KV cache: layers x batch_size x sequence_length x 2 (K and V) x the rank's KV heads x head_dim, in that dtype
+  (one byte with --kv-cache-dtype fp8);
 - activations: an estimate of the largest graph's live tensors (activation_bytes), the largest over the export's
   graphs;
 - a runtime reserve (RUNTIME_RESERVE): the Neuron runtime's own buffers, the NEFF's instructions and I/O tensors.
@@ -112,17 +114,32 @@ def plan_memory(args: ModelArgs, nc: NeuronConfig, chip: Chip | None, lnc: int |
     """What one rank of the export `nc` of the model `args` holds (raises ShardingError for a bad tp_degree)."""
     lnc = lnc or (chip.default_lnc if chip else 1)
     specs = graph_specs(nc, args.vocab_size)
-    width = DTYPE_BYTES[nc.torch_dtype]
     largest = max(specs, key=lambda spec: activation_bytes(args, nc, spec))
     return MemoryPlan(
         tp_degree=nc.tp_degree,
-        weights=weight_count(args, nc.tp_degree) * width,
+        weights=weight_bytes(args, nc),
         kv_cache=kv_cache_bytes(args, nc),
         activations=activation_bytes(args, nc, largest),
         largest_graph=largest.key,
         chip=chip,
         lnc=lnc,
     )
+
+
+def weight_bytes(args: ModelArgs, nc: NeuronConfig) -> int:
+    """One rank's weights: FP8 projections (docs/fp8.md) take one byte each, the rest the export's dtype (their
+    per-channel scales, under 0.1% of the bytes, are left out)."""
+    width = DTYPE_BYTES[nc.torch_dtype]
+    fp8 = projection_count(args, nc.tp_degree) if nc.quantization else 0
+    return fp8 + (weight_count(args, nc.tp_degree) - fp8) * width
+
+
+def projection_count(args: ModelArgs, degree: int) -> int:
+    """Elements of one rank's attention and dense MLP projections: what an FP8 export stores in FP8."""
+    plan = layout_for(args, degree)
+    h, q, kv = args.hidden_size, plan.heads * args.head_dim, plan.kv_heads * args.head_dim
+    mlp = sum(0 if args.is_moe(layer) else 3 * plan.intermediate * h for layer in range(args.num_hidden_layers))
+    return args.num_hidden_layers * (h * (q + 2 * kv) + q * h) + mlp
 
 
 def weight_count(args: ModelArgs, degree: int) -> int:
@@ -145,7 +162,8 @@ def weight_count(args: ModelArgs, degree: int) -> int:
 
 def kv_cache_bytes(args: ModelArgs, nc: NeuronConfig) -> int:
     kv_heads = layout_for(args, nc.tp_degree).kv_heads
-    per_token = 2 * kv_heads * args.head_dim * DTYPE_BYTES[nc.torch_dtype]
+    width = 1 if nc.kv_cache_dtype == "fp8" else DTYPE_BYTES[nc.torch_dtype]
+    per_token = 2 * kv_heads * args.head_dim * width
     return args.num_hidden_layers * nc.batch_size * nc.sequence_length * per_token
 
 

@@ -74,3 +74,15 @@ def test_refusal_names_the_smallest_allowed_degree_that_fits():
     for smaller in range(1, degree):
         with contextlib.suppress(ShardingError):  # a degree the model's heads do not allow
             assert not plan_memory(args, replace(config, tp_degree=smaller), CHIPS["trn2"], 2).fits
+
+
+def test_fp8_weights_and_kv_cache_take_one_byte_and_fit_one_trn2_core():
+    """Llama-3.1-8B b8 s8192: FP8 projections (6.98 B of its 8.03 B weights) and an FP8 KV cache halve what the
+    bf16 export needs, which then fits one trn2 logical core at TP 1."""
+    args = ModelArgs.from_hf_config(LLAMA_8B)
+    bf16 = plan_memory(args, _config(), CHIPS["trn2"], 2)
+    fp8 = plan_memory(args, _config(quantization="fp8", kv_cache_dtype="fp8"), CHIPS["trn2"], 2)
+    projections = 32 * (4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 14336 * 4096)
+    assert fp8.weights == bf16.weights - projections
+    assert fp8.kv_cache == bf16.kv_cache // 2 == 4 * GIB
+    assert not bf16.fits and fp8.fits
