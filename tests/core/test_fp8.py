@@ -9,7 +9,6 @@ import pytest
 import torch
 from support.fp8_checkpoints import BLOCK_SHAPE, PROJECTIONS, dequantized_model, save_fp8
 from support.tiny_models import quick_first, tiny_model
-from vllm.model_executor.layers.quantization.utils.quant_utils import scaled_dequantize
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 from optimum_neuron_plugin.errors import ExportError
@@ -25,6 +24,10 @@ SHAPE = dict(CHUNKED_LOGITS_LIGHT, batch_size=2)
 def vllm_dequantized(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
     """vLLM's dequantization of one linear's stored tensors (scaled_dequantize broadcasts each scale over its group)."""
     scale = tensors.get("weight_scale_inv", tensors.get("weight_scale"))
+    # Imported here, not at collection: importing vLLM resolves its platform for the whole process, which must happen
+    # after tests/vllm/conftest.py sets ONP_BACKEND=cpu.
+    from vllm.model_executor.layers.quantization.utils.quant_utils import scaled_dequantize
+
     return scaled_dequantize(tensors["weight"], scale, out_dtype=torch.float32)
 
 
