@@ -71,7 +71,7 @@ def measure_hf(gguf: str, length: int, repeats: int) -> dict:
     import torch
 
     model = hf_model(Path(gguf))
-    tokens = torch.tensor([[(i * 7919) % (model.args.vocab_size - 10) + 5 for i in range(length)]])
+    tokens = torch.tensor([[(i * 7919) % (model.config.vocab_size - 10) + 5 for i in range(length)]])
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times = []
     for _ in range(repeats):
@@ -104,7 +104,7 @@ def profile(target: str, length: int) -> dict:
 
     if target.startswith(HF):
         model = hf_model(Path(target.removeprefix(HF)))
-        ids = torch.tensor([[(i * 7919) % (model.args.vocab_size - 10) + 5 for i in range(length)]])
+        ids = torch.tensor([[(i * 7919) % (model.config.vocab_size - 10) + 5 for i in range(length)]])
 
         def run() -> None:
             with torch.inference_mode():

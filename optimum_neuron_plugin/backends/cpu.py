@@ -110,7 +110,7 @@ class CpuBackend:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Prompt chunks attend through the op whose CPU kernel reads only the keys they attend
         # (cpu_attention.py); an AOTInductor package keeps the masked form, which it compiles to C++.
-        graph.chunk_op = self.format is FORMATS["export"]
+        graph.chunk_op = self.neuron_config.cpu_compiler == "export"
         with torch.no_grad(), _without_stack_traces():
             program = torch.export.export(graph, (params, caches, *example_inputs(graph.spec)), strict=False)
         self.format.save(program, path)

@@ -14,7 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "benchmark"
 sys.path[:0] = [str(BENCH), str(BENCH / "tools")]
-FIXTURE_VERSION = 2
+FIXTURE_VERSION = 3
 
 
 @pytest.fixture(scope="session")
