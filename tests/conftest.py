@@ -37,9 +37,9 @@ SHARED_FIXTURE_GROUPS = {
     "benchmark": ("tests/benchmark/",),
 }
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
-# one worker on the 2-core machine, benchmark/results/20261126-test-suite-2-workers/durations.txt: the SmolLM2 group
-# ~400, reliability ~260, then 110-150 each; tensor parallel ~200 and Gemma 3 ~160 alone,
-# benchmark/results/20261126-suite-gguf-once-fewer-graphs/modules.txt).
+# one worker on a 2-core Intel host, benchmark/results/20261127-test-suite-intel-2-cores/slowest-40.txt and its run's
+# junit times: the SmolLM2 group ~750, benchmark ~560, reliability ~330, hf parity ~250, tensor parallel ~180,
+# Gemma 3 ~220; the data-parallel servers 130-240 each).
 LONGEST_FIRST = (
     "smollm2",
     "reliability servers",
