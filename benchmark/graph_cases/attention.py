@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import add_out, default_model
+from common import add_out, default_model, prompt_ids
 
 from optimum_neuron_plugin.config import default_context_buckets, default_prefill_buckets
 from optimum_neuron_plugin.models.masks import MASK_FILL
@@ -92,7 +92,7 @@ def decoder_forms(model: Path, prompt: int, chunk: int, context, prefill) -> dic
     args, params = source.args, {k: v.float().contiguous() for k, v in source.state_dict.items()}
     caches = empty_cache(args.num_hidden_layers, 1, context[-1], args.num_key_value_heads, args.head_dim, torch.float32)
     inv_freq, seq = rope_inv_freq(args), torch.zeros(1, dtype=torch.int32)
-    tokens = torch.tensor([[(i * 7919) % (args.vocab_size - 10) + 5 for i in range(prompt)]], dtype=torch.int32)
+    tokens = torch.tensor([prompt_ids(prompt, args.vocab_size)], dtype=torch.int32)
 
     def call(start: int, fused: bool):
         ids, positions = tokens[:, start : start + chunk], torch.arange(start, start + chunk, dtype=torch.int32)[None]

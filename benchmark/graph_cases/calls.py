@@ -28,7 +28,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from common import ARTIFACTS, add_out, alternate, default_model, export, hf_model, slug, write_json
+from common import ARTIFACTS, add_out, alternate, default_model, export, hf_model, prompt_ids, slug, write_json
 
 
 def measure(directory: Path, hf, args: argparse.Namespace) -> dict:
@@ -39,7 +39,7 @@ def measure(directory: Path, hf, args: argparse.Namespace) -> dict:
     model = NeuronModelForCausalLM.from_pretrained(directory)
     batch = model.neuron_config.batch_size
     vocab = model.args.vocab_size
-    tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(max(args.chunk * args.chunks, args.context))]
+    tokens = prompt_ids(max(args.chunk * args.chunks, args.context), vocab)
     context = tokens[: args.context]
     for slot in range(batch):
         model.prefill(slot, context)

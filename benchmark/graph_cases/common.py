@@ -126,6 +126,11 @@ def alternate(ours, theirs, repeats: int, names: tuple[str, str] = ("plugin", "h
     return {f"{names[0]}_ms": first * 1e3, f"{names[1]}_ms": second * 1e3, "ratio": first / second}
 
 
+def prompt_ids(length: int, vocab: int) -> list[int]:
+    """A fixed prompt of `length` token ids spread over the vocabulary, away from its first and last few ids."""
+    return [(i * 7919) % (vocab - 10) + 5 for i in range(length)]
+
+
 def add_out(parser: argparse.ArgumentParser, case: str) -> None:
     """--out: the directory the case writes its results into (created)."""
     default = BENCH / "results" / f"{time.strftime('%Y%m%d')}-{case}"

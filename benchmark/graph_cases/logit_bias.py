@@ -20,7 +20,17 @@ import argparse
 from pathlib import Path
 
 import torch
-from common import ARTIFACTS, ab_artifact_name, ab_parser, add_out, alternate, default_model, export_variant, write_json
+from common import (
+    ARTIFACTS,
+    ab_artifact_name,
+    ab_parser,
+    add_out,
+    alternate,
+    default_model,
+    export_variant,
+    prompt_ids,
+    write_json,
+)
 
 
 def measure(with_bias: Path, without: Path, args: argparse.Namespace) -> dict:
@@ -34,7 +44,7 @@ def measure(with_bias: Path, without: Path, args: argparse.Namespace) -> dict:
     batch = args.batch_size
     vocab = models["with"].args.vocab_size
     slots = models["with"].neuron_config.max_logit_bias
-    tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(2 * args.chunk)]
+    tokens = prompt_ids(2 * args.chunk, vocab)
     for model in models.values():
         for slot in range(batch):
             model.prefill(slot, tokens[: args.context])

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ARTIFACTS, add_out, default_model, hf_model, slug
+from common import ARTIFACTS, add_out, default_model, hf_model, prompt_ids, slug
 
 HF = "hf:"  # a measurement target naming the model HF eager runs, not an artifact
 
@@ -49,7 +49,7 @@ def measure(directory: str, length: int, repeats: int) -> dict:
     from optimum_neuron_plugin import NeuronModelForCausalLM
 
     model = NeuronModelForCausalLM.from_pretrained(directory)
-    tokens = [(i * 7919) % (model.args.vocab_size - 10) + 5 for i in range(length)]
+    tokens = prompt_ids(length, model.args.vocab_size)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times = []
     for _ in range(repeats):
@@ -71,7 +71,7 @@ def measure_hf(gguf: str, length: int, repeats: int) -> dict:
     import torch
 
     model = hf_model(Path(gguf))
-    tokens = torch.tensor([[(i * 7919) % (model.config.vocab_size - 10) + 5 for i in range(length)]])
+    tokens = torch.tensor([prompt_ids(length, model.config.vocab_size)])
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     times = []
     for _ in range(repeats):
@@ -104,7 +104,7 @@ def profile(target: str, length: int) -> dict:
 
     if target.startswith(HF):
         model = hf_model(Path(target.removeprefix(HF)))
-        ids = torch.tensor([[(i * 7919) % (model.config.vocab_size - 10) + 5 for i in range(length)]])
+        ids = torch.tensor([prompt_ids(length, model.config.vocab_size)])
 
         def run() -> None:
             with torch.inference_mode():
@@ -113,7 +113,7 @@ def profile(target: str, length: int) -> dict:
         from optimum_neuron_plugin import NeuronModelForCausalLM
 
         model = NeuronModelForCausalLM.from_pretrained(target)
-        tokens = [(i * 7919) % (model.args.vocab_size - 10) + 5 for i in range(length)]
+        tokens = prompt_ids(length, model.args.vocab_size)
 
         def run() -> None:
             model.prefill(0, tokens)

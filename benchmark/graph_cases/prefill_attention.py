@@ -97,7 +97,7 @@ def layer_main(args) -> None:
 
 
 def main() -> None:
-    from common import default_model, hf_model
+    from common import default_model, hf_model, prompt_ids
 
     from optimum_neuron_plugin import NeuronModelForCausalLM
     from optimum_neuron_plugin.backends.cpu_attention import chunk_attention_cpu
@@ -134,7 +134,7 @@ def main() -> None:
         return time.perf_counter() - start
 
     lengths = [int(x) for x in args.lengths.split(",")]
-    warm = [(i * 7919) % (model.config.vocab_size - 10) + 5 for i in range(max(lengths))]
+    warm = prompt_ids(max(lengths), model.config.vocab_size)
     prefill("kernel", warm)  # every prefill graph's first call (traced) before any timing
     sides = ["kernel", "masked", "hf"]
     times: dict[int, dict[str, list[float]]] = {n: {s: [] for s in sides} for n in lengths}

@@ -20,11 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import add_out, write_json
-
-
-def prompt(length: int, vocab: int) -> list[int]:
-    return [(i * 7919) % (vocab - 10) + 5 for i in range(length)]
+from common import add_out, prompt_ids, write_json
 
 
 def timed_p50(call, repeats: int) -> float:
@@ -48,7 +44,7 @@ def ours(artifact: str, lengths: list[int], repeats: int, profile: bool) -> dict
     model = NeuronModelForCausalLM.from_pretrained(artifact)
 
     def call_for(n: int):
-        tokens = prompt(n, model.args.vocab_size)
+        tokens = prompt_ids(n, model.args.vocab_size)
         return lambda: model.prefill(0, tokens)
 
     calls = {n: call_for(n) for n in lengths}
@@ -74,7 +70,7 @@ def vllm(hf_dir: str, lengths: list[int], repeats: int, eager: bool, profile: bo
     params = SamplingParams(max_tokens=1, temperature=0)
 
     def call_for(n: int):
-        return lambda: llm.generate([TokensPrompt(prompt_token_ids=prompt(n, vocab))], params, use_tqdm=False)
+        return lambda: llm.generate([TokensPrompt(prompt_token_ids=prompt_ids(n, vocab))], params, use_tqdm=False)
 
     found = {str(n): timed_p50(call_for(n), repeats) for n in lengths}
     if profile:

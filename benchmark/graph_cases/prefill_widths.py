@@ -43,7 +43,7 @@ def program(args, params, caches, spec, packed):
 
 
 def main() -> None:
-    from common import ARTIFACTS, default_model, hf_model, slug
+    from common import ARTIFACTS, default_model, hf_model, prompt_ids, slug
 
     from optimum_neuron_plugin.backends import cpu_attention  # noqa: F401 - the op's CPU kernel
     from optimum_neuron_plugin.graph_inputs import INDEX_DTYPE
@@ -78,7 +78,7 @@ def main() -> None:
             program(args, params, caches, first, packed),
             later and program(args, params, caches, later, packed),
         )
-    ids = [(i * 7919) % (args.vocab_size - 10) + 5 for i in range(length)]
+    ids = prompt_ids(length, args.vocab_size)
 
     def prefill(name: str) -> float:
         (rows, width), (first, later) = cases[name], programs[name]

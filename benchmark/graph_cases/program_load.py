@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import add_out, write_json
+from common import add_out, prompt_ids, write_json
 
 
 def load_programs(artifact: Path) -> dict:
@@ -50,7 +50,7 @@ def load_model(artifact: Path) -> dict:
     model.warm_up()
     warmed = time.perf_counter() - began
     prompt = min(300, model.neuron_config.sequence_length // 2)
-    tokens = [(i * 7919) % (model.args.vocab_size - 10) + 5 for i in range(prompt)]
+    tokens = prompt_ids(prompt, model.args.vocab_size)
     logits = model.prefill(0, tokens)
     decoded = model.decode([0], [int(logits.argmax())], [prompt])
     return {

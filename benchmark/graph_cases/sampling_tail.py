@@ -20,7 +20,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from common import add_out, write_json
+from common import add_out, prompt_ids, write_json
 
 from optimum_neuron_plugin.graph_inputs import SamplingInputs
 from optimum_neuron_plugin.graphs import TOKEN_GENERATION, GraphSpec, example_inputs, sample_rows
@@ -79,7 +79,7 @@ def decode_ms(artifact: Path, rows: int, repeats: int) -> float:
 
     model = NeuronModelForCausalLM.from_pretrained(artifact)
     context = min(300, model.neuron_config.sequence_length // 2)  # 300 on SmolLM2's artifacts
-    tokens = [(i * 7919) % (VOCAB - 10) + 5 for i in range(context)]
+    tokens = prompt_ids(context, VOCAB)
     for slot in range(rows):
         model.prefill(slot, tokens)
     hot, times = SamplingParams(top_k=50, top_p=0.9, temperature=0.8), []

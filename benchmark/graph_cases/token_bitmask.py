@@ -23,7 +23,17 @@ import json
 from pathlib import Path
 
 import torch
-from common import ARTIFACTS, ab_artifact_name, ab_parser, add_out, alternate, default_model, export_variant, write_json
+from common import (
+    ARTIFACTS,
+    ab_artifact_name,
+    ab_parser,
+    add_out,
+    alternate,
+    default_model,
+    export_variant,
+    prompt_ids,
+    write_json,
+)
 
 
 def schema_bitmask(directory: Path, rows: int) -> torch.Tensor:
@@ -51,7 +61,7 @@ def measure(with_mask: Path, without: Path, args: argparse.Namespace) -> dict:
     }
     batch = args.batch_size
     vocab = models["with"].args.vocab_size
-    tokens = [(i * 7919) % (vocab - 10) + 5 for i in range(2 * args.chunk)]
+    tokens = prompt_ids(2 * args.chunk, vocab)
     context = tokens[: args.context]
     for model in models.values():
         for slot in range(batch):

@@ -38,6 +38,9 @@ class ProgramFormat:
     description: str
     save: Callable[[torch.export.ExportedProgram, Path], None]
     load: Callable[[Path], Callable]
+    # Prompt chunks attend through the op whose CPU kernel reads only the keys they attend (cpu_attention.py); an
+    # AOTInductor package keeps the masked form, which it compiles to C++.
+    chunk_op: bool
 
 
 def _save_aoti(program: torch.export.ExportedProgram, path: Path) -> None:
@@ -48,9 +51,9 @@ def _save_aoti(program: torch.export.ExportedProgram, path: Path) -> None:
 
 FORMATS = {
     "inductor": ProgramFormat(
-        ".aoti.pt2", "AOTInductor", _save_aoti, lambda p: torch._inductor.aoti_load_package(str(p))
+        ".aoti.pt2", "AOTInductor", _save_aoti, lambda p: torch._inductor.aoti_load_package(str(p)), chunk_op=False
     ),
-    "export": ProgramFormat(".pt2", "torch.export", save_program, load_program),
+    "export": ProgramFormat(".pt2", "torch.export", save_program, load_program, chunk_op=True),
 }
 
 
@@ -108,9 +111,7 @@ class CpuBackend:
         params, caches = state
         path = self.graph_path(directory, graph.spec)
         path.parent.mkdir(parents=True, exist_ok=True)
-        # Prompt chunks attend through the op whose CPU kernel reads only the keys they attend
-        # (cpu_attention.py); an AOTInductor package keeps the masked form, which it compiles to C++.
-        graph.chunk_op = self.neuron_config.cpu_compiler == "export"
+        graph.chunk_op = self.format.chunk_op
         with torch.no_grad(), _without_stack_traces():
             program = torch.export.export(graph, (params, caches, *example_inputs(graph.spec)), strict=False)
         self.format.save(program, path)
