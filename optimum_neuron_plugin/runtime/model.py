@@ -24,7 +24,7 @@ from ..models.collectives import Collectives
 from ..models.kv_cache import empty_cache
 from ..sampling import SamplingParams
 from ..version import __version__
-from . import artifact_io, chunk_loop, fused
+from . import artifact_io, chunk_loop, fused, latency
 from . import decode as decode_step
 from . import generate as hf_generate
 from . import verify as verify_step
@@ -178,6 +178,10 @@ class NeuronModelForCausalLM:
                     f"{first_line}); the artifact is corrupt or mixes files of different exports: export the model again"
                 ) from error
             progress(done, len(self.specs))
+
+    def measure_latencies(self, keep: Callable[[GraphSpec], bool]) -> latency.GraphLatencies:
+        """Seconds of one call of each graph `keep` selects (latency.py); after warm_up."""
+        return latency.measure(self.graphs, [spec for spec in self.specs if keep(spec)])
 
     # ---- host loops ------------------------------------------------------------------------------
 

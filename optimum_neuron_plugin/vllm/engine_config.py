@@ -34,6 +34,7 @@ from .options import (
     PrefillMode,
     prefill_chunk_budget,
     prefill_mode,
+    prefill_target_itl,
 )
 from .refusals import SCHEDULER_CLS, WORKER_CLS, Asked
 from .speculation import num_speculative_tokens
@@ -151,9 +152,12 @@ def _token_budget(asked: Asked, max_model_len: int, max_num_seqs: int) -> tuple[
         budget = min(vllm_config.scheduler_config.max_num_batched_tokens, max_num_seqs * max_model_len)
         tokens = max(budget, max_model_len + max_num_seqs * (1 + num_speculative_tokens(vllm_config)))
     else:
-        # Room for the step's prefill budget (NeuronScheduler plans the slices in chunk calls, interleave.py)
-        # next to every decode.
-        tokens = prefill_chunk_budget(vllm_config.additional_config) * artifact.prefill_length + max_num_seqs
+        # Room for the step's prefill budget next to every decode (NeuronScheduler plans the slices in chunk calls,
+        # interleave.py): the fixed number of calls, or, under the latency target, a full-length prompt.
+        prefill_target_itl(vllm_config.additional_config)  # refuses a bad target, or one set with a fixed budget
+        fixed = prefill_chunk_budget(vllm_config.additional_config)
+        calls = fixed or -(-max_model_len // artifact.prefill_length)
+        tokens = calls * artifact.prefill_length + max_num_seqs
     return max(tokens, max_num_seqs), warnings
 
 

@@ -5,8 +5,9 @@ Rules (prefill_mode=interleaved; NeuronScheduler applies the plan through vLLM's
    then starts a whole number of chunks after the prompt's first computed token (0, or its prefix
    cache hit) and n tokens to prefill cost ceil(n / chunk) graph calls, as in serial mode (the
    runtime pads only a prompt's last chunk).
-2. The step's prefill budget is counted in graph calls (`chunk_budget`), not tokens. Decodes are
-   outside it: every decoding request gets its token each step.
+2. The step's prefill budget is counted in graph calls, not tokens: the calls that fit the latency target
+   (step_time.py: the measured seconds of each call against the target minus the step's decode; the first call
+   always goes), or a fixed `chunk_budget`. Decodes are outside it: every decoding request gets its token each step.
 3. Shortest remaining prompt first, so a short prompt overtakes a long one in progress. Aging: a
    prompt passed over in `max_passes` steps that prefilled others goes first (most passed first,
    then arrival order).
@@ -22,13 +23,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .step_time import StepTime
+
 DEFAULT_MAX_PASSES = 4
 
 
 @dataclass(frozen=True)
 class InterleavePolicy:
     chunk: int  # tokens per compiled prefill call (neuron_config.prefill_length)
-    chunk_budget: int  # prefill graph calls per engine step
+    chunk_budget: int  # prefill graph calls per engine step at most (the fixed budget, or the token budget's room)
     max_passes: int = DEFAULT_MAX_PASSES  # aging: steps a prompt may be passed over before it goes first
 
 
@@ -38,6 +41,7 @@ class Candidate:
 
     req_id: str
     remaining: int  # prompt tokens not yet prefilled
+    start: int  # the position of the first of them
     passes: int  # consecutive prefilling steps that passed this request over
     arrival: float  # FCFS tie-break
 
@@ -48,25 +52,35 @@ def priority(candidate: Candidate, policy: InterleavePolicy) -> tuple:
     return (1, candidate.remaining, candidate.arrival)
 
 
-def plan_slices(candidates: list[Candidate], policy: InterleavePolicy, token_budget: int) -> dict[str, int]:
+def plan_slices(
+    candidates: list[Candidate], policy: InterleavePolicy, token_budget: int, time: StepTime | None = None
+) -> dict[str, int]:
     """Prompt tokens to prefill this step per request (only requests that get a slice).
 
-    token_budget: vLLM's token budget left for prefills once every decode has its token.
+    token_budget: vLLM's token budget left for prefills once every decode has its token. time: the latency target's
+    allowance (None: policy.chunk_budget calls).
     """
     chunk = policy.chunk
     calls_left, tokens_left = policy.chunk_budget, token_budget
+    seconds_left = float("inf") if time is None else time.allowed
     plan: dict[str, int] = {}
     for candidate in sorted(candidates, key=lambda c: priority(c, policy)):
-        calls = min(-(-candidate.remaining // chunk), calls_left)
-        tokens = min(candidate.remaining, calls * chunk)
-        if tokens > tokens_left:  # an explicit, small max_num_batched_tokens: whole chunks only
-            calls = tokens_left // chunk
-            tokens = calls * chunk
-        if tokens <= 0:
-            break
-        plan[candidate.req_id] = tokens
-        calls_left -= calls
-        tokens_left -= tokens
+        tokens = 0
+        while tokens < candidate.remaining and calls_left > 0:
+            left = candidate.remaining - tokens
+            piece = min(chunk, left)
+            cost = 0.0 if time is None else time.chunk_seconds(candidate.start + tokens, left)
+            first = not plan and not tokens  # the step's first call always goes
+            # An explicit, small max_num_batched_tokens: whole chunks only.
+            if piece > tokens_left or (cost > seconds_left and not first):
+                calls_left = 0
+                break
+            tokens += piece
+            tokens_left -= piece
+            seconds_left -= cost
+            calls_left -= 1
+        if tokens:
+            plan[candidate.req_id] = tokens
         if calls_left == 0:
             break
     return plan

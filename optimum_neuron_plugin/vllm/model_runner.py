@@ -9,7 +9,8 @@ graph_calls.py's; the step's tokens, logprobs and failed requests come back in o
 builds vLLM's output. After the step, speculative decoding proposes the next drafts (speculative_decoding.py).
 
 The same code serves both prefill modes: in serial mode vLLM schedules whole prompts, in interleaved mode vLLM's
-scheduler hands out slices. Prefix caching (prefix_cache.py): the scheduler names the slot of each request and the
+scheduler hands out slices, fitted to a latency target from the graph latencies the runner measures at warm-up and
+reports with its first output (step_time.py). Prefix caching (prefix_cache.py): the scheduler names the slot of each request and the
 prefix copies of the step.
 """
 
@@ -22,6 +23,7 @@ from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
 from ..runtime import NeuronModelForCausalLM
+from ..runtime.latency import GraphLatencies
 from ..sampling import host_topk
 from .grammar import StepGrammar
 from .graph_calls import CallExecutor
@@ -29,6 +31,7 @@ from .guarded_calls import GuardedCalls
 from .health import GraphHealth
 from .host_sampling import HostSampler, logprobs_lists
 from .log import WarmUpLog, get_logger
+from .options import PrefillMode, prefill_chunk_budget, prefill_mode
 from .prompt_logprobs import wants_prompt_logprobs
 from .requests import RequestState, SeedSource
 from .scheduler import NeuronRunnerOutput
@@ -36,6 +39,7 @@ from .speculative_decoding import SpeculativeDecoding
 from .stats import StatsSink
 from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids, scheduled_drafts
 from .step_calls import GraphCall, StepResult, plan_calls
+from .step_time import measured_kind
 
 logger = get_logger(__name__)
 
@@ -53,6 +57,10 @@ class NeuronModelRunner:
         self.speculation = SpeculativeDecoding(vllm_config, model)
         self.executor = CallExecutor(model, self.requests, self.host_sampler, self.speculation)
         self.calls = GuardedCalls(self.executor, self.requests, self.health, self._graph_files)
+        extra = vllm_config.additional_config
+        # The interleaved scheduler's latency target needs the graphs' latencies (step_time.py).
+        self.measures_latencies = prefill_mode(extra) is PrefillMode.INTERLEAVED and prefill_chunk_budget(extra) is None
+        self.latencies: GraphLatencies | None = None  # measured at warm-up, reported with the first output
 
     # ---- request bookkeeping ------------------------------------------------------------------
 
@@ -133,8 +141,8 @@ class NeuronModelRunner:
 
     # A step that runs graphs for no request (data parallelism's dummy step) belongs here, next to execute.
 
-    @staticmethod
-    def _output(req_ids: list[str], step: StepResult) -> NeuronRunnerOutput:
+    def _output(self, req_ids: list[str], step: StepResult) -> NeuronRunnerOutput:
+        latencies, self.latencies = self.latencies, None
         return NeuronRunnerOutput(
             req_ids=req_ids,
             req_id_to_index={req_id: i for i, req_id in enumerate(req_ids)},
@@ -142,6 +150,7 @@ class NeuronModelRunner:
             logprobs=logprobs_lists([step.logprobs.get(req_id) for req_id in req_ids]),
             prompt_logprobs_dict=step.prompt_logprobs,
             failed_req_ids=step.failed,
+            graph_latencies=latencies,
         )
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
@@ -156,6 +165,9 @@ class NeuronModelRunner:
         began = time.perf_counter()
         self.model.warm_up(WarmUpLog(logger, "the model"))
         self.speculation.warm_up()
+        if self.measures_latencies:
+            nc = self.model.neuron_config
+            self.latencies = self.model.measure_latencies(lambda spec: measured_kind(nc, spec.name, spec.rows))
         return time.perf_counter() - began
 
     def shutdown(self) -> None:

@@ -12,8 +12,11 @@ with `VLLM_`, so the plugin never uses that prefix.
 - `ONP_CPU_THREADS`: intra-op threads of the CPU backend's graphs, per engine rank (default: the
   server's threads, OMP_NUM_THREADS if set, else every core it may run on, split evenly between the
   data-parallel x tensor-parallel ranks, placement.py).
-- `ONP_PREFILL_CHUNK_BUDGET`: interleaved mode only, prefill graph calls (compiled chunks) per
-  engine step next to the decodes (default 2); additional_config key `prefill_chunk_budget`.
+- `ONP_PREFILL_TARGET_ITL_MS`: interleaved mode only, the step time (inter-token latency of the running streams) the
+  scheduler fits each step's prefill chunk calls into, from the graph latencies measured at warm-up (step_time.py).
+  Default: a decode step plus one chunk call. additional_config key `prefill_target_itl_ms`.
+- `ONP_PREFILL_CHUNK_BUDGET`: interleaved mode only, a fixed number of prefill graph calls (compiled chunks) per
+  engine step instead of the latency target; additional_config key `prefill_chunk_budget`.
 - `ONP_SPECULATION_MIN_ACCEPTANCE`: speculative decoding, the draft acceptance below which a request pauses
   drafting (draft_gate.py); 0 also verifies every draft whatever the verify call costs (verify_cost.py).
 """
@@ -35,12 +38,13 @@ PREFILL_MODE_KEY = "prefill_mode"
 CPU_THREADS_ENV = "ONP_CPU_THREADS"
 PREFILL_CHUNK_BUDGET_ENV = "ONP_PREFILL_CHUNK_BUDGET"
 PREFILL_CHUNK_BUDGET_KEY = "prefill_chunk_budget"
+PREFILL_TARGET_ITL_ENV = "ONP_PREFILL_TARGET_ITL_MS"
+PREFILL_TARGET_ITL_KEY = "prefill_target_itl_ms"
 # Set by the plugin (engine_config): the server's --data-parallel-size, which vLLM resets to 1 in each engine.
 DATA_PARALLEL_SIZE_KEY = "data_parallel_size"
 # Set by the plugin (engine_config): prefix caching on (default) or off (--no-enable-prefix-caching); vLLM's own
 # cache_config.enable_prefix_caching stays off (its blocks are bookkeeping only; prefix_cache.py does the caching).
 PREFIX_CACHING_KEY = "prefix_caching"
-DEFAULT_PREFILL_CHUNK_BUDGET = 2
 BACKEND_VALUES = ("cpu", "neuron", "off", "auto")
 
 
@@ -50,7 +54,7 @@ class PrefillMode(str, Enum):
     SERIAL: vLLM schedules each prompt whole; the runner prefills it in one step with its own
     chunk loop (one graph call per compiled chunk), after the step's batched decode.
     INTERLEAVED: the scheduler hands out prompt slices (whole compiled chunks, at most
-    ONP_PREFILL_CHUNK_BUDGET chunk calls per step, shortest remaining prompt first: interleave.py);
+    as many chunk calls per step as fit the latency target, shortest remaining prompt first: interleave.py);
     the runner prefills them in the same step as the decode of the running requests, so a long
     prompt does not stall them.
     """
@@ -124,13 +128,23 @@ def prefix_caching(additional_config: object = None) -> bool:
     return True
 
 
-def prefill_chunk_budget(additional_config: object = None) -> int:
-    """Interleaved mode: prefill graph calls per engine step (see interleave.py)."""
-    value = None
-    if isinstance(additional_config, dict):
-        value = additional_config.get(PREFILL_CHUNK_BUDGET_KEY)
+def _additional(additional_config: object, key: str, env: str) -> object:
+    value = additional_config.get(key) if isinstance(additional_config, dict) else None
+    return (os.environ.get(env) or None) if value is None else value
+
+
+def interleave_budget_options(additional_config: object = None) -> list[str]:
+    """The interleaved-mode step budget options that are set (variable names)."""
+    options = ((PREFILL_CHUNK_BUDGET_KEY, PREFILL_CHUNK_BUDGET_ENV), (PREFILL_TARGET_ITL_KEY, PREFILL_TARGET_ITL_ENV))
+    return [env for key, env in options if _additional(additional_config, key, env) is not None]
+
+
+def prefill_chunk_budget(additional_config: object = None) -> int | None:
+    """Interleaved mode: a fixed number of prefill graph calls per engine step (see interleave.py); None: unset, the
+    latency target decides."""
+    value = _additional(additional_config, PREFILL_CHUNK_BUDGET_KEY, PREFILL_CHUNK_BUDGET_ENV)
     if value is None:
-        value = os.environ.get(PREFILL_CHUNK_BUDGET_ENV) or DEFAULT_PREFILL_CHUNK_BUDGET
+        return None
     try:
         budget = int(str(value).strip())
     except ValueError:
@@ -141,6 +155,30 @@ def prefill_chunk_budget(additional_config: object = None) -> int:
             f"{PREFILL_CHUNK_BUDGET_KEY!r}) to a whole number of chunk calls per step, 1 or more"
         )
     return budget
+
+
+def prefill_target_itl(additional_config: object = None) -> float | None:
+    """Interleaved mode: the step time in seconds the prefill calls are fitted into (step_time.py); None: unset, the
+    default (a decode step plus one chunk call)."""
+    value = _additional(additional_config, PREFILL_TARGET_ITL_KEY, PREFILL_TARGET_ITL_ENV)
+    if value is None:
+        return None
+    try:
+        milliseconds = float(str(value).strip())
+    except ValueError:
+        milliseconds = 0.0
+    if not milliseconds > 0 or milliseconds == float("inf"):
+        raise ValueError(
+            f"prefill target ITL {value!r} is not allowed: set {PREFILL_TARGET_ITL_ENV} (or additional_config "
+            f"{PREFILL_TARGET_ITL_KEY!r}) to a step time in milliseconds above 0"
+        )
+    if prefill_chunk_budget(additional_config) is not None:
+        raise ValueError(
+            f"{PREFILL_TARGET_ITL_ENV} and {PREFILL_CHUNK_BUDGET_ENV} both set how much prompt a step prefills: set "
+            f"the latency target ({PREFILL_TARGET_ITL_ENV} / {PREFILL_TARGET_ITL_KEY!r}) or the fixed number of chunk "
+            f"calls ({PREFILL_CHUNK_BUDGET_ENV} / {PREFILL_CHUNK_BUDGET_KEY!r}), not both"
+        )
+    return milliseconds / 1000
 
 
 def serves_on_neuron() -> bool:

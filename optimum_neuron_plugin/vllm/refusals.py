@@ -17,7 +17,7 @@ from vllm.config import VllmConfig
 from ..config import NeuronConfig
 from .data_parallel import data_parallel_problems
 from .fitted import Fitted
-from .options import PREFILL_MODE_ENV, PrefillMode
+from .options import PREFILL_MODE_ENV, PrefillMode, interleave_budget_options
 from .speculation import speculation_problems
 from .user_args import UserOptions
 
@@ -99,6 +99,16 @@ def chunked_prefill(asked: Asked, fitted: Fitted) -> str | None:
         return (
             f"--no-enable-chunked-prefill contradicts {PREFILL_MODE_ENV}=interleaved (vLLM's scheduler chunks "
             f"prompts): remove it, or use {PREFILL_MODE_ENV}=serial"
+        )
+    return None
+
+
+def interleave_budget(asked: Asked, fitted: Fitted) -> str | None:
+    given = interleave_budget_options(asked.vllm_config.additional_config)
+    if asked.mode is PrefillMode.SERIAL and given:
+        return (
+            f"{' and '.join(given)} size interleaved prefill's steps, but the prefill mode is serial (whole prompts "
+            f"per step): set {PREFILL_MODE_ENV}=interleaved, or unset {' and '.join(given)}"
         )
     return None
 
@@ -277,6 +287,7 @@ RULES: tuple[Rule, ...] = (
     v2_model_runner,
     async_scheduling,
     chunked_prefill,
+    interleave_budget,
     executor,
     worker_cls,
     scheduler_cls,

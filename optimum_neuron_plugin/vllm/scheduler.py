@@ -9,8 +9,9 @@ other request keeps running and later requests are served. Without this, vLLM 0.
 worker exception as a dead engine: every in-flight request fails and `vllm serve` exits with status 0.
 
 Interleaved prefill (prefill_mode=interleaved): before each step the scheduler plans which prompts
-get which slice (interleave.py: whole chunks, a budget in chunk calls, shortest remaining first
-with aging), then lets vLLM's own schedule() run with two nudges: planned waiting requests move
+get which slice (interleave.py: whole chunks, as many chunk calls as fit the latency target (step_time.py, from the
+graph latencies the runner measures at warm-up and reports with its first output) or a fixed number, shortest
+remaining first with aging), then lets vLLM's own schedule() run with two nudges: planned waiting requests move
 to the front of the FCFS queue, and every prefilling request's slice is capped to its plan in
 _reserve_prefill_lookahead, the per-request hook vLLM 0.32 calls on the final slice size of
 running and waiting requests alike (a 0 makes vLLM skip the request this step). vLLM keeps its
@@ -20,7 +21,7 @@ plan (engine_config sets max_num_batched_tokens), so decodes are never cut.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
@@ -30,20 +31,24 @@ from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from ..artifact import load_neuron_config
+from ..runtime.latency import GraphLatencies
 from .interleave import Candidate, InterleavePolicy, plan_slices
 from .kv_events import block_hasher, hash_blocks, prefix_of, publish
 from .log import get_logger
-from .options import PrefillMode, prefill_chunk_budget, prefill_mode, prefix_caching
+from .options import PrefillMode, prefill_chunk_budget, prefill_mode, prefill_target_itl, prefix_caching
 from .prefix_cache import PrefixCache, PrefixCopy
+from .step_time import StepTimeModel
 
 logger = get_logger(__name__)
 
 
 @dataclass
 class NeuronRunnerOutput(ModelRunnerOutput):
-    """vLLM's step output plus the requests whose graph call raised (they sampled nothing)."""
+    """vLLM's step output plus the requests whose graph call raised (they sampled nothing), and with the first step
+    of an interleaved engine the graph latencies measured at warm-up (step_time.py)."""
 
     failed_req_ids: list[str] = field(default_factory=list)
+    graph_latencies: GraphLatencies | None = None
 
 
 @dataclass
@@ -98,9 +103,14 @@ class NeuronScheduler(Scheduler):
         self._hasher = block_hasher(block_size, vllm_config.cache_config.prefix_caching_hash_algo) if enabled else None
         self._claims: dict[str, int] = {}  # this step's claims while super().schedule() runs: req_id -> hit
         self.interleave: InterleavePolicy | None = None
+        self.step_time: StepTimeModel | None = None  # latency target: set from the runner's first output
         if prefill_mode(vllm_config.additional_config) is PrefillMode.INTERLEAVED:
+            self.neuron_config = neuron_config
+            self._target_itl = prefill_target_itl(vllm_config.additional_config)
+            self._fixed_budget = prefill_chunk_budget(vllm_config.additional_config)
+            chunk = neuron_config.prefill_length
             self.interleave = InterleavePolicy(
-                chunk=neuron_config.prefill_length, chunk_budget=prefill_chunk_budget(vllm_config.additional_config)
+                chunk=chunk, chunk_budget=self._fixed_budget or -(-self.max_num_scheduled_tokens // chunk)
             )
         self._passes: dict[str, int] = {}  # aging: prefilling steps that passed a request over
         self._slices: dict[str, int] | None = None  # this step's plan while super().schedule() runs
@@ -124,11 +134,17 @@ class NeuronScheduler(Scheduler):
         running = [r for r in self.running if prompt_tokens_left(r) > 0]
         waiting = self._admittable_waiting()
         candidates = [
-            Candidate(r.request_id, self._tokens_to_prefill(r), self._passes.get(r.request_id, 0), r.arrival_time)
+            Candidate(r.request_id, left, r.num_tokens - left, self._passes.get(r.request_id, 0), r.arrival_time)
             for r in running + waiting
+            for left in [self._tokens_to_prefill(r)]
         ]
-        decodes = len(self.running) - len(running)
-        plan = plan_slices(candidates, self.interleave, self.max_num_scheduled_tokens - decodes)
+        decodes = [r.num_computed_tokens for r in self.running if prompt_tokens_left(r) == 0]
+        policy, time = self.interleave, None
+        if self.step_time is not None:
+            time = self.step_time.step(decodes)
+        elif self._fixed_budget is None:  # the latency target before the runner's latencies arrive: one call
+            policy = replace(policy, chunk_budget=1)
+        plan = plan_slices(candidates, policy, self.max_num_scheduled_tokens - len(decodes), time)
         self._move_to_front([r for r in waiting if r.request_id in plan])
         self._slices = {c.req_id: plan.get(c.req_id, 0) for c in candidates}
         try:
@@ -167,6 +183,17 @@ class NeuronScheduler(Scheduler):
             return num_new_tokens  # a decode
         # A prefill the plan did not choose (e.g. a request that became ready during this step) waits.
         return min(num_new_tokens, self._slices.get(request.request_id, 0))
+
+    def _use_latencies(self, latencies: GraphLatencies) -> None:
+        self.step_time = StepTimeModel(self.neuron_config, latencies, self._target_itl)
+        model = self.step_time
+        logger.info(
+            "interleaved prefill: steps fit a target of %.0f ms (%s; a decode of %d rows %.0f ms, a chunk call %.0f "
+            "ms, at the smallest bucket)",
+            model.target * 1000, "ONP_PREFILL_TARGET_ITL_MS" if self._target_itl else "default: a decode plus a chunk",
+            self.neuron_config.batch_size, model.decode_seconds([0] * self.neuron_config.batch_size) * 1000,
+            model.chunk_seconds(0, self.neuron_config.prefill_length) * 1000,
+        )  # fmt: skip
 
     # ---- cache slots and prefix caching ---------------------------------------------------------
 
@@ -223,6 +250,9 @@ class NeuronScheduler(Scheduler):
 
     def update_from_output(self, scheduler_output, model_runner_output: ModelRunnerOutput):
         failed = getattr(model_runner_output, "failed_req_ids", None)
+        latencies = getattr(model_runner_output, "graph_latencies", None)
+        if latencies is not None and self.interleave is not None and self._fixed_budget is None:
+            self._use_latencies(latencies)
         # Before vLLM finishes the requests that stopped: what this step's successful calls wrote.
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)  # None: aborted while the step ran (its slot is already released)

@@ -15,10 +15,11 @@ from itertools import count
 import pytest
 from support.engine import close_llm, make_llm
 from support.references import hf_greedy
-from support.served import BATCH_SIZE, CHUNK, prompt_of
+from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
 
 from optimum_neuron_plugin.vllm.interleave import DEFAULT_MAX_PASSES
-from optimum_neuron_plugin.vllm.options import prefill_chunk_budget
+from optimum_neuron_plugin.vllm.options import prefill_chunk_budget, prefill_target_itl
+from optimum_neuron_plugin.vllm.step_time import measured_kind
 
 _arrivals = count()
 
@@ -66,9 +67,10 @@ def add(scheduler, req_id: str, prompt_len: int, max_tokens: int = 4) -> None:
     scheduler.add_request(request)
 
 
-def step(scheduler) -> dict[str, int]:
-    """One engine step: tokens scheduled per request; requests whose prompt is complete sample token 7."""
-    from vllm.v1.outputs import ModelRunnerOutput
+def step(scheduler, latencies=None) -> dict[str, int]:
+    """One engine step: tokens scheduled per request; requests whose prompt is complete sample token 7. latencies:
+    the graph latencies the runner reports (with its first output)."""
+    from optimum_neuron_plugin.vllm.scheduler import NeuronRunnerOutput
 
     output = scheduler.schedule()
     scheduled = dict(output.num_scheduled_tokens)
@@ -77,8 +79,11 @@ def step(scheduler) -> dict[str, int]:
     for req_id in req_ids:
         request = scheduler.requests[req_id]
         sampled.append([7] if request.num_computed_tokens >= request.num_tokens else [])
-    runner_output = ModelRunnerOutput(
-        req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)}, sampled_token_ids=sampled
+    runner_output = NeuronRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+        graph_latencies=latencies,
     )
     scheduler.update_from_output(output, runner_output)
     return scheduled
@@ -100,9 +105,11 @@ def test_the_plugin_configures_its_scheduler(chunked_dir):
 
     scheduler = make_scheduler(chunked_dir)
     assert isinstance(scheduler, NeuronScheduler) and isinstance(scheduler, Scheduler)
-    assert scheduler.interleave.chunk == CHUNK and scheduler.interleave.chunk_budget == 2
-    # The token budget holds the chunk budget next to a decode for every slot.
-    assert scheduler.max_num_scheduled_tokens == 2 * CHUNK + BATCH_SIZE
+    assert scheduler.interleave.chunk == CHUNK
+    # Under the latency target the token budget holds a full-length prompt next to a decode for every slot.
+    assert scheduler.max_num_scheduled_tokens == math.ceil(SEQUENCE_LENGTH / CHUNK) * CHUNK + BATCH_SIZE
+    # A fixed budget: that many chunk calls.
+    assert make_scheduler(chunked_dir, prefill_chunk_budget=2).max_num_scheduled_tokens == 2 * CHUNK + BATCH_SIZE
 
 
 def test_slices_are_whole_chunks_except_the_last(scheduler):
@@ -146,7 +153,8 @@ def test_the_budget_counts_chunk_calls_and_decodes_come_first(chunked_dir, budge
     assert steps == math.ceil(11 / budget)
 
 
-def test_a_short_prompt_overtakes_a_long_one_in_progress(scheduler):
+def test_a_short_prompt_overtakes_a_long_one_in_progress(chunked_dir):
+    scheduler = make_scheduler(chunked_dir, prefill_chunk_budget=2)
     add(scheduler, "long", 6 * CHUNK)
     assert step(scheduler) == {"long": 2 * CHUNK}
     add(scheduler, "short", 5)
@@ -183,7 +191,7 @@ def test_aging_bounds_how_long_a_prompt_is_passed_over(chunked_dir):
 
 def test_prefill_chunk_budget_option(monkeypatch, chunked_dir):
     monkeypatch.delenv("ONP_PREFILL_CHUNK_BUDGET", raising=False)
-    assert prefill_chunk_budget({}) == 2
+    assert prefill_chunk_budget({}) is None  # the latency target decides
     monkeypatch.setenv("ONP_PREFILL_CHUNK_BUDGET", "3")
     assert prefill_chunk_budget(None) == 3
     assert prefill_chunk_budget({"prefill_chunk_budget": 1}) == 1  # additional_config wins
@@ -192,6 +200,102 @@ def test_prefill_chunk_budget_option(monkeypatch, chunked_dir):
             prefill_chunk_budget({"prefill_chunk_budget": bad})
     config = interleaved_config(chunked_dir)
     assert config.scheduler_config.max_num_batched_tokens == 3 * CHUNK + BATCH_SIZE
+
+
+# ---- the latency target (step_time.py) ---------------------------------------------------------
+
+
+def latencies_of(model, decode: float, chunk) -> object:
+    """GraphLatencies for every graph the target reads: `decode` seconds per token_generation call, chunk(bucket)
+    seconds per one-row chunk call."""
+    from optimum_neuron_plugin.artifact import load_neuron_config
+    from optimum_neuron_plugin.graphs import TOKEN_GENERATION, graph_specs
+    from optimum_neuron_plugin.runtime.latency import GraphLatencies, graph_key
+    from optimum_neuron_plugin.vllm.step_time import measured_kind
+
+    nc = load_neuron_config(str(model))
+    specs = [s for s in graph_specs(nc, vocab_size=256) if measured_kind(nc, s.name, s.rows)]
+    return GraphLatencies({graph_key(s): decode if s.name == TOKEN_GENERATION else chunk(s.bucket) for s in specs})
+
+
+def start_decode(scheduler, latencies=None) -> None:
+    add(scheduler, "d1", 3, max_tokens=100)
+    while not scheduler.requests["d1"].num_output_tokens:
+        step(scheduler, latencies)
+
+
+def prefill_calls(scheduled: dict[str, int]) -> int:
+    return sum(calls(n) for r, n in scheduled.items() if n > 1 or r != "d1")
+
+
+def test_the_target_sets_how_many_chunk_calls_a_step_runs(chunked_dir):
+    scheduler = make_scheduler(chunked_dir, prefill_target_itl_ms=100)
+    add(scheduler, "long", 7 * CHUNK)
+    assert step(scheduler) == {"long": CHUNK}  # no latencies yet: one chunk call
+    # 10 ms decodes and 40 ms chunks: 100 ms hold the decode and two chunk calls.
+    start_decode(scheduler, latencies_of(chunked_dir, 0.010, lambda bucket: 0.040))
+    assert scheduler.step_time.target == pytest.approx(0.1)
+    scheduled = step(scheduler)
+    assert scheduled["d1"] == 1 and prefill_calls(scheduled) == 2
+
+
+def test_steps_fit_the_target_with_costs_that_grow_with_the_context(chunked_dir):
+    scheduler = make_scheduler(chunked_dir, prefill_target_itl_ms=60)
+    latencies = latencies_of(chunked_dir, 0.010, lambda bucket: 0.005 + 0.0004 * bucket)
+    step(scheduler, latencies)  # an idle step carries the latencies
+    start_decode(scheduler)
+    lengths = {"long": SEQUENCE_LENGTH - 8, "mid": 3 * CHUNK + 2}
+    for req_id, n in lengths.items():
+        add(scheduler, req_id, n)
+    model, per_step = scheduler.step_time, []
+    prefilled = dict.fromkeys(lengths, 0)
+    while prefilled != lengths:
+        decode_position = scheduler.requests["d1"].num_computed_tokens
+        scheduled = {r: n for r, n in step(scheduler).items() if r in lengths and prefilled[r] < lengths[r]}
+        costs = [
+            model.chunk_seconds(prefilled[r] + offset, lengths[r] - prefilled[r] - offset)
+            for r, n in scheduled.items()
+            for offset in range(0, n, CHUNK)
+        ]
+        allowed = 0.060 - model.decode_seconds([decode_position])
+        assert len(costs) >= 1 and (len(costs) == 1 or sum(costs) <= allowed + 1e-9), (scheduled, costs)
+        per_step.append(len(costs))
+        for r, n in scheduled.items():
+            prefilled[r] += n
+    # Chunks deep in the long prompt cost more: later steps run fewer of them.
+    assert per_step[0] > per_step[-1] >= 1
+
+
+def test_the_default_target_is_a_decode_plus_one_chunk_call(chunked_dir):
+    scheduler = make_scheduler(chunked_dir)
+    start_decode(scheduler, latencies_of(chunked_dir, 0.010, lambda bucket: 0.040))
+    assert scheduler.step_time.target == pytest.approx(0.050)
+    add(scheduler, "long", 5 * CHUNK)
+    for _ in range(5):
+        scheduled = step(scheduler)
+        assert scheduled["d1"] == 1 and prefill_calls(scheduled) == 1
+
+
+def test_a_fixed_budget_plans_that_many_calls(chunked_dir):
+    """With ONP_PREFILL_CHUNK_BUDGET the runner measures nothing and the scheduler plans the fixed count."""
+    scheduler = make_scheduler(chunked_dir, prefill_chunk_budget=3)
+    start_decode(scheduler)
+    add(scheduler, "long", 7 * CHUNK)
+    assert prefill_calls(step(scheduler)) == 3 and scheduler.step_time is None
+
+
+def test_prefill_target_itl_option(monkeypatch):
+    monkeypatch.delenv("ONP_PREFILL_CHUNK_BUDGET", raising=False)
+    monkeypatch.delenv("ONP_PREFILL_TARGET_ITL_MS", raising=False)
+    assert prefill_target_itl({}) is None
+    monkeypatch.setenv("ONP_PREFILL_TARGET_ITL_MS", "250")
+    assert prefill_target_itl(None) == pytest.approx(0.25)
+    assert prefill_target_itl({"prefill_target_itl_ms": 80}) == pytest.approx(0.08)  # additional_config wins
+    for bad in ("0", "fast", "-5", "inf"):
+        with pytest.raises(ValueError, match="ONP_PREFILL_TARGET_ITL_MS .*milliseconds above 0"):
+            prefill_target_itl({"prefill_target_itl_ms": bad})
+    with pytest.raises(ValueError, match="not both"):
+        prefill_target_itl({"prefill_chunk_budget": 2})
 
 
 # ---- end to end ---------------------------------------------------------------------------------
@@ -242,6 +346,13 @@ def test_mixed_long_and_short_traffic_equals_transformers(llm, tokenizer, tiny_h
         steps += 1
     for req_id, prompt in prompts.items():
         assert outputs[req_id] == hf_greedy(tiny_hf, prompt, NEW_TOKENS), req_id
+    # The runner measured every graph the latency target reads at warm-up; the scheduler has them.
+    core = engine.engine_core.engine_core
+    model = core.model_executor.driver_worker.worker.runner.model
+    nc = model.neuron_config
+    measured = {(s.name, s.rows, s.bucket, s.tail) for s in model.specs if measured_kind(nc, s.name, s.rows)}
+    seconds = core.scheduler.step_time.seconds
+    assert set(seconds) == measured and all(v > 0 for v in seconds.values())
     assert first_token_step["short-0"] < first_token_step["long-0"]  # overtook a long prompt in progress
     # The runner writes a request's stats when the next step tells it the request finished.
     llm.generate([{"prompt_token_ids": prompt_of(2, tokenizer)}], SamplingParams(max_tokens=1), use_tqdm=False)

@@ -1,0 +1,46 @@
+"""Graph latencies measured on the serving host: what each compiled graph call costs, for step planning.
+
+The interleaved scheduler fits a step's prompt chunks into a latency target (vllm/step_time.py) from these figures.
+Each graph is timed on its example inputs (slot 0, rewritten by the next request that uses it) after warm-up, the
+fastest of `repeats` calls: the first call of a graph pays one-time costs (program load, the CPU backend's profiling
+run) that no step pays.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from ..graphs import GraphSpec, example_inputs
+
+GraphKey = tuple[str, int, int, bool]  # (kind, rows, bucket, tail): GraphSelector's key
+
+
+def graph_key(spec: GraphSpec) -> GraphKey:
+    return spec.name, spec.rows, spec.bucket, spec.tail
+
+
+@dataclass(frozen=True)
+class GraphLatencies:
+    """Seconds of one call per graph (GraphKey)."""
+
+    seconds: dict[GraphKey, float] = field(default_factory=dict)
+
+    def of(self, spec: GraphSpec) -> float:
+        return self.seconds[graph_key(spec)]
+
+
+def measure(call: Callable[..., object], specs: Iterable[GraphSpec], repeats: int = 2) -> GraphLatencies:
+    """The fastest of `repeats` calls of each graph in `specs` on its example inputs; `call(spec, *inputs)` runs one
+    (on every tensor-parallel rank alike: the graphs' collectives need all ranks in the same order)."""
+    seconds = {}
+    for spec in specs:
+        inputs = example_inputs(spec)
+        best = float("inf")
+        for _ in range(repeats):
+            began = time.perf_counter()
+            call(spec, *inputs)
+            best = min(best, time.perf_counter() - began)
+        seconds[graph_key(spec)] = best
+    return GraphLatencies(seconds)

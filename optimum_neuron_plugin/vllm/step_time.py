@@ -1,0 +1,69 @@
+"""Interleaved prefill's latency target: how much prompt fits in one engine step (Sarathi-Serve's budget, in time).
+
+A step's time is the inter-token latency of every running stream: the decode call plus the step's prompt chunk
+calls. From the graph latencies the runner measures at warm-up (runtime/latency.py) the scheduler estimates
+
+    step = decode call (its rows, the bucket of the decodes' positions) + one one-row chunk call per prompt chunk
+           (the bucket of the chunk's start; the tail graph for a last piece that fits it)
+
+and plans chunk calls while the estimate stays within the target (interleave.plan_slices). The first chunk call of a
+step always goes, so prompts progress whatever the target. The estimate bounds what runs from above: the runner
+carries the decode inside a chunk (chunk_and_decode) and several prompts' chunks in one call where it can.
+
+The target (ONP_PREFILL_TARGET_ITL_MS) defaults to a decode step of the full batch plus one chunk call, both at the
+smallest bucket: a stream never waits more than about one chunk call for a prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..config import NeuronConfig
+from ..graphs import TOKEN_GENERATION
+from ..runtime.graph_select import chunk_tokens, graph_bucket, graph_rows
+from ..runtime.latency import GraphLatencies
+
+
+def measured_kind(nc: NeuronConfig, name: str, rows: int) -> bool:
+    """The graphs the estimate reads: every token_generation graph, and the prompt chunk graphs of one row."""
+    return name == TOKEN_GENERATION or (name == nc.prefill_graph and rows == 1)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One step's prefill allowance: `allowed` seconds of chunk calls, each costing chunk_seconds(start, left)."""
+
+    allowed: float
+    model: StepTimeModel
+
+    def chunk_seconds(self, start: int, left: int) -> float:
+        return self.model.chunk_seconds(start, left)
+
+
+class StepTimeModel:
+    def __init__(self, nc: NeuronConfig, latencies: GraphLatencies, target: float | None) -> None:
+        self.nc = nc
+        self.seconds = latencies.seconds
+        self.target = target if target is not None else self.default_target()
+
+    def default_target(self) -> float:
+        return self.decode_seconds([0] * self.nc.batch_size) + self.chunk_seconds(0, self.nc.prefill_length)
+
+    def decode_seconds(self, positions: Sequence[int]) -> float:
+        """The decode call of requests feeding tokens at `positions` (0 when there are none)."""
+        if not positions:
+            return 0.0
+        nc = self.nc
+        rows = graph_rows(nc, TOKEN_GENERATION, len(positions))
+        return self.seconds[TOKEN_GENERATION, rows, graph_bucket(nc, TOKEN_GENERATION, [], positions), False]
+
+    def chunk_seconds(self, start: int, left: int) -> float:
+        """The chunk call of a prompt at position `start` with `left` prompt tokens from there."""
+        nc = self.nc
+        kind = nc.prefill_graph
+        tail = chunk_tokens(nc, left) < nc.prefill_length
+        return self.seconds[kind, 1, graph_bucket(nc, kind, [start], [start]), tail]
+
+    def step(self, decode_positions: Sequence[int]) -> StepTime:
+        return StepTime(self.target - self.decode_seconds(decode_positions), self)
