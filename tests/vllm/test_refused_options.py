@@ -41,6 +41,17 @@ REFUSED = {
         dict(enable_chunked_prefill=False, **INTERLEAVED),
         "--no-enable-chunked-prefill contradicts ONP_PREFILL_MODE=interleaved",
     ),
+    "target-itl-serial": (
+        dict(additional_config={"prefill_target_itl_ms": 200}),
+        "ONP_PREFILL_TARGET_ITL_MS size interleaved prefill's steps, but the prefill mode is serial",
+    ),
+    "target-itl-and-chunk-budget": (
+        dict(
+            additional_config={"prefill_mode": "interleaved", "prefill_target_itl_ms": 200, "prefill_chunk_budget": 2}
+        ),
+        "set the latency target (ONP_PREFILL_TARGET_ITL_MS / 'prefill_target_itl_ms') or the fixed number of chunk "
+        "calls (ONP_PREFILL_CHUNK_BUDGET / 'prefill_chunk_budget'), not both",
+    ),
     "batched-tokens-serial": (
         dict(max_num_batched_tokens=64),
         f"max_num_batched_tokens=64 cannot hold a full-length prompt (max_model_len={SEQUENCE_LENGTH})",
