@@ -98,19 +98,24 @@ def slug(model: Path) -> str:
     return "smollm2" if model == default_model() else model.stem.lower().replace(".", "_")
 
 
+def hf_directory(model: Path) -> Path:
+    """A Hugging Face directory of the model: a directory as is, a GGUF converted once (cached)."""
+    if not model.is_file():
+        return model
+    sys.path.insert(0, str(BENCH / "tools"))
+    from convert_gguf import convert
+
+    directory = ARTIFACTS / f"{slug(model)}-hf"
+    if not (directory / "config.json").is_file():
+        convert(model, directory)
+    return directory
+
+
 def hf_model(model: Path):
-    """HF eager on the model's weights: a Hugging Face directory as is, a GGUF converted once (cached)."""
+    """HF eager on the model's weights (hf_directory)."""
     from transformers import AutoModelForCausalLM
 
-    directory = model
-    if model.is_file():
-        sys.path.insert(0, str(BENCH / "tools"))
-        from convert_gguf import convert
-
-        directory = ARTIFACTS / f"{slug(model)}-hf"
-        if not (directory / "config.json").is_file():
-            convert(model, directory)
-    return AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(hf_directory(model), dtype=torch.float32).eval()
 
 
 def alternate(ours, theirs, repeats: int, names: tuple[str, str] = ("plugin", "hf")) -> dict:

@@ -1,8 +1,8 @@
 """FP8 weights and FP8 KV cache against the fp32 model: greedy agreement, logit error, artifact size, CPU decode step.
 
-    flock /tmp/heavy.lock nice -n 5 .venv/bin/python benchmark/graph_cases/fp8_accuracy.py HF_DIR OUT_DIR [--prompts 64 --tokens 64]
+    .venv/bin/python benchmark/graphs.py fp8-accuracy [-- --model MODEL --prompts 64 --tokens 64]
 
-HF_DIR: a plain checkpoint (benchmark/tools/convert_gguf.py of SmolLM2's GGUF). Accuracy runs the decoder eagerly (the
+MODEL: a Hugging Face directory or a GGUF (converted once; default: the bundled SmolLM2). Accuracy runs the decoder eagerly (the
 graphs' own code, models/decoder.py) in batches of 8 rows: per batch the fp32 model decodes greedily, and each variant
 (FP8 weights, FP8 KV cache, both) runs (a) teacher-forced on the fp32 tokens: top-1 agreement and |logit - fp32
 logit| per step; free-running greedy decoding feeds the same tokens up to its first disagreement, so the first
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import add_out, default_model, hf_directory
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 from optimum_neuron_plugin.models import fp8
@@ -207,18 +208,19 @@ def artifacts(model_dir: str, rounds: int, max_positions: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("model")
-    parser.add_argument("out", type=Path)
+    parser.add_argument("--model", type=Path, default=None, help="HF directory or GGUF (default: the bundled SmolLM2)")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=30)
+    add_out(parser, "fp8-accuracy")
     options = parser.parse_args()
     torch.set_num_threads(2)
-    source = load_source(options.model)
+    model = str(hf_directory(options.model or default_model()))
+    source = load_source(model)
     result = {"fp8_max_weights": fp8.OCP_MAX, "kv_headroom": fp8_params.KV_HEADROOM}
     result["accuracy"] = accuracy(source.args, source.state_dict, source.tokenizer, options.prompts, options.tokens)
     print(json.dumps(result["accuracy"], indent=2), flush=True)
-    result["artifacts"] = artifacts(options.model, options.rounds, source.args.max_position_embeddings)
+    result["artifacts"] = artifacts(model, options.rounds, source.args.max_position_embeddings)
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

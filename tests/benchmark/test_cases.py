@@ -41,6 +41,7 @@ GRAPH_OUTPUTS = {
     "decode-ab": "decode_ab.md",
     "prefill-vllm": "prefill_vllm.md",
     "speculative": "results.md",
+    "fp8-accuracy": "results.json",
 }
 
 
