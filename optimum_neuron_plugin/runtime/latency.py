@@ -31,7 +31,7 @@ class GraphLatencies:
         return self.seconds[graph_key(spec)]
 
 
-def measure(call: Callable[..., object], specs: Iterable[GraphSpec], repeats: int = 2) -> GraphLatencies:
+def measure(call: Callable[..., object], specs: Iterable[GraphSpec], repeats: int = 3) -> GraphLatencies:
     """The fastest of `repeats` calls of each graph in `specs` on its example inputs; `call(spec, *inputs)` runs one
     (on every tensor-parallel rank alike: the graphs' collectives need all ranks in the same order)."""
     seconds = {}
