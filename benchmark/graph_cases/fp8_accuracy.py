@@ -76,6 +76,8 @@ def prompts(tokenizer, count: int) -> list[list[int]]:
         generator = torch.Generator().manual_seed(0)
         return [torch.randint(0, 500, (12,), generator=generator).tolist() for _ in range(count)]
     texts = [template.format(topic) for template in TEMPLATES for topic in TOPICS][:count]
+    if tokenizer.chat_template is None:  # e.g. a GGUF's tokenizer without its template: the plain text
+        return [tokenizer(t)["input_ids"] for t in texts]
     chats = [[{"role": "user", "content": t}] for t in texts]
     return [
         tokenizer(tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True))["input_ids"]
