@@ -10,8 +10,8 @@ builds vLLM's output. After the step, speculative decoding proposes the next dra
 
 The same code serves both prefill modes: in serial mode vLLM schedules whole prompts, in interleaved mode vLLM's
 scheduler hands out slices, fitted to a latency target from the graph latencies the runner measures at warm-up and
-reports with its first output (step_time.py). Prefix caching (prefix_cache.py): the scheduler names the slot of each request and the
-prefix copies of the step.
+reports with its first output (step_time.py). Prefix caching (prefix_cache.py): the scheduler names the slot of
+each request and the prefix copies of the step.
 """
 
 from __future__ import annotations
