@@ -22,6 +22,19 @@ from collections.abc import Sequence
 from ..config import NeuronConfig
 from ..graphs import CHUNK_AND_DECODE, CHUNKED_PREFILL, PREFILL_CHUNKS, TOKEN_GENERATION, VERIFY, GraphSpec
 
+GraphKey = tuple[str, int, int, bool]  # (kind, compiled rows, bucket, tail)
+
+
+def spec_key(spec: GraphSpec) -> GraphKey:
+    return spec.name, spec.rows, spec.bucket, spec.tail
+
+
+def call_key(
+    nc: NeuronConfig, kind: str, rows: int, starts: Sequence[int], lasts: Sequence[int], tail: bool = False
+) -> GraphKey:
+    """The key of the graph that runs a call of `kind` (GraphSelector.select's rule, on the shapes alone)."""
+    return kind, graph_rows(nc, kind, rows), graph_bucket(nc, kind, starts, lasts), tail
+
 
 class GraphSelector:
     """The graphs of an export by the calls they run."""
@@ -29,15 +42,14 @@ class GraphSelector:
     def __init__(self, neuron_config: NeuronConfig, specs: Sequence[GraphSpec]) -> None:
         self.neuron_config = neuron_config
         self.kinds = {spec.name for spec in specs}
-        self._by_shape = {(spec.name, spec.rows, spec.bucket, spec.tail): spec for spec in specs}
+        self._by_shape = {spec_key(spec): spec for spec in specs}
 
     def select(
         self, kind: str, rows: int, starts: Sequence[int], lasts: Sequence[int], tail: bool = False
     ) -> GraphSpec:
         """The graph of `kind` that runs a call of `rows` rows starting at positions `starts` (prompt chunks) and
         ending at `lasts`; tail: the prefill_tail_size-token chunk graph (chunk_tokens)."""
-        nc = self.neuron_config
-        return self._by_shape[kind, graph_rows(nc, kind, rows), graph_bucket(nc, kind, starts, lasts), tail]
+        return self._by_shape[call_key(self.neuron_config, kind, rows, starts, lasts, tail)]
 
     def riding_chunk(self, num_tokens: int, start: int, decode_lasts: Sequence[int]) -> int | None:
         """riding_chunk(); None when the export has no chunk_and_decode graphs (the prompt and the decode run apart)."""

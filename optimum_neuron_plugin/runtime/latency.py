@@ -13,22 +13,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..graphs import GraphSpec, example_inputs
-
-GraphKey = tuple[str, int, int, bool]  # (kind, rows, bucket, tail): GraphSelector's key
-
-
-def graph_key(spec: GraphSpec) -> GraphKey:
-    return spec.name, spec.rows, spec.bucket, spec.tail
+from .graph_select import GraphKey, spec_key
 
 
 @dataclass(frozen=True)
 class GraphLatencies:
-    """Seconds of one call per graph (GraphKey)."""
+    """Seconds of one call per graph (graph_select.GraphKey)."""
 
     seconds: dict[GraphKey, float] = field(default_factory=dict)
 
     def of(self, spec: GraphSpec) -> float:
-        return self.seconds[graph_key(spec)]
+        return self.seconds[spec_key(spec)]
 
 
 def measure(call: Callable[..., object], specs: Iterable[GraphSpec], repeats: int = 3) -> GraphLatencies:
@@ -42,5 +37,5 @@ def measure(call: Callable[..., object], specs: Iterable[GraphSpec], repeats: in
             began = time.perf_counter()
             call(spec, *inputs)
             best = min(best, time.perf_counter() - began)
-        seconds[graph_key(spec)] = best
+        seconds[spec_key(spec)] = best
     return GraphLatencies(seconds)

@@ -34,7 +34,6 @@ from .options import (
     PrefillMode,
     prefill_chunk_budget,
     prefill_mode,
-    prefill_target_itl,
 )
 from .refusals import SCHEDULER_CLS, WORKER_CLS, Asked
 from .speculation import num_speculative_tokens
@@ -154,7 +153,6 @@ def _token_budget(asked: Asked, max_model_len: int, max_num_seqs: int) -> tuple[
     else:
         # Room for the step's prefill budget next to every decode (NeuronScheduler plans the slices in chunk calls,
         # interleave.py): the fixed number of calls, or, under the latency target, a full-length prompt.
-        prefill_target_itl(vllm_config.additional_config)  # refuses a bad target, or one set with a fixed budget
         fixed = prefill_chunk_budget(vllm_config.additional_config)
         calls = fixed or -(-max_model_len // artifact.prefill_length)
         tokens = calls * artifact.prefill_length + max_num_seqs

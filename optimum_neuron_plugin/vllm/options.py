@@ -85,11 +85,7 @@ def plugin_enabled() -> bool:
 
 
 def prefill_mode(additional_config: object = None) -> PrefillMode:
-    value = None
-    if isinstance(additional_config, dict):
-        value = additional_config.get(PREFILL_MODE_KEY)
-    if value is None:
-        value = os.environ.get(PREFILL_MODE_ENV) or PrefillMode.SERIAL.value
+    value = _additional(additional_config, PREFILL_MODE_KEY, PREFILL_MODE_ENV) or PrefillMode.SERIAL.value
     try:
         return PrefillMode(str(value).strip().lower())
     except ValueError:

@@ -17,7 +17,7 @@ from vllm.config import VllmConfig
 from ..config import NeuronConfig
 from .data_parallel import data_parallel_problems
 from .fitted import Fitted
-from .options import PREFILL_MODE_ENV, PrefillMode, interleave_budget_options
+from .options import PREFILL_MODE_ENV, PrefillMode, interleave_budget_options, prefill_target_itl
 from .speculation import speculation_problems
 from .user_args import UserOptions
 
@@ -104,12 +104,17 @@ def chunked_prefill(asked: Asked, fitted: Fitted) -> str | None:
 
 
 def interleave_budget(asked: Asked, fitted: Fitted) -> str | None:
-    given = interleave_budget_options(asked.vllm_config.additional_config)
+    extra = asked.vllm_config.additional_config
+    given = interleave_budget_options(extra)
     if asked.mode is PrefillMode.SERIAL and given:
         return (
             f"{' and '.join(given)} size interleaved prefill's steps, but the prefill mode is serial (whole prompts "
             f"per step): set {PREFILL_MODE_ENV}=interleaved, or unset {' and '.join(given)}"
         )
+    try:
+        prefill_target_itl(extra)  # a target that is not a step time, or one set with a fixed budget
+    except ValueError as error:
+        return str(error)
     return None
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ..config import NeuronConfig
 from ..graphs import TOKEN_GENERATION
-from ..runtime.graph_select import chunk_tokens, graph_bucket, graph_rows
+from ..runtime.graph_select import call_key, chunk_tokens
 from ..runtime.latency import GraphLatencies
 
 
@@ -54,16 +54,13 @@ class StepTimeModel:
         """The decode call of requests feeding tokens at `positions` (0 when there are none)."""
         if not positions:
             return 0.0
-        nc = self.nc
-        rows = graph_rows(nc, TOKEN_GENERATION, len(positions))
-        return self.seconds[TOKEN_GENERATION, rows, graph_bucket(nc, TOKEN_GENERATION, [], positions), False]
+        return self.seconds[call_key(self.nc, TOKEN_GENERATION, len(positions), [], positions)]
 
     def chunk_seconds(self, start: int, left: int) -> float:
         """The chunk call of a prompt at position `start` with `left` prompt tokens from there."""
         nc = self.nc
-        kind = nc.prefill_graph
         tail = chunk_tokens(nc, left) < nc.prefill_length
-        return self.seconds[kind, 1, graph_bucket(nc, kind, [start], [start]), tail]
+        return self.seconds[call_key(nc, nc.prefill_graph, 1, [start], [start], tail)]
 
     def step(self, decode_positions: Sequence[int]) -> StepTime:
         return StepTime(self.target - self.decode_seconds(decode_positions), self)

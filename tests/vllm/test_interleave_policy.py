@@ -210,12 +210,13 @@ def latencies_of(model, decode: float, chunk) -> object:
     seconds per one-row chunk call."""
     from optimum_neuron_plugin.artifact import load_neuron_config
     from optimum_neuron_plugin.graphs import TOKEN_GENERATION, graph_specs
-    from optimum_neuron_plugin.runtime.latency import GraphLatencies, graph_key
+    from optimum_neuron_plugin.runtime.graph_select import spec_key
+    from optimum_neuron_plugin.runtime.latency import GraphLatencies
     from optimum_neuron_plugin.vllm.step_time import measured_kind
 
     nc = load_neuron_config(str(model))
     specs = [s for s in graph_specs(nc, vocab_size=256) if measured_kind(nc, s.name, s.rows)]
-    return GraphLatencies({graph_key(s): decode if s.name == TOKEN_GENERATION else chunk(s.bucket) for s in specs})
+    return GraphLatencies({spec_key(s): decode if s.name == TOKEN_GENERATION else chunk(s.bucket) for s in specs})
 
 
 def start_decode(scheduler, latencies=None) -> None:

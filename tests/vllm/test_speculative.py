@@ -18,7 +18,8 @@ from support.references import hf_greedy
 from support.served import SEQUENCE_LENGTH, SPECULATIVE_TOKENS, prompt_of
 
 from optimum_neuron_plugin.graphs import TOKEN_GENERATION, VERIFY
-from optimum_neuron_plugin.runtime.latency import GraphLatencies, graph_key
+from optimum_neuron_plugin.runtime.graph_select import spec_key
+from optimum_neuron_plugin.runtime.latency import GraphLatencies
 from optimum_neuron_plugin.vllm.draft_gate import MIN_ACCEPTANCE_ENV, DraftGate
 from optimum_neuron_plugin.vllm.verify_cost import NextRow, PooledRate, VerifyCosts
 
@@ -308,7 +309,7 @@ def priced_runner(llm):
 def priced(model, decode: dict[int, float], verify: dict[int, float]) -> VerifyCosts:
     """Seconds per call of every token_generation / verify graph by its rows (all context buckets alike)."""
     prices = {TOKEN_GENERATION: decode, VERIFY: verify}
-    return VerifyCosts(GraphLatencies({graph_key(s): prices[s.name][s.rows] for s in model.specs if s.name in prices}))
+    return VerifyCosts(GraphLatencies({spec_key(s): prices[s.name][s.rows] for s in model.specs if s.name in prices}))
 
 
 def test_drafts_pay_when_their_expected_tokens_outrun_the_verify_calls_cost(priced_runner):
@@ -366,5 +367,5 @@ def test_startup_times_every_decode_and_verify_graph(llm, priced_runner):
     measured = VerifyCosts.measure(model).latencies.seconds
     llm.reset_prefix_cache()
     wanted = {s for s in model.specs if s.name in (TOKEN_GENERATION, VERIFY)}
-    assert set(measured) == {graph_key(s) for s in wanted} and {s.rows for s in wanted} == {1, 4}
+    assert set(measured) == {spec_key(s) for s in wanted} and {s.rows for s in wanted} == {1, 4}
     assert all(0 < seconds < 10 for seconds in measured.values())
