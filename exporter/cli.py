@@ -17,9 +17,12 @@ DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # TorchNeuron's targets; NeuronConfig explains why inf2/trn1 are refused.
 INSTANCE_TYPES = ("trn2", "trn3")
 BACKENDS = ("auto", "neuron", "cpu")
-# Sequence lengths above this get chunked prefill by default, with chunks of this many tokens.
-AUTO_CHUNK_THRESHOLD = 1024
-AUTO_CHUNK_SIZE = 1024
+# Sequence lengths above the chunk size get chunked prefill by default, with chunks of this many tokens (below it, one
+# context_encoding graph of the whole sequence). On the CPU backend a prompt's prefill costs per token 1.45x one pass
+# over it in 128-token chunks, 1.19x in 256 and 1.18x in 512 (2 threads,
+# benchmark/results/20261128-prefill-widths-2-threads): 256 rows fill the cores' products, and a longer chunk only
+# stalls the decodes of its step longer. On Neuron, fewer and larger graphs: 1024.
+AUTO_CHUNK_SIZES = {"neuron": 1024, "cpu": 256}
 DEFAULT_MAX_TOPK = 256
 DEFAULT_MAX_LOGIT_BIAS = 32  # NeuronConfig.max_logit_bias
 
@@ -92,8 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="C",
         type=int,
         default=None,
-        help=f"tokens per prefill graph call; 0 disables chunking (one sequence-length context_encoding graph). "
-        f"Default: {AUTO_CHUNK_SIZE} when the sequence length exceeds {AUTO_CHUNK_THRESHOLD}, else 0",
+        help="tokens per prefill graph call; 0 disables chunking (one sequence-length context_encoding graph). "
+        f"Default: {AUTO_CHUNK_SIZES['neuron']} on the neuron backend, {AUTO_CHUNK_SIZES['cpu']} on the cpu backend, "
+        "when the sequence length exceeds it, else 0",
     )
     optional.add_argument(
         *_spellings("prefill-batch-size"),
@@ -310,10 +314,11 @@ _prefill_buckets = _int_list("0,512,1024,2048", "lengths")
 _row_counts = _int_list("1,4", "row counts")
 
 
-def resolve_chunk_size(prefill_chunk_size: int | None, sequence_length: int) -> int:
+def resolve_chunk_size(prefill_chunk_size: int | None, sequence_length: int, backend: str) -> int:
     if prefill_chunk_size is not None:
         return prefill_chunk_size
-    return AUTO_CHUNK_SIZE if sequence_length > AUTO_CHUNK_THRESHOLD else 0
+    chunk = AUTO_CHUNK_SIZES[backend]
+    return chunk if sequence_length > chunk else 0
 
 
 def resolve_dtype(torch_dtype: str | None, backend: str) -> str:
@@ -343,7 +348,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
     config = NeuronConfig(
         batch_size=args.batch_size,
         sequence_length=args.sequence_length,
-        prefill_chunk_size=resolve_chunk_size(args.prefill_chunk_size, args.sequence_length),
+        prefill_chunk_size=resolve_chunk_size(args.prefill_chunk_size, args.sequence_length, backend),
         tp_degree=args.tensor_parallel_size,
         torch_dtype=resolve_dtype(args.torch_dtype, backend),
         on_device_sampling=args.on_device_sampling,

@@ -44,12 +44,22 @@ def test_on_device_sampling_flags():
 
 
 @pytest.mark.parametrize(
-    ("sequence_length", "chunk", "expected"),
-    [(64, None, 0), (1024, None, 0), (1025, None, 1024), (4096, None, 1024), (4096, 512, 512), (4096, 0, 0)],
+    ("backend", "sequence_length", "chunk", "expected"),
+    [
+        ("neuron", 64, None, 0),
+        ("neuron", 1024, None, 0),
+        ("neuron", 1025, None, 1024),
+        ("neuron", 4096, None, 1024),
+        ("cpu", 256, None, 0),
+        ("cpu", 257, None, 256),
+        ("cpu", 4096, None, 256),
+        ("cpu", 4096, 512, 512),
+        ("neuron", 4096, 0, 0),
+    ],
 )
-def test_automatic_chunk_size(sequence_length, chunk, expected):
-    assert resolve_chunk_size(chunk, sequence_length) == expected
-    argv = ["--model", "m", "--batch-size", "1", "--sequence-length", str(sequence_length), "--backend", "cpu", "o"]
+def test_automatic_chunk_size(backend, sequence_length, chunk, expected):
+    assert resolve_chunk_size(chunk, sequence_length, backend) == expected
+    argv = ["--model", "m", "--batch-size", "1", "--sequence-length", str(sequence_length), "--backend", backend, "o"]
     if chunk is not None:
         argv[:0] = ["--prefill-chunk-size", str(chunk)]
     assert request_from_args(parse(*argv)).neuron_config.prefill_chunk_size == expected
