@@ -23,10 +23,8 @@ fi
 EXPORT_SOURCE=${EXPORT_SOURCE:-hf}
 BATCH_SIZE=${BATCH_SIZE:-4}
 SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-512}
-# Tokens per prefill call of the chunked configurations. 256 on the CPU backend: with 2 threads a prompt's prefill
-# costs 1.45x one pass over it per token in 128-token chunks, 1.19x in 256, 1.18x in 512
-# (results/20261128-prefill-widths-2-threads): oneDNN's products need ~256 rows to fill both cores, and a chunk
-# twice that long stalls the decodes of its step twice as long for no gain.
+# Tokens per prefill call of the chunked configurations: the CPU backend's default chunk (exporter/cli.py,
+# AUTO_CHUNK_SIZES, says why).
 CHUNK_SIZE=${CHUNK_SIZE:-256}
 # Chunked configurations: prompts prefilled together per call (--prefill-batch-size; 1 = one prompt per call).
 # Default: up to 4, at most the batch size (one graph per count 2..P and bucket: more is more to compile).
