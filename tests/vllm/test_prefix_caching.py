@@ -225,8 +225,11 @@ def test_a_seeded_sampled_request_samples_the_same_with_a_hit(engine, chunked_di
 
 @pytest.fixture(scope="module")
 def interleaved(chunked_dir, vllm_root):
+    # A fixed budget of two chunk calls per step: the latency target's budget follows the host's measured speed.
     served = Engine(
-        chunked_dir, vllm_root / "prefix-interleaved.jsonl", additional_config={"prefill_mode": "interleaved"}
+        chunked_dir,
+        vllm_root / "prefix-interleaved.jsonl",
+        additional_config={"prefill_mode": "interleaved", "prefill_chunk_budget": 2},
     )
     yield served
     served.close()
@@ -238,7 +241,7 @@ def test_an_aborted_prefill_is_a_hit_only_for_what_it_wrote(interleaved, tokeniz
     engine = interleaved.llm.llm_engine
     prompt = prompt_of(6 * CHUNK + 4, tokenizer, offset=3)
     engine.add_request("aborted", {"prompt_token_ids": prompt}, greedy(output_kind=RequestOutputKind.DELTA))
-    engine.step()  # the first slice: two chunk calls (the default budget per step)
+    engine.step()  # the first slice: two chunk calls (the fixture's budget per step)
     engine.abort_request(["aborted"])
     while engine.has_unfinished_requests():
         engine.step()
