@@ -140,9 +140,10 @@ class DecoderGraph(nn.Module):
     def __init__(self, args: ModelArgs, spec: GraphSpec, max_topk: int, cc: Collectives = SINGLE) -> None:
         super().__init__()
         self.args, self.spec, self.max_topk, self.cc = args, spec, max_topk, cc
-        # Prompt chunks attend through the op onp::chunk_attention, whose kernel a backend registers: set by the
-        # backend that exports the graph (the CPU backend's programs), else the masked form every compiler takes.
-        self.chunk_op = False
+        # Attention runs through the ops onp::chunk_attention and onp::decode_attention, whose kernels a backend
+        # registers: set by the backend that exports the graph (the CPU backend's programs), else the masked forms
+        # every compiler takes.
+        self.attention_ops = False
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=True)
         self.register_buffer("sliding_inv_freq", rope_inv_freq(args, sliding=True), persistent=True)
 
@@ -155,7 +156,7 @@ class DecoderGraph(nn.Module):
         every = self.spec.name in (VERIFY, PROMPT_LOGITS)
         logits = groups_logits(
             self.args, params, caches, self.inv_freq, groups, self.spec.bucket, self.cc, self.sliding_inv_freq, chunks,
-            every_column=every, chunk_op=self.chunk_op,
+            every_column=every, attention_ops=self.attention_ops,
         )  # fmt: skip
         if self.spec.name == VERIFY:
             return self._whole(logits).view(self.spec.rows, self.spec.tokens, -1)

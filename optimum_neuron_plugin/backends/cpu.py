@@ -38,9 +38,9 @@ class ProgramFormat:
     description: str
     save: Callable[[torch.export.ExportedProgram, Path], None]
     load: Callable[[Path], Callable]
-    # Prompt chunks attend through the op whose CPU kernel reads only the keys they attend (cpu_attention.py); an
-    # AOTInductor package keeps the masked form, which it compiles to C++.
-    chunk_op: bool
+    # Attention runs through the ops whose CPU kernels read only the keys a call attends (cpu_attention.py); an
+    # AOTInductor package keeps the masked forms, which it compiles to C++.
+    attention_ops: bool
 
 
 def _save_aoti(program: torch.export.ExportedProgram, path: Path) -> None:
@@ -51,9 +51,13 @@ def _save_aoti(program: torch.export.ExportedProgram, path: Path) -> None:
 
 FORMATS = {
     "inductor": ProgramFormat(
-        ".aoti.pt2", "AOTInductor", _save_aoti, lambda p: torch._inductor.aoti_load_package(str(p)), chunk_op=False
+        ".aoti.pt2",
+        "AOTInductor",
+        _save_aoti,
+        lambda p: torch._inductor.aoti_load_package(str(p)),
+        attention_ops=False,
     ),
-    "export": ProgramFormat(".pt2", "torch.export", save_program, load_program, chunk_op=True),
+    "export": ProgramFormat(".pt2", "torch.export", save_program, load_program, attention_ops=True),
 }
 
 
@@ -111,7 +115,7 @@ class CpuBackend:
         params, caches = state
         path = self.graph_path(directory, graph.spec)
         path.parent.mkdir(parents=True, exist_ok=True)
-        graph.chunk_op = self.format.chunk_op
+        graph.attention_ops = self.format.attention_ops
         with torch.no_grad(), _without_stack_traces():
             program = torch.export.export(graph, (params, caches, *example_inputs(graph.spec)), strict=False)
         self.format.save(program, path)

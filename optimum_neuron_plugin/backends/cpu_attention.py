@@ -1,6 +1,13 @@
-"""The CPU kernel of the chunk attention op (`onp::chunk_attention`, models/attention.py): the same function as its
-masked definition, computed over the keys the mask leaves and nothing else.
+"""The CPU kernels of the attention ops (models/attention.py): the same functions as their masked definitions,
+computed over the keys the mask leaves and nothing else.
 
+`onp::decode_attention` (decode rows on the cache in place): the definition attends the whole context bucket, where
+every key past a row's last position is masked for every one of its queries; the kernel (C++,
+csrc/decode_attention.cpp) reads each call row's cache positions [0, its last + 1) in place, under those columns of
+the bias. A masked key weighs exactly 0 (exp of the -1e9 fill underflows in fp32), so the result changes by the
+rounding of a shorter sum only.
+
+`onp::chunk_attention` (prompt chunks):
 The masked form runs PyTorch's CPU flash kernel over [the whole prior bucket | the own block] under the chunk's
 bias: a masked key costs what a live one does, and adding the bias to every score costs more (docs/attention-split.md).
 Here each row runs two flash calls: its prior, cache positions [low, start) read in place (a view of the cache,
@@ -18,9 +25,12 @@ from __future__ import annotations
 
 import torch
 
-from ..models.attention import chunk_attention
+from ..models.attention import chunk_attention, decode_attention
+from . import cpu_kernels
 
+cpu_kernels.load()
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_decode = torch.ops.onp_cpu.decode_attention.default
 
 
 def chunk_attention_cpu(
@@ -83,4 +93,18 @@ def _own_causal(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return out.view(1, kv_heads, rows, dim), lse.reshape(1, kv_heads, rows)
 
 
+def decode_attention_cpu(
+    q: torch.Tensor,
+    bias: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_ids: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    return _decode(q, bias, k_cache, v_cache, seq_ids, positions, scale, sinks)
+
+
 chunk_attention.register_kernel("cpu")(chunk_attention_cpu)
+decode_attention.register_kernel("cpu")(decode_attention_cpu)

@@ -7,10 +7,12 @@
   log-sum-exp, block by block, without materialising the scores (an explicit merge of two materialised
   softmaxes measured 2.5-4.8x slower on CPU, docs/attention-split.md).
 
-A chunk's attention is one op, `onp::chunk_attention`, whose definition below is the masked form: the form every
+A chunk's attention is one op, `onp::chunk_attention`, and so is the attention of decode rows on the cache in
+place (token_generation), `onp::decode_attention`. Each op's definition below is the masked form: the form every
 backend can compile (TorchNeuron captures it whole). A backend may register a kernel that computes the same function
-reading only the keys the mask leaves: the CPU backend's (backends/cpu_attention.py) reads each row's prior up to
-its start, without a mask, and merges it with the own block by their log-sum-exp.
+reading only the keys the mask leaves: the CPU backend's (backends/cpu_attention.py) reads each chunk row's prior up
+to its start, without a mask, and merges it with the own block by their log-sum-exp; and reads a decode call's
+cache positions up to its last token's, not the whole bucket.
 """
 
 from __future__ import annotations
@@ -33,9 +35,12 @@ def attend(
     scale: float | None = None,
     sinks: torch.Tensor | None = None,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D]. `sinks` [H]: attention sinks (_attend_rows).
-    `kv_scales`: the layer's K and V scales of an FP8 cache (kv_cache.to_cache / from_cache).
+    """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D]. `sinks` [H]: attention sinks (attend_rows).
+    `kv_scales`: the layer's K and V scales of an FP8 cache (kv_cache.to_cache / from_cache). `positions` [n, T]
+    (the rows' positions): the rows attend through the op `onp::decode_attention`, which a backend's kernel may run
+    (not in a sliding window's span or on an FP8 cache: those take the plain form).
 
     Writes k/v into the cache at the call's rows and positions, then attends cache positions [0, L) of
     those rows under `bias` [n, 1, G*T, L] (masks.attention_bias; L: the graph's context bucket), or, given
@@ -46,18 +51,55 @@ def attend(
     k_scale, v_scale = kv_scales or (None, None)
     kv_cache.write(k_cache, rows, kv_cache.to_cache(k, k_scale))
     kv_cache.write(v_cache, rows, kv_cache.to_cache(v, v_scale))
+    if window is None and kv_scales is None:  # the kernel reads the cache as it is: an FP8 cache takes the plain form
+        if positions is not None:
+            return decode_attention(q, bias, k_cache, v_cache, rows.seq_ids, positions, scale, sinks)
+        return attend_cache(q, bias, k_cache, v_cache, rows.seq_ids, scale, sinks)
     length = bias.shape[-1]
     if window is not None:
         keys, values = kv_cache.read_window(k_cache, window, length), kv_cache.read_window(v_cache, window, length)
-    elif rows.in_slot_order:
-        keys, values = kv_cache.all_rows(k_cache, length), kv_cache.all_rows(v_cache, length)
     else:
-        keys, values = kv_cache.read(k_cache, rows.seq_ids, length), kv_cache.read(v_cache, rows.seq_ids, length)
+        slots = rows.in_slot_order
+        keys, values = (
+            _read_rows(k_cache, rows.seq_ids, length, slots),
+            _read_rows(v_cache, rows.seq_ids, length, slots),
+        )
     keys, values = kv_cache.from_cache(keys, k_scale, q.dtype), kv_cache.from_cache(values, v_scale, q.dtype)
-    if rows.in_slot_order:
-        out = _attend_rows(to_slots(q, rows.seq_ids), bias, keys, values, scale, sinks)
-        return out.index_select(0, rows.seq_ids)
-    return _attend_rows(q, bias, keys, values, scale, sinks)
+    return _attend_call_rows(q, bias, keys, values, rows.seq_ids, rows.in_slot_order, scale, sinks)
+
+
+def attend_cache(
+    q: torch.Tensor,
+    bias: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_ids: torch.Tensor,
+    scale: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """Rows seq_ids (q [n, T, H, D]) attend their cache positions [0, L) under `bias` [n, 1, G*T, L] (in slot order
+    for a call of one row per cache row): [n, T, H*D]."""
+    length = bias.shape[-1]
+    in_slot_order = seq_ids.shape[0] == k_cache.shape[0]
+    keys, values = (
+        _read_rows(k_cache, seq_ids, length, in_slot_order),
+        _read_rows(v_cache, seq_ids, length, in_slot_order),
+    )
+    return _attend_call_rows(q, bias, keys, values, seq_ids, in_slot_order, scale, sinks)
+
+
+def _read_rows(cache: torch.Tensor, seq_ids: torch.Tensor, length: int, in_slot_order: bool) -> torch.Tensor:
+    """A call of one row per cache row reads the cache in place, in slot order; other calls read copies of their rows."""
+    if in_slot_order:
+        return kv_cache.all_rows(cache, length)
+    return kv_cache.read(cache, seq_ids, length)
+
+
+def _attend_call_rows(q, bias, keys, values, seq_ids, in_slot_order: bool, scale, sinks) -> torch.Tensor:
+    """q [n, T, H, D] against keys and values read for the call: every cache row in slot order, or the call's rows."""
+    if in_slot_order:
+        return attend_rows(to_slots(q, seq_ids), bias, keys, values, scale, sinks).index_select(0, seq_ids)
+    return attend_rows(q, bias, keys, values, scale, sinks)
 
 
 def attend_chunk(
@@ -125,7 +167,7 @@ def masked_chunk_attention(
         keys, values = torch.cat((prior_keys, keys), dim=2), torch.cat((prior_values, values), dim=2)
     else:  # the CPU kernel runs ~25% slower on the transposed views
         keys, values = keys.contiguous(), values.contiguous()
-    return _attend_rows(q, bias, keys, values, scale, sinks)
+    return attend_rows(q, bias, keys, values, scale, sinks)
 
 
 @torch.library.custom_op("onp::chunk_attention", mutates_args=())
@@ -152,6 +194,28 @@ def _chunk_attention_shape(q, k, v, k_cache, v_cache, seq_ids, positions, bias, 
     return q.new_empty(n, t, heads * dim)
 
 
+@torch.library.custom_op("onp::decode_attention", mutates_args=())
+def decode_attention(
+    q: torch.Tensor,
+    bias: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    seq_ids: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """attend_cache as one op of the exported program: a backend's kernel replaces this form. `positions` [n, T] (the
+    rows' positions) only say which keys `bias` leaves: none past the call's last position."""
+    return attend_cache(q, bias, k_cache, v_cache, seq_ids, scale, sinks)
+
+
+@decode_attention.register_fake
+def _decode_attention_shape(q, bias, k_cache, v_cache, seq_ids, positions, scale, sinks) -> torch.Tensor:
+    n, t, heads, dim = q.shape
+    return q.new_empty(n, t, heads * dim)
+
+
 def _with_sinks(keys, values, bias, sinks: torch.Tensor, tokens: int):
     """Attention sinks as one more key: a zero key and value, its logit the head's sink through the bias. It joins
     every query's softmax (its exp adds to the sum) and adds nothing to the output; no fill value is involved."""
@@ -168,7 +232,7 @@ def to_slots(x: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(x).index_copy(0, seq_ids, x)
 
 
-def _attend_rows(
+def attend_rows(
     q: torch.Tensor,
     bias: torch.Tensor,
     keys: torch.Tensor,

@@ -92,7 +92,7 @@ def groups_logits(
     sliding_inv_freq: torch.Tensor | None = None,
     chunks: int = 0,
     every_column: bool = False,
-    chunk_op: bool = False,
+    attention_ops: bool = False,
 ) -> torch.Tensor:
     """decoder_logits of several row groups in one pass over the weights, e.g. a prompt chunk [1, C] and a decode
     batch [B, 1] (chunk_and_decode): the linears and the MLP run on every group's tokens at once, attention per
@@ -100,8 +100,9 @@ def groups_logits(
 
     Sliding-window layers rotate with `sliding_inv_freq` when the model gives them their own rope base. The first
     `chunks` groups are prompt chunks (decoder_logits' `chunk`). every_column: the logits of every token [tokens,
-    vocab] in group order instead of each row's last (the verify and prompt_logits graphs). chunk_op: the prompt
-    chunks attend through the op `onp::chunk_attention` (models/attention.py), for a backend that has its kernel."""
+    vocab] in group order instead of each row's last (the verify and prompt_logits graphs). attention_ops: prompt
+    chunks attend through the op `onp::chunk_attention`, decode rows in slot order through `onp::decode_attention`
+    (models/attention.py), for a backend that has their kernels."""
     x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
     positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
     rope = {False: rope_cos_sin(positions, inv_freq, x.dtype, rope_attention_factor(args))}
@@ -109,7 +110,7 @@ def groups_logits(
         local = rope_inv_freq(args, sliding=True) if sliding_inv_freq is None else sliding_inv_freq
         rope[True] = rope_cos_sin(positions, local, x.dtype) if args.sliding_rope_theta else rope[False]
     calls = [
-        _AttentionCall.of(args, caches[0], pos, seq, bucket, x.dtype, chunk=i < chunks, op=chunk_op)
+        _AttentionCall.of(args, caches[0], pos, seq, bucket, x.dtype, chunk=i < chunks, op=attention_ops)
         for i, (_, pos, seq) in enumerate(groups)
     ]
 
@@ -179,33 +180,35 @@ class _AttentionCall:
     sliding_bias: torch.Tensor | None = None  # sliding-window layers: the positions they read
     window: torch.Tensor | None = None  # their read (kv_cache.window_index) when shorter than the bucket
     chunk: bool = False  # prompt chunks: prior context + own causal block (attend_chunk)
-    positions: torch.Tensor | None = None  # prompt chunks: each row's positions
-    op: bool = False  # prompt chunks: through the op onp::chunk_attention
+    positions: torch.Tensor | None = None  # each row's positions
+    op: bool = False  # through the ops onp::chunk_attention (prompt chunks) and onp::decode_attention (decode rows)
 
     @classmethod
     def of(cls, args: ModelArgs, cache, position_ids, seq_ids, bucket, dtype, chunk=False, op=False) -> _AttentionCall:
         kv_groups = args.num_attention_heads // args.num_key_value_heads
         rows = kv_cache.CallRows.of(cache, seq_ids, position_ids)
+        shape, call = tuple(position_ids.shape), dict(positions=position_ids, op=op)
         if chunk:  # sliding layers read the whole prior bucket, masked to their window
             bias = masks.chunk_bias(position_ids, bucket, kv_groups, dtype)
             window = args.sliding_window if args.has_sliding_layers else None
             sliding = masks.chunk_bias(position_ids, bucket, kv_groups, dtype, window) if window else None
-            return cls(rows, bias, tuple(position_ids.shape), sliding, None, True, position_ids, op)
+            return cls(rows, bias, shape, sliding, None, True, **call)
         slots = (lambda x: to_slots(x, rows.seq_ids)) if rows.in_slot_order else (lambda x: x)
         bias = slots(masks.attention_bias(position_ids, bucket, kv_groups, dtype))
         if not args.has_sliding_layers:
-            return cls(rows, bias, tuple(position_ids.shape))
+            return cls(rows, bias, shape, **call)
         window = args.sliding_window
         # A span of window - 1 positions before a row's first token through its last holds every key it attends.
         span = window - 1 + position_ids.shape[1]
         if span >= bucket:
             sliding = masks.attention_bias(position_ids, bucket, kv_groups, dtype, window)
-            return cls(rows, bias, tuple(position_ids.shape), slots(sliding))
+            return cls(rows, bias, shape, slots(sliding), **call)
         starts = masks.window_starts(position_ids, window, span, bucket)
         sliding = slots(masks.attention_bias(position_ids, span, kv_groups, dtype, window, starts))
         if rows.in_slot_order:
             starts, seq_ids = slots(starts), torch.arange(cache.shape[0], dtype=torch.int32, device=cache.device)
-        return cls(rows, bias, tuple(position_ids.shape), sliding, kv_cache.window_index(cache, seq_ids, starts, span))
+        index = kv_cache.window_index(cache, seq_ids, starts, span)
+        return cls(rows, bias, shape, sliding, index, **call)
 
 
 def _embed(args: ModelArgs, params: Params, input_ids: torch.Tensor, cc: Collectives) -> torch.Tensor:
@@ -253,7 +256,10 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
                 kv_scales, op=call.op,
             )  # fmt: skip
         else:
-            out = attend(qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale, sinks, kv_scales)
+            positions = call.positions if call.op else None
+            out = attend(
+                qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale, sinks, kv_scales, positions
+            )  # fmt: skip
         outs.append(out.reshape(1, n * t, -1))
         start += n * t
     out = _cat(outs, dim=1)

@@ -1,0 +1,69 @@
+"""The CPU backend's C++ kernels (csrc/), built once per host with torch's extension builder and loaded by
+`load()`: the ops of the namespace `onp_cpu`.
+
+The build takes 15-60 s and lands in the environment (`<sys.prefix>/share/onp_cpu_kernels`, or torch's extension
+cache, TORCH_EXTENSIONS_DIR, where the environment is read-only): scripts/setup.sh builds it, a later `load()` only
+links it (ninja rebuilds what changed). On x86-64 the kernels compile for AVX2 and FMA when the host has them (every x86 server since 2013);
+elsewhere for the compiler's default target.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from functools import cache
+from pathlib import Path
+
+SOURCES = [Path(__file__).parent / "csrc" / "decode_attention.cpp"]
+NAME = "onp_cpu_kernels"
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def compile_flags() -> list[str]:
+    flags = ["-O3", "-fopenmp"]  # at::parallel_for is OpenMP in torch's CPU builds
+    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= _cpu_flags():
+        flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+def build_directory() -> Path | None:
+    directory = Path(sys.prefix) / "share" / NAME
+    if os.access(sys.prefix, os.W_OK):
+        directory.mkdir(parents=True, exist_ok=True)
+        return directory
+    return None  # torch's extension cache
+
+
+@cache
+def load() -> None:
+    """Build (first time on this host) and load the kernels; their ops are then torch.ops.onp_cpu.*."""
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.load(
+            NAME,
+            [str(s) for s in SOURCES],
+            extra_cflags=compile_flags(),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory) if (directory := build_directory()) else None,
+            is_python_module=False,
+        )
+    except (RuntimeError, OSError) as error:
+        raise RuntimeError(
+            f"building the CPU backend's C++ kernels ({', '.join(s.name for s in SOURCES)}) failed: {error}. They "
+            "need a C++20 compiler (g++ 10 or later, or clang++) and ninja (`pip install ninja`); scripts/setup.sh installs ninja"
+        ) from error
+
+
+if __name__ == "__main__":
+    load()
+    print(f"{NAME}: built and loaded")

@@ -1,0 +1,256 @@
+// onp_cpu::decode_attention: the CPU kernel of onp::decode_attention (models/attention.py, attend_cache).
+//
+// Call row i (cache row seq_ids[i], tokens at positions[i]) attends cache positions [0, last_i + 1) of its row, where
+// last_i is its largest position: every key past it is masked for every one of its queries, so leaving it out
+// changes the result by the rounding of a shorter sum only. Scores add the bias's columns for those positions (the
+// causal mask between a verify row's tokens, a sliding window); the softmax runs in fp32, an attention sink adds
+// exp(sink - max) to its sum. One work item per (call row, KV head): its G*T queries read its keys and values in
+// tiles that stay in the L1 cache while every query uses them, so each key and value comes from memory once.
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <vector>
+
+namespace {
+
+constexpr int64_t TILE = 64;  // keys per tile: 64 keys x 64 dims x 4 bytes = 16 KiB
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+typedef uint32_t v8u32 __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline v8f load8(const c10::BFloat16* p) {  // bf16 is fp32's upper half
+  v8u16 half;
+  std::memcpy(&half, p, sizeof(half));
+  const v8u32 bits = __builtin_convertvector(half, v8u32) << 16;
+  v8f v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
+inline float sum8(v8f v) {
+  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// q . k over `dim` (a multiple of 8), four keys at once: four independent accumulators.
+template <typename scalar_t>
+inline void dot4(const float* q, const scalar_t* k, int64_t stride, int64_t dim, float* out) {
+  v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
+  for (int64_t d = 0; d < dim; d += 8) {
+    const v8f x = load8(q + d);
+    a0 += x * load8(k + d);
+    a1 += x * load8(k + stride + d);
+    a2 += x * load8(k + 2 * stride + d);
+    a3 += x * load8(k + 3 * stride + d);
+  }
+  out[0] = sum8(a0), out[1] = sum8(a1), out[2] = sum8(a2), out[3] = sum8(a3);
+}
+
+template <typename scalar_t>
+inline float dot1(const float* q, const scalar_t* k, int64_t dim) {
+  v8f a = {};
+  for (int64_t d = 0; d < dim; d += 8) a += load8(q + d) * load8(k + d);
+  return sum8(a);
+}
+
+// exp(x) in fp32 within 2 ulp, eight at a time (std::exp is a scalar call): x = n ln2 + r with |r| <= ln2 / 2,
+// exp(r) by its degree-6 polynomial, times 2^n built in the exponent bits. Below -87 (a masked key's -1e9 fill, or a
+// weight under fp32's smallest normal) it is exactly 0, as the definition's exp underflows.
+inline v8f exp8(v8f x) {
+  const v8f low = v8f{} - 87.f, high = v8f{} + 88.f;
+  v8f c = x < low ? low : x;
+  c = c > high ? high : c;
+  const v8f y = c * 1.44269504088896341f + 0.5f;
+  v8i n = __builtin_convertvector(y, v8i);  // floor(y): truncation, minus one where it rounded up
+  n += __builtin_convertvector(n, v8f) > y;
+  const v8f nf = __builtin_convertvector(n, v8f);
+  const v8f r = c - nf * 0.693359375f + nf * 2.12194440e-4f;
+  v8f p = v8f{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const v8i bits = (n + 127) << 23;
+  v8f two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  const v8f e = (p * r * r + r + 1.f) * two_n;
+  return x < low ? v8f{} : e;
+}
+
+inline float exp1(float x) {
+  return exp8(v8f{} + x)[0];
+}
+
+// Softmax of one query's scores in place, under its bias row (stride `step`) and an optional sink.
+template <typename scalar_t>
+void softmax(float* s, const scalar_t* bias, int64_t step, int64_t length, const float* sink) {
+  float top = sink ? *sink : -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : top)
+  for (int64_t j = 0; j < length; ++j) {
+    s[j] += static_cast<float>(bias[j * step]);
+    top = std::max(top, s[j]);
+  }
+  v8f sums = {};
+  int64_t j = 0;
+  for (; j + 8 <= length; j += 8) {
+    const v8f e = exp8(load8(s + j) - top);
+    std::memcpy(s + j, &e, sizeof(e));
+    sums += e;
+  }
+  float sum = sum8(sums) + (sink ? exp1(*sink - top) : 0.f);
+  for (; j < length; ++j) sum += (s[j] = exp1(s[j] - top));
+  const float inv = 1.f / sum;
+#pragma omp simd
+  for (int64_t k = 0; k < length; ++k) s[k] *= inv;
+}
+
+struct Shapes {
+  int64_t tokens, heads, dim, kv_heads, groups, queries;
+};
+
+// One work item: the `queries` (G*T) queries of call row i on KV head h, against `length` keys of cache row `slot`.
+template <typename scalar_t>
+void attend_item(const Shapes& sh, const float* query, const scalar_t* keys, const scalar_t* values, int64_t ks,
+                 int64_t vs, const scalar_t* bias, const int64_t* bs, int64_t length, const float* sinks,
+                 float* scores, float* acc) {
+  const int64_t dim = sh.dim, queries = sh.queries;
+  for (int64_t tile = 0; tile < length; tile += TILE) {  // scores = q . k
+    const int64_t end = std::min(length, tile + TILE);
+    for (int64_t r = 0; r < queries; ++r) {
+      const float* q = query + r * dim;
+      float* s = scores + r * length;
+      int64_t j = tile;
+      for (; j + 4 <= end; j += 4) dot4(q, keys + j * ks, ks, dim, s + j);
+      for (; j < end; ++j) s[j] = dot1(q, keys + j * ks, dim);
+    }
+  }
+  for (int64_t r = 0; r < queries; ++r) {
+    const float* sink = sinks ? sinks + (r / sh.tokens) : nullptr;
+    softmax(scores + r * length, bias + r * bs[2], bs[3], length, sink);
+  }
+  std::fill(acc, acc + queries * dim, 0.f);
+  for (int64_t tile = 0; tile < length; tile += TILE) {  // acc += p v
+    const int64_t end = std::min(length, tile + TILE);
+    for (int64_t r = 0; r < queries; ++r) {
+      const float* p = scores + r * length;
+      for (int64_t d = 0; d < dim; d += 32) {  // four vectors of accumulators (one past a multiple of 32), in registers
+        float* out = acc + r * dim + d;
+        if (d + 32 <= dim) {
+          v8f a0 = load8(out), a1 = load8(out + 8), a2 = load8(out + 16), a3 = load8(out + 24);
+          for (int64_t j = tile; j < end; ++j) {
+            const scalar_t* v = values + j * vs + d;
+            const v8f w = v8f{} + p[j];
+            a0 += w * load8(v), a1 += w * load8(v + 8), a2 += w * load8(v + 16), a3 += w * load8(v + 24);
+          }
+          std::memcpy(out, &a0, 32), std::memcpy(out + 8, &a1, 32), std::memcpy(out + 16, &a2, 32);
+          std::memcpy(out + 24, &a3, 32);
+          continue;
+        }
+        for (int64_t e = d; e < dim; e += 8) {
+          v8f a = load8(acc + r * dim + e);
+          for (int64_t j = tile; j < end; ++j) a += (v8f{} + p[j]) * load8(values + j * vs + e);
+          std::memcpy(acc + r * dim + e, &a, 32);
+        }
+      }
+    }
+  }
+}
+
+template <typename scalar_t>
+void attend_rows(const at::Tensor& q, const at::Tensor& bias, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                 const int64_t* seq_ids, const std::vector<int64_t>& lengths, float scale,
+                 const std::vector<float>& sinks, at::Tensor& out) {
+  const int64_t n = q.size(0), t = q.size(1), heads = q.size(2), dim = q.size(3), kv_heads = k_cache.size(1);
+  const Shapes sh{t, heads, dim, kv_heads, heads / kv_heads, heads / kv_heads * t};
+  const bool in_slot_order = n == k_cache.size(0);  // the bias is in slot order (attend_cache)
+  const scalar_t* qp = q.data_ptr<scalar_t>();
+  const scalar_t* bp = bias.data_ptr<scalar_t>();
+  const scalar_t* kp = k_cache.data_ptr<scalar_t>();
+  const scalar_t* vp = v_cache.data_ptr<scalar_t>();
+  scalar_t* op = out.data_ptr<scalar_t>();
+  const auto qs = q.strides(), bs = bias.strides(), ks = k_cache.strides(), vs = v_cache.strides();
+  const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
+
+  at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> query(sh.queries * dim), acc(sh.queries * dim), scores(sh.queries * longest);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t i = item / kv_heads, h = item % kv_heads, slot = seq_ids[i];
+      for (int64_t r = 0; r < sh.queries; ++r) {  // query r: group r / t, token r % t (the bias's row order)
+        const scalar_t* src = qp + i * qs[0] + (r % t) * qs[1] + (h * sh.groups + r / t) * qs[2];
+        for (int64_t d = 0; d < dim; ++d) query[r * dim + d] = static_cast<float>(src[d * qs[3]]) * scale;
+      }
+      const scalar_t* bias_rows = bp + (in_slot_order ? slot : i) * bs[0];
+      const float* item_sinks = sinks.empty() ? nullptr : sinks.data() + h * sh.groups;
+      attend_item(sh, query.data(), kp + slot * ks[0] + h * ks[1], vp + slot * vs[0] + h * vs[1], ks[2], vs[2],
+                  bias_rows, bs.data(), lengths[i], item_sinks, scores.data(), acc.data());
+      for (int64_t r = 0; r < sh.queries; ++r) {  // out [n, T, H * D]
+        scalar_t* dst = op + (i * t + r % t) * heads * dim + (h * sh.groups + r / t) * dim;
+        for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<scalar_t>(acc[r * dim + d]);
+      }
+    }
+  });
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& bias, const at::Tensor& k_cache,
+                            const at::Tensor& v_cache, const at::Tensor& seq_ids, const at::Tensor& positions,
+                            std::optional<double> scale, const std::optional<at::Tensor>& sinks) {
+  TORCH_CHECK(q.dim() == 4 && k_cache.dim() == 4 && bias.dim() == 4,
+              "decode_attention: q [n, T, H, D], caches [rows, KVH, S, D], bias [n, 1, G*T, L]");
+  TORCH_CHECK(bias.scalar_type() == q.scalar_type() && k_cache.scalar_type() == q.scalar_type() &&
+                  v_cache.scalar_type() == q.scalar_type(),
+              "decode_attention: q, bias and the caches share one dtype");
+  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "decode_attention: cache rows are contiguous");
+  TORCH_CHECK(q.size(3) % 8 == 0, "decode_attention: the head dimension is a multiple of 8");
+  const int64_t n = q.size(0), dim = q.size(3), bucket = bias.size(3);
+  const auto ids = seq_ids.to(at::kLong).contiguous();
+  const auto pos = positions.to(at::kLong).contiguous();
+  const int64_t* p = pos.data_ptr<int64_t>();
+  const int64_t tokens = pos.size(1);
+  std::vector<int64_t> lengths(n);
+  for (int64_t i = 0; i < n; ++i) {
+    lengths[i] = std::min<int64_t>(bucket, *std::max_element(p + i * tokens, p + (i + 1) * tokens) + 1);
+  }
+  std::vector<float> sink_logits;
+  if (sinks.has_value()) {  // rounded like the definition's, through the bias dtype
+    const auto rounded = sinks->to(bias.scalar_type()).to(at::kFloat).contiguous();
+    sink_logits.assign(rounded.data_ptr<float>(), rounded.data_ptr<float>() + rounded.numel());
+  }
+  const float softmax_scale = scale.has_value() ? static_cast<float>(*scale) : 1.f / std::sqrt(float(dim));
+  auto out = at::empty({n, q.size(1), q.size(2) * dim}, q.options());
+  AT_DISPATCH_SWITCH(q.scalar_type(), "decode_attention",
+                     AT_DISPATCH_CASE(at::kFloat, [&] {
+                       attend_rows<float>(q, bias, k_cache, v_cache, ids.data_ptr<int64_t>(), lengths, softmax_scale,
+                                          sink_logits, out);
+                     }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
+                       attend_rows<c10::BFloat16>(q, bias, k_cache, v_cache, ids.data_ptr<int64_t>(), lengths,
+                                                  softmax_scale, sink_logits, out);
+                     }));
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(onp_cpu, m) {
+  m.def("decode_attention(Tensor q, Tensor bias, Tensor k_cache, Tensor v_cache, Tensor seq_ids, Tensor positions, "
+        "float? scale, Tensor? sinks) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(onp_cpu, CPU, m) { m.impl("decode_attention", &decode_attention); }
