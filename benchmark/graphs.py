@@ -95,7 +95,7 @@ CASES = (
          "", "{artifact} --rounds 1", "20261127-program-load-record-vs-torch-export"),
     Case("decode-ab", "decode_ab.py",
          "two artifacts' decode steps alternated per context bucket, same next token (ARGS: artifact A, B)",
-         "", "{artifact} {artifact} --contexts 40,100 --threads 1 --repeats 1",
+         "", "{artifact} {artifact} --contexts 40,100 --threads 1 --repeats 1 --graph-rounds 1",
          "20261126-decode-attention-two-products-vs-fused"),
     Case("prefill-vllm", "prefill_vllm.py",
          "one prompt's prefill in one process against vLLM CPU's (compiled, eager) (ARGS: artifact, its HF dir)",

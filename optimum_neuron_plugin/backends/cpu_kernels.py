@@ -15,7 +15,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-SOURCES = [Path(__file__).parent / "csrc" / "decode_attention.cpp"]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("decode_attention.cpp", "chunk_attention.cpp")]
 NAME = "onp_cpu_kernels"
 
 
