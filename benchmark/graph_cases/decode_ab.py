@@ -90,7 +90,8 @@ def graph_latencies(models: dict, rounds: int) -> dict:
     for _ in range(rounds):
         for name, model in models.items():
             for key, seconds in model.measure_latencies(lambda spec: True).seconds.items():
-                best.setdefault(key, {})[name] = min(best.get(key, {}).get(name, float("inf")), seconds * 1e3)
+                times = best.setdefault(key, {})
+                times[name] = min(times.get(name, float("inf")), seconds * 1e3)
     return {key: times for key, times in best.items() if len(times) == len(models)}
 
 

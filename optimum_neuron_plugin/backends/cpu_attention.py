@@ -22,38 +22,8 @@ from ..models.attention import chunk_attention, decode_attention
 from . import cpu_kernels
 
 cpu_kernels.load()
-_chunk = torch.ops.onp_cpu.chunk_attention.default
-_decode = torch.ops.onp_cpu.decode_attention.default
-
-
-def chunk_attention_cpu(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    seq_ids: torch.Tensor,
-    positions: torch.Tensor,
-    bias: torch.Tensor,
-    window: int,
-    scale: float | None,
-    sinks: torch.Tensor | None,
-) -> torch.Tensor:
-    return _chunk(q, k, v, k_cache, v_cache, seq_ids, positions, bias, window, scale, sinks)
-
-
-def decode_attention_cpu(
-    q: torch.Tensor,
-    bias: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    seq_ids: torch.Tensor,
-    positions: torch.Tensor,
-    scale: float | None,
-    sinks: torch.Tensor | None,
-) -> torch.Tensor:
-    return _decode(q, bias, k_cache, v_cache, seq_ids, positions, scale, sinks)
-
-
+# The C++ ops take the definitions' arguments as they are: registered as the CPU kernels directly.
+chunk_attention_cpu = torch.ops.onp_cpu.chunk_attention.default
+decode_attention_cpu = torch.ops.onp_cpu.decode_attention.default
 chunk_attention.register_kernel("cpu")(chunk_attention_cpu)
 decode_attention.register_kernel("cpu")(decode_attention_cpu)

@@ -36,11 +36,12 @@ def attend(
     sinks: torch.Tensor | None = None,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     positions: torch.Tensor | None = None,
+    op: bool = False,
 ) -> torch.Tensor:
     """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D]. `sinks` [H]: attention sinks (attend_rows).
-    `kv_scales`: the layer's K and V scales of an FP8 cache (kv_cache.to_cache / from_cache). `positions` [n, T]
-    (the rows' positions): the rows attend through the op `onp::decode_attention`, which a backend's kernel may run
-    (not in a sliding window's span or on an FP8 cache: those take the plain form).
+    `kv_scales`: the layer's K and V scales of an FP8 cache (kv_cache.to_cache / from_cache).
+    op: the rows attend through the op `onp::decode_attention`, which a backend's kernel may run, given `positions`
+    [n, T] (the rows' positions); not in a sliding window's span or on an FP8 cache, which take the plain form.
 
     Writes k/v into the cache at the call's rows and positions, then attends cache positions [0, L) of
     those rows under `bias` [n, 1, G*T, L] (masks.attention_bias; L: the graph's context bucket), or, given
@@ -52,7 +53,7 @@ def attend(
     kv_cache.write(k_cache, rows, kv_cache.to_cache(k, k_scale))
     kv_cache.write(v_cache, rows, kv_cache.to_cache(v, v_scale))
     if window is None and kv_scales is None:  # the kernel reads the cache as it is: an FP8 cache takes the plain form
-        if positions is not None:
+        if op:
             return decode_attention(q, bias, k_cache, v_cache, rows.seq_ids, positions, scale, sinks)
         return attend_cache(q, bias, k_cache, v_cache, rows.seq_ids, scale, sinks)
     length = bias.shape[-1]

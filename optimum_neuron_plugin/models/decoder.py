@@ -256,9 +256,9 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
                 kv_scales, op=call.op,
             )  # fmt: skip
         else:
-            positions = call.positions if call.op else None
             out = attend(
-                qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale, sinks, kv_scales, positions
+                qg, kg, vg, k_cache, v_cache, call.rows, bias, window, args.attention_scale, sinks, kv_scales,
+                call.positions, op=call.op,
             )  # fmt: skip
         outs.append(out.reshape(1, n * t, -1))
         start += n * t

@@ -103,7 +103,7 @@ def test_attend_writes_the_cache_then_attends_through_the_op():
     rows = kv_cache.CallRows.of(k_cache, seq_ids, positions)
     plain = (k_cache.clone(), v_cache.clone())
     expected = attend(q, k, v, *plain, rows, bias, scale=scale, sinks=sinks)
-    out = attend(q, k, v, k_cache, v_cache, rows, bias, scale=scale, sinks=sinks, positions=positions)
+    out = attend(q, k, v, k_cache, v_cache, rows, bias, scale=scale, sinks=sinks, positions=positions, op=True)
     assert torch.equal(k_cache, plain[0]) and torch.equal(v_cache, plain[1])  # the same K/V written
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
 

@@ -123,7 +123,7 @@ void softmax(float* s, const scalar_t* bias, int64_t step, int64_t length, const
 }
 
 struct Shapes {
-  int64_t tokens, heads, dim, kv_heads, groups, queries;
+  int64_t tokens, dim, groups, queries;
 };
 
 // One work item: the `queries` (G*T) queries of call row i on KV head h, against `length` keys of cache row `slot`.
@@ -179,7 +179,7 @@ void attend_rows(const at::Tensor& q, const at::Tensor& bias, const at::Tensor& 
                  const int64_t* seq_ids, const std::vector<int64_t>& lengths, float scale,
                  const std::vector<float>& sinks, at::Tensor& out) {
   const int64_t n = q.size(0), t = q.size(1), heads = q.size(2), dim = q.size(3), kv_heads = k_cache.size(1);
-  const Shapes sh{t, heads, dim, kv_heads, heads / kv_heads, heads / kv_heads * t};
+  const Shapes sh{t, dim, heads / kv_heads, heads / kv_heads * t};
   const bool in_slot_order = n == k_cache.size(0);  // the bias is in slot order (attend_cache)
   const scalar_t* qp = q.data_ptr<scalar_t>();
   const scalar_t* bp = bias.data_ptr<scalar_t>();
