@@ -2,7 +2,7 @@
 attend_cache over the whole bucket under the mask) within fp32 rounding: a token_generation batch in slot order with
 empty slots, a narrow graph's rows (read as copies), one and several tokens per row (verify), grouped and ungrouped
 heads, a sliding window held in the bias, attention sinks, a cache of stale values past every position, a last
-position at the bucket's end, and bf16. The exported decode programs call the op (every decode test of the core
+position at the bucket's end, head dims that are not multiples of 8 (the kernel's scalar tail), and bf16. The exported decode programs call the op (every decode test of the core
 suite runs through it)."""
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ CASES = {
     "a narrow graph's rows, verify": dict(seq_ids=[4, 0], lasts=[10, 25], t=3, pad=False),
     "head dim 64": dict(seq_ids=[1, 3], lasts=[30, 11], dim=64),
     "head dim 80 (blocks of 32 and of 8)": dict(seq_ids=[2, 0], lasts=[21, 6], t=2, dim=80),
+    "head dim 44 (blocks of 32, of 8, then single values)": dict(seq_ids=[3, 1], lasts=[17, 2], t=2, dim=44),
+    "head dim 6 (single values only)": dict(seq_ids=[0, 4], lasts=[8, 29], dim=6),
 }
 
 
@@ -89,8 +91,9 @@ def test_the_kernel_reads_each_row_up_to_its_last_position_only(case):
     assert torch.isnan(_definition(q, bias, k_cache, v_cache, ids, positions, scale, sinks)).any()
 
 
-def test_bf16_matches_the_masked_definition_within_bf16_rounding():
-    inputs = _case(**CASES["sinks"], dtype=torch.bfloat16)
+@pytest.mark.parametrize("dim", [DIM, 44])
+def test_bf16_matches_the_masked_definition_within_bf16_rounding(dim):
+    inputs = _case(**CASES["sinks"], dtype=torch.bfloat16, dim=dim)
     out = decode_attention_cpu(*inputs)
     assert out.dtype == torch.bfloat16 and torch.isfinite(out).all()
     torch.testing.assert_close(out, _definition(*inputs), atol=2e-2, rtol=2e-2)

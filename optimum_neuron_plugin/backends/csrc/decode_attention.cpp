@@ -49,11 +49,13 @@ inline float sum8(v8f v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }
 
-// q . k over `dim` (a multiple of 8), four keys at once: four independent accumulators.
+// q . k over `dim`, four keys at once: four independent accumulators, 8 wide, then a scalar tail past the last
+// multiple of 8.
 template <typename scalar_t>
 inline void dot4(const float* q, const scalar_t* k, int64_t stride, int64_t dim, float* out) {
   v8f a0 = {}, a1 = {}, a2 = {}, a3 = {};
-  for (int64_t d = 0; d < dim; d += 8) {
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
     const v8f x = load8(q + d);
     a0 += x * load8(k + d);
     a1 += x * load8(k + stride + d);
@@ -61,13 +63,19 @@ inline void dot4(const float* q, const scalar_t* k, int64_t stride, int64_t dim,
     a3 += x * load8(k + 3 * stride + d);
   }
   out[0] = sum8(a0), out[1] = sum8(a1), out[2] = sum8(a2), out[3] = sum8(a3);
+  for (; d < dim; ++d) {
+    for (int64_t key = 0; key < 4; ++key) out[key] += q[d] * static_cast<float>(k[key * stride + d]);
+  }
 }
 
 template <typename scalar_t>
 inline float dot1(const float* q, const scalar_t* k, int64_t dim) {
   v8f a = {};
-  for (int64_t d = 0; d < dim; d += 8) a += load8(q + d) * load8(k + d);
-  return sum8(a);
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8) a += load8(q + d) * load8(k + d);
+  float sum = sum8(a);
+  for (; d < dim; ++d) sum += q[d] * static_cast<float>(k[d]);
+  return sum;
 }
 
 // exp(x) in fp32 within 2 ulp, eight at a time (std::exp is a scalar call): x = n ln2 + r with |r| <= ln2 / 2,
@@ -164,10 +172,16 @@ void attend_item(const Shapes& sh, const float* query, const scalar_t* keys, con
           std::memcpy(out + 24, &a3, 32);
           continue;
         }
-        for (int64_t e = d; e < dim; e += 8) {
+        int64_t e = d;
+        for (; e + 8 <= dim; e += 8) {
           v8f a = load8(acc + r * dim + e);
           for (int64_t j = tile; j < end; ++j) a += (v8f{} + p[j]) * load8(values + j * vs + e);
           std::memcpy(acc + r * dim + e, &a, 32);
+        }
+        for (; e < dim; ++e) {  // past the last multiple of 8
+          float a = acc[r * dim + e];
+          for (int64_t j = tile; j < end; ++j) a += p[j] * static_cast<float>(values[j * vs + e]);
+          acc[r * dim + e] = a;
         }
       }
     }
@@ -218,7 +232,6 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& bias, const a
                   v_cache.scalar_type() == q.scalar_type(),
               "decode_attention: q, bias and the caches share one dtype");
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "decode_attention: cache rows are contiguous");
-  TORCH_CHECK(q.size(3) % 8 == 0, "decode_attention: the head dimension is a multiple of 8");
   const int64_t n = q.size(0), dim = q.size(3), bucket = bias.size(3);
   const auto ids = seq_ids.to(at::kLong).contiguous();
   const auto pos = positions.to(at::kLong).contiguous();
