@@ -2,8 +2,8 @@
 attend_cache over the whole bucket under the mask) within fp32 rounding: a token_generation batch in slot order with
 empty slots, a narrow graph's rows (read as copies), one and several tokens per row (verify), grouped and ungrouped
 heads, a sliding window held in the bias, attention sinks, a cache of stale values past every position, a last
-position at the bucket's end, head dims that are not multiples of 8 (the kernel's scalar tail), and bf16. The exported decode programs call the op (every decode test of the core
-suite runs through it)."""
+position at the bucket's end, head dims that are not multiples of 8 (the kernel's scalar tail), and bf16. The
+exported decode programs call the op (every decode test of the core suite runs through it)."""
 
 from __future__ import annotations
 
