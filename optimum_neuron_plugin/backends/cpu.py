@@ -23,6 +23,7 @@ from . import Progress, join_gloo_group
 from .compile_pool import SERIAL, CompileOptions
 from .compile_pool import run as compile_with_pool
 from .cpu_experts import use_expert_views
+from .cpu_graph_record import check_inputs
 from .cpu_linear import packable, use_packed_linears
 from .cpu_script import Replay, traced_call
 from .cpu_serde import load_program, save_program
@@ -201,6 +202,8 @@ class CpuGraphs:
 
     def _first_call(self, spec: GraphSpec, program: Callable, args: tuple) -> torch.Tensor:
         if spec in self.replayable:
+            check_inputs(program, args)  # here, not under the trace, which would record every size it reads
+            program.validate_inputs = False
             output, replay = traced_call(program, args)
             if replay is not None:
                 self.traces[spec] = replay

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
 from torch.utils import _pytree as pytree
 
@@ -66,7 +67,8 @@ def rebuild(text: str) -> torch.fx.GraphModule | None:
         _PyTreeInfo(info["orig_args"], pytree.treespec_loads(info["in_spec"]), _spec(info["out_spec"]))
     )
     constants = {name: _tensor(blob) for name, blob in data["constants"].items()}
-    module = torch.fx.GraphModule(constants, graph)
+    # Lazy: its Python code is generated at its first call, once, after the backend's rewrites (packed linears).
+    module = _LazyGraphModule(constants, graph)
     module._in_spec, module._out_spec = pytree.treespec_loads(data["in_spec"]), _spec(data["out_spec"])
     module.validate_inputs = True
     module.register_forward_pre_hook(_check_inputs)
@@ -74,10 +76,14 @@ def rebuild(text: str) -> torch.fx.GraphModule | None:
 
 
 def _check_inputs(module: torch.fx.GraphModule, args: tuple) -> None:
+    # Under torch.jit.trace every size read here would be recorded too: the backend checks before it traces.
+    if module.validate_inputs and not torch.jit.is_tracing():
+        check_inputs(module, args)
+
+
+def check_inputs(module: torch.fx.GraphModule, args: tuple) -> None:
     """The check torch.export's module makes on its inputs: every tensor of the shape and dtype it was exported
     with (a graph file of another export fails here, on its first call)."""
-    if not module.validate_inputs:
-        return
     flat = torch.fx._pytree.tree_flatten_spec((list(args), {}), module._in_spec)
     expected = [node.meta["val"] for node in module.graph.find_nodes(op="placeholder")]
     for index, (tensor, value) in enumerate(zip(flat, expected, strict=True)):
