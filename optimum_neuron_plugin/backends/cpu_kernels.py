@@ -1,14 +1,17 @@
 """The CPU backend's C++ kernels (csrc/), built once per host with torch's extension builder and loaded by
 `load()`: the ops of the namespace `onp_cpu`.
 
-The build takes 15-60 s and lands in the environment (`<sys.prefix>/share/onp_cpu_kernels`, or torch's extension
-cache, TORCH_EXTENSIONS_DIR, where the environment is read-only): scripts/setup.sh builds it, a later `load()` only
-links it (ninja rebuilds what changed). On x86-64 the kernels compile for AVX2 and FMA when the host has them (every x86 server since 2013);
-elsewhere for the compiler's default target.
+The build takes 15-60 s and lands in the environment (`<sys.prefix>/share/onp_cpu_kernels/<tree>`, or torch's
+extension cache, TORCH_EXTENSIONS_DIR, where the environment is read-only): scripts/setup.sh builds it, a later
+`load()` only links it (ninja rebuilds what changed). `<tree>` names the source checkout and the environment's path:
+ninja's commands hold both, so checkouts installed in one environment would otherwise rebuild over each other.
+On x86-64 the kernels compile for AVX2 and FMA when the host has them (every x86 server since 2013); elsewhere for
+the compiler's default target.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import sys
@@ -36,7 +39,8 @@ def compile_flags() -> list[str]:
 
 
 def build_directory() -> Path | None:
-    directory = Path(sys.prefix) / "share" / NAME
+    tree = hashlib.sha256(f"{SOURCES[0].parent}\0{sys.prefix}".encode()).hexdigest()[:12]
+    directory = Path(sys.prefix) / "share" / NAME / tree
     if os.access(sys.prefix, os.W_OK):
         directory.mkdir(parents=True, exist_ok=True)
         return directory

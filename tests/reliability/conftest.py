@@ -7,7 +7,7 @@
   graph raise at run time (the graph-failure tests), and prompts are prefilled over several engine
   steps (aborts in the middle of a prefill).
 - `refusals`: `vllm serve` runs that must exit non-zero at startup (corrupt artifacts, configuration
-  mismatches), started in the background, two at a time, from the first test of the directory on.
+  mismatches, a refused option), started in the background, two at a time, from the first test of the directory on.
 
 Everything listens on and talks to 127.0.0.1; every process is stopped by PID, and gets SIGTERM
 if the test process dies first (support.server).
@@ -110,6 +110,7 @@ def refusals(rel_root, chunked_dir, small_vocab_dir):
     cases["max-num-seqs"] = (chunked_dir, ["--max-num-seqs", str(BATCH_SIZE + 1)])
     cases["max-model-len"] = (chunked_dir, ["--max-model-len", str(2 * SEQUENCE_LENGTH)])
     cases["tensor-parallel-size"] = (chunked_dir, ["--tensor-parallel-size", "2"])
+    cases["async-scheduling"] = (chunked_dir, ["--async-scheduling"])
     runner = Refusals(cases, rel_root / "refusal-logs", workers=2)
     yield runner
     runner.close()

@@ -92,7 +92,8 @@ class Refusals:
         log = self.logs / f"{name}.log"
         began = time.monotonic()
         # Started from a pool thread, which lives until close(): the run outlives no test process.
-        process = start_vllm_serve(model, log, free_port(), tuple(args))
+        # Spawned engine processes, as a user's `vllm serve`: a startup failure is reported the default way.
+        process = start_vllm_serve(model, log, free_port(), tuple(args), fork=False)
         with self._lock:
             self._processes.append(process)
         timed_out = False

@@ -1,27 +1,19 @@
 """An engine option the plugin cannot honour stops `vllm serve` at startup: exit status and message.
 
-One real server run; every other refused option is checked in-process through vLLM's own
-EngineArgs.create_engine_config (tests/vllm/test_refused_options.py), the path `vllm serve` takes.
+One real server run (conftest `refusals`, started in the background with the first test of this directory); every
+other refused option is checked in-process through vLLM's own EngineArgs.create_engine_config
+(tests/vllm/test_refused_options.py), the path `vllm serve` takes.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from .helpers import Refusals
-
 pytestmark = pytest.mark.slow  # a live `vllm serve`
 
 
-@pytest.fixture(scope="module")
-def refused(chunked_dir, rel_root):
-    runner = Refusals({"async-scheduling": (chunked_dir, ["--async-scheduling"])}, rel_root / "refused-logs", 1)
-    yield runner
-    runner.close()
-
-
-def test_explicit_async_scheduling_stops_vllm_serve(refused):
-    result = refused.result("async-scheduling")
+def test_explicit_async_scheduling_stops_vllm_serve(refusals):
+    result = refusals.result("async-scheduling")
     assert not result.timed_out, result.output[-3000:]
     assert result.returncode != 0, result.output[-3000:]
     assert "async scheduling is not supported (the runner keeps each request's tokens between steps)" in result.output

@@ -1,5 +1,12 @@
 """`vllm serve` on 127.0.0.1 for the tests: one class, stopped by PID, never outliving the test process.
 
+Engine processes start with fork (VLLM_WORKER_MULTIPROC_METHOD=fork, a setting vLLM's users may choose): a server
+is ready in ~20 s of CPU instead of ~27 s with the plugin's default, spawn, whose child imports vLLM again. The
+tests whose subject is the default start-up path pass `fork=False` and start their engine processes the way a
+user's `vllm serve` does: tests/vllm/test_server.py (the OpenAI server and its engine process),
+tests/vllm/test_data_parallel_server.py (two engine processes and the DP coordinator), and the runs that must
+refuse to start (tests/reliability/helpers.py Refusals: a corrupt artifact fails to load in the engine process).
+
 Each server runs in its own process group (stopping it reaches the engine process too) and gets SIGTERM
 when the thread that started it ends (PR_SET_PDEATHSIG), so a test process killed before its fixtures'
 teardown (SIGKILL, a CI timeout) leaves no server behind.
@@ -22,6 +29,7 @@ from .client import HOST, health
 VENV_BIN = Path(sys.executable).parent
 VLLM = VENV_BIN / "vllm"
 PR_SET_PDEATHSIG = 1
+FORK = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}  # the engine processes' start method unless fork=False (see above)
 # Resolved here, not in the forked child (which should run as little as possible before exec).
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
 
@@ -51,16 +59,22 @@ def server_env(**extra: str) -> dict[str, str]:
 
 
 def start_vllm_serve(
-    model: Path, log: Path, port: int, args: tuple[str, ...] = (), env: dict[str, str] | None = None
+    model: Path,
+    log: Path,
+    port: int,
+    args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    fork: bool = True,
 ) -> subprocess.Popen:
-    """`vllm serve MODEL --host 127.0.0.1 --port PORT ARGS` in the background, output to `log`."""
+    """`vllm serve MODEL --host 127.0.0.1 --port PORT ARGS` in the background, output to `log`; engine processes
+    forked unless fork=False (the plugin's default, spawn)."""
     command = [str(VLLM), "serve", str(model), "--host", HOST, "--port", str(port), *args]
     with log.open("w") as out:
         return subprocess.Popen(
             command,
             stdout=out,
             stderr=subprocess.STDOUT,
-            env=server_env(**(env or {})),
+            env=server_env(**(FORK if fork else {}), **(env or {})),
             start_new_session=True,
             preexec_fn=die_with_test_process,
         )
@@ -77,11 +91,13 @@ def kill_group(process: subprocess.Popen) -> None:
 class Server:
     """`ONP_BACKEND=cpu vllm serve <dir> --host 127.0.0.1 --port N ARGS`, started at once, stopped by PID."""
 
-    def __init__(self, model: Path, log: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, model: Path, log: Path, *args: str, env: dict[str, str] | None = None, fork: bool = True
+    ) -> None:
         self.model = str(model)
         self.port = free_port()
         self.log = log
-        self.process = start_vllm_serve(model, log, self.port, args, env)
+        self.process = start_vllm_serve(model, log, self.port, args, env, fork)
 
     @property
     def url(self) -> str:
@@ -114,9 +130,11 @@ class Server:
         return self.process.returncode
 
 
-def serve(model: Path, log: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300):
+def serve(
+    model: Path, log: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 300, fork: bool = True
+):
     """Fixture body: a ready Server, stopped afterwards (`yield from serve(...)`)."""
-    server = Server(model, log, *args, env=env)
+    server = Server(model, log, *args, env=env, fork=fork)
     try:
         server.wait_ready(timeout)
         yield server

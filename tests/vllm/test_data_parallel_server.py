@@ -30,7 +30,10 @@ def prompts(tokenizer) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def server(chunked_dir, tmp_path_factory):
     log = tmp_path_factory.mktemp("dp-server") / "server.log"
-    yield from serve(chunked_dir, log, "--data-parallel-size", "2", env={"OMP_NUM_THREADS": "2"}, timeout=900)
+    # Spawned engine processes, as a user's `vllm serve` starts them (the other DP tests fork theirs).
+    yield from serve(
+        chunked_dir, log, "--data-parallel-size", "2", env={"OMP_NUM_THREADS": "2"}, timeout=900, fork=False
+    )
 
 
 def test_concurrent_requests_equal_their_solo_outputs_and_transformers(tiny_hf, prompts, server):

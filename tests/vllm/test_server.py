@@ -27,6 +27,7 @@ def server(prompt_logits_dir, vllm_root):
         vllm_root / "server.log",
         "--enable-prompt-tokens-details",
         env={"ONP_STATS_FILE": str(vllm_root / "server-stats.jsonl")},
+        fork=False,  # the default start-up path: a spawned engine process
     )
     try:
         server.wait_ready()
