@@ -1,4 +1,5 @@
-"""The real `optimum-cli export neuron` in a subprocess, on tiny random-weight models and once on SmolLM2.
+"""The real `optimum-cli export neuron` in a subprocess, on tiny random-weight models (SmolLM2's export, the session's:
+tests/core/test_smollm2.py).
 
 Successful exports must load with NeuronModelForCausalLM.from_pretrained and generate HF transformers' greedy
 tokens; every refused input must exit non-zero with one `error:` line, no traceback, and leave nothing behind.
@@ -238,23 +239,6 @@ def test_info_command_describes_an_export(llama_export, tmp_path):
     refused = subprocess.run([str(INFO_CLI), str(tmp_path)], capture_output=True, text=True, env=cli_env())
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert refused.stderr.startswith("error:") and "neuron_config.json" in refused.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(3600)
-def test_export_smollm2_gguf_matches_hf(smollm2, smollm2_runtime):
-    """The session's SmolLM2 export: the CLI run from the GGUF (tests/conftest.py)."""
-    output = smollm2.directory
-    assert smollm2.export.returncode == 0, smollm2.export.stderr
-    config = neuron_config(output)
-    assert config["prefill_chunk_size"] == 32
-    assert (config["context_buckets"], config["prefill_buckets"]) == ([64, 256], [0, 64, 256])
-    assert config["decode_batch_sizes"] == [2]
-    tokenizer_config = json.loads((output / "tokenizer_config.json").read_text())
-    assert tokenizer_config.get("chat_template") or (output / "chat_template.jinja").is_file()
-    ids = smollm2.tokenizer(PROMPT)["input_ids"]
-    eos = {smollm2.hf.config.eos_token_id} - {None}
-    assert_same_greedy(smollm2_runtime, smollm2.hf, ids, eos=eos, new_tokens=16)
 
 
 # ----------------------------------------------------------------------------------------------------------------
