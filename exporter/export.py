@@ -266,16 +266,18 @@ def export(request: ExportRequest, progress: Callable[[str], None] = _progress) 
     target = check_output(request.output, request.overwrite, source)
 
     progress(describe_config(config))
-    plan_export(source, config, progress)  # refuses an export that cannot fit before any weight is read
     from optimum_neuron_plugin.runtime import NeuronModelForCausalLM
+    from optimum_neuron_plugin.sources import gguf_read_once
 
-    options = compile_options(request, target)
-    start = time.monotonic()
-    try:
-        model = NeuronModelForCausalLM.export(source, config, progress=progress, options=options)
-    except BaseException:
-        _keep_for_resume(options.resume_dir, progress)
-        raise
+    with gguf_read_once():  # the plan and the export parse a GGUF's metadata once between them
+        plan_export(source, config, progress)  # refuses an export that cannot fit before any weight is read
+        options = compile_options(request, target)
+        start = time.monotonic()
+        try:
+            model = NeuronModelForCausalLM.export(source, config, progress=progress, options=options)
+        except BaseException:
+            _keep_for_resume(options.resume_dir, progress)
+            raise
     progress(f"compiled {len(model.specs)} graph(s) in {time.monotonic() - start:.1f} s")
     with staging_directory(target) as staging:
         progress(f"writing {request.output}")

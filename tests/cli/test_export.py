@@ -1,4 +1,5 @@
-"""The real `optimum-cli export neuron` in a subprocess, on tiny random-weight models and once on SmolLM2.
+"""The real `optimum-cli export neuron` in a subprocess, on tiny random-weight models (SmolLM2's export, the session's:
+tests/core/test_smollm2.py).
 
 Successful exports must load with NeuronModelForCausalLM.from_pretrained and generate HF transformers' greedy
 tokens; every refused input must exit non-zero with one `error:` line, no traceback, and leave nothing behind.
@@ -152,28 +153,6 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     assert_same_greedy(output, load_hf(tiny_models["llama"]), ids, eos=set())
 
 
-@pytest.mark.slow  # AOTInductor: a C++ compile per graph
-def test_inductor_export_is_cpp_programs_that_match_hf(tiny_models, tmp_path):
-    """--cpu-compiler inductor (AOTInductor, minutes per graph): the fewest graphs a chunked export has (one row,
-    one context bucket), each a C++ package that generates HF's greedy tokens."""
-    output = tmp_path / "inductor"
-    result = run_export(
-        "--model", tiny_models["llama"], "--batch-size", "1", "--sequence-length", "64", "--backend", "cpu",
-        "--prefill-chunk-size", "16", "--context-buckets", "64", "--prefill-buckets", "0,64",
-        "--cpu-compiler", "inductor", output,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    graphs = sorted(p.name for p in (output / "graphs").iterdir())
-    assert graphs == [
-        "chunked_prefill_0.aoti.pt2",
-        "chunked_prefill_64.aoti.pt2",
-        "copy_prefix_64.aoti.pt2",
-        "token_generation_64.aoti.pt2",
-    ]
-    assert neuron_config(output)["cpu_compiler"] == "inductor"
-    assert_same_greedy(output, load_hf(tiny_models["llama"]), prompt_ids(tiny_models["llama"]), eos=set())
-
-
 def test_export_is_deterministic(llama_export, tiny_models, tmp_path):
     first, second = llama_export[0], tmp_path / "again"
     result = run_export("--model", tiny_models["llama"], *LLAMA_EXPORT_ARGS, second)
@@ -238,23 +217,6 @@ def test_info_command_describes_an_export(llama_export, tmp_path):
     refused = subprocess.run([str(INFO_CLI), str(tmp_path)], capture_output=True, text=True, env=cli_env())
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
     assert refused.stderr.startswith("error:") and "neuron_config.json" in refused.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(3600)
-def test_export_smollm2_gguf_matches_hf(smollm2, smollm2_runtime):
-    """The session's SmolLM2 export: the CLI run from the GGUF (tests/conftest.py)."""
-    output = smollm2.directory
-    assert smollm2.export.returncode == 0, smollm2.export.stderr
-    config = neuron_config(output)
-    assert config["prefill_chunk_size"] == 32
-    assert (config["context_buckets"], config["prefill_buckets"]) == ([64, 256], [0, 64, 256])
-    assert config["decode_batch_sizes"] == [2]
-    tokenizer_config = json.loads((output / "tokenizer_config.json").read_text())
-    assert tokenizer_config.get("chat_template") or (output / "chat_template.jinja").is_file()
-    ids = smollm2.tokenizer(PROMPT)["input_ids"]
-    eos = {smollm2.hf.config.eos_token_id} - {None}
-    assert_same_greedy(smollm2_runtime, smollm2.hf, ids, eos=eos, new_tokens=16)
 
 
 # ----------------------------------------------------------------------------------------------------------------

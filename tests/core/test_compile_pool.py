@@ -33,6 +33,14 @@ def no_shared_cache(monkeypatch):
     monkeypatch.delenv(CACHE_ENV, raising=False)  # every graph compiled by the export under test
 
 
+@pytest.fixture(scope="module")
+def serial(source, tmp_path_factory) -> dict[str, bytes]:
+    """The graph files of the export by one process, every graph compiled (the reference of both tests)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv(CACHE_ENV, raising=False)
+        return _export(source, tmp_path_factory.mktemp("serial") / "artifact", CompileOptions(workers=1))
+
+
 def _graph_files(directory: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(directory)): p.read_bytes() for p in sorted((directory / "graphs").rglob("*")) if p.is_file()
@@ -47,9 +55,8 @@ def _export(source: Path, output: Path, options: CompileOptions, progress=None) 
     return _graph_files(output)
 
 
-def test_two_workers_write_the_serial_graph_files_byte_for_byte(source, tmp_path):
+def test_two_workers_write_the_serial_graph_files_byte_for_byte(source, serial, tmp_path):
     lines: list[str] = []
-    serial = _export(source, tmp_path / "serial", CompileOptions(workers=1))
     parallel = _export(source, tmp_path / "parallel", CompileOptions(workers=2), lines.append)
     assert len(serial) == 11 and parallel == serial
     assert "compiling 11 graph(s) in 2 worker processes" in lines
@@ -58,9 +65,8 @@ def test_two_workers_write_the_serial_graph_files_byte_for_byte(source, tmp_path
     assert {m[2] for m in progress} == {"11"}
 
 
-def test_an_interrupted_export_resumes_and_compiles_only_the_rest(source, tmp_path, monkeypatch):
+def test_an_interrupted_export_resumes_and_compiles_only_the_rest(source, serial, tmp_path, monkeypatch):
     resume = tmp_path / "resume"
-    reference = _export(source, tmp_path / "reference", CompileOptions(workers=1))
     traced = []
     export = torch.export.export
 
@@ -82,4 +88,4 @@ def test_an_interrupted_export_resumes_and_compiles_only_the_rest(source, tmp_pa
     resumed = _export(source, tmp_path / "second", CompileOptions(workers=1, resume_dir=resume), lines.append)
     assert len(traced) - len(first) == 7 and not set(traced[4:]) & set(first)
     assert [REUSED.match(line)[3] for line in lines if REUSED.match(line)] == first
-    assert resumed == reference
+    assert resumed == serial

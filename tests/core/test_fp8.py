@@ -18,7 +18,9 @@ from optimum_neuron_plugin.sources import load_source
 
 from .helpers import CHUNKED_LOGITS_LIGHT, SEEDS, VOCAB, prompt
 
-SHAPE = dict(CHUNKED_LOGITS_LIGHT, batch_size=2)
+# The exports here are called through prefill only: the light prefill buckets (prompts of 19-27 tokens run chunks in
+# buckets 0, 16 and 64) and the fewest other graphs an export has (one context bucket, one decode row count, no copy).
+SHAPE = dict(CHUNKED_LOGITS_LIGHT, batch_size=2, context_buckets=(64,), decode_batch_sizes=(2,), prefix_copy=False)
 
 
 def vllm_dequantized(tensors: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -6,9 +6,13 @@ from_pretrained; the reference is transformers' model read from the same GGUF.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from support.smollm2 import SHAPE
+
+from tests.cli.test_export import PROMPT, assert_same_greedy, neuron_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -71,3 +75,19 @@ def test_multi_chunk_logits_close_to_hf(loaded):
     with torch.no_grad():
         reference = hf(torch.tensor([ids])).logits[0, -1]
     torch.testing.assert_close(logits, reference, atol=1e-3, rtol=0)
+
+
+def test_export_smollm2_gguf_matches_hf(smollm2, smollm2_runtime):
+    """The session's SmolLM2 export is the CLI's, from the GGUF (tests/conftest.py): its options recorded, the chat
+    template kept, HF's greedy tokens (tests/cli/test_export.py's helpers)."""
+    output = smollm2.directory
+    assert smollm2.export.returncode == 0, smollm2.export.stderr
+    config = neuron_config(output)
+    assert config["prefill_chunk_size"] == 32
+    assert (config["context_buckets"], config["prefill_buckets"]) == ([64, 256], [0, 64, 256])
+    assert config["decode_batch_sizes"] == [2]
+    tokenizer_config = json.loads((output / "tokenizer_config.json").read_text())
+    assert tokenizer_config.get("chat_template") or (output / "chat_template.jinja").is_file()
+    ids = smollm2.tokenizer(PROMPT)["input_ids"]
+    eos = {smollm2.hf.config.eos_token_id} - {None}
+    assert_same_greedy(smollm2_runtime, smollm2.hf, ids, eos=eos, new_tokens=16)
