@@ -31,24 +31,26 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Test files that share a costly session fixture run in one xdist worker (scripts/test.sh runs two); every other
 # file is a unit of its own, so no module-scoped server or export is built twice.
 SHARED_FIXTURE_GROUPS = {
-    "smollm2": ("tests/cli/test_export.py", "tests/core/test_smollm2.py", "tests/vllm/test_smollm2_engine.py"),
+    "smollm2": ("tests/core/test_smollm2.py", "tests/vllm/test_smollm2_engine.py"),
     "reliability servers": ("tests/reliability/",),
     "speculative": ("tests/vllm/test_speculative.py", "tests/vllm/test_speculative_draft.py"),
     "benchmark": ("tests/benchmark/",),
 }
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
-# one worker on a 2-core Intel host, benchmark/results/20261127-test-suite-intel-2-cores/slowest-40.txt and its run's
-# junit times: the SmolLM2 group ~750, benchmark ~560, reliability ~330, hf parity ~250, tensor parallel ~180,
-# Gemma 3 ~220; the data-parallel servers 130-240 each).
+# one worker on a 2-core Intel host, benchmark/results/20261128-test-suite-intel-2-cores/: the benchmark group ~500,
+# reliability ~330, the SmolLM2 group ~300, tests/cli/test_export.py ~250, hf parity ~180, Gemma 3 ~170, the
+# AOTInductor export ~150, tensor parallel ~120).
 LONGEST_FIRST = (
-    "smollm2",
-    "reliability servers",
-    "tests/core/test_tensor_parallel.py",
-    "tests/vllm/test_gemma3_engine.py",
-    "tests/core/test_hf_parity.py",
-    "tests/neuron/test_capture.py",
-    "tests/core/test_buckets.py",
     "benchmark",
+    "reliability servers",
+    "smollm2",
+    "tests/cli/test_export.py",
+    "tests/core/test_hf_parity.py",
+    "tests/vllm/test_gemma3_engine.py",
+    "tests/neuron/test_capture.py",
+    "tests/cli/test_export_inductor.py",
+    "tests/core/test_tensor_parallel.py",
+    "tests/core/test_buckets.py",
 )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -25,6 +26,7 @@ from common import add_out, write_json
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+from optimum_neuron_plugin.backends.program_cache import CACHE_ENV
 from optimum_neuron_plugin.models import moe
 
 COMMON = dict(
@@ -39,7 +41,10 @@ def strategy(gather: bool | None):
     if gather is None:
         yield
         return
-    with mock.patch.object(moe, "gathers_experts", lambda tokens, args: gather):
+    # The compile cache (ONP_CPU_COMPILE_CACHE) keys a program by its shapes and options, which a patched strategy
+    # leaves as they are: the variant is exported without it, so that it never reuses the default's programs.
+    with mock.patch.object(moe, "gathers_experts", lambda tokens, args: gather), mock.patch.dict(os.environ):
+        os.environ.pop(CACHE_ENV, None)
         yield
 
 
