@@ -4,9 +4,9 @@ all), in a file of their own so that the test runner can run it beside tests/cli
 from __future__ import annotations
 
 import pytest
+from support.exports import assert_same_greedy, load_hf, neuron_config, prompt_ids
 
 from .helpers import run_export
-from .test_export import assert_same_greedy, load_hf, neuron_config, prompt_ids
 
 
 @pytest.mark.slow  # AOTInductor: a C++ compile per graph

@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from support.exports import load_hf, neuron_config, prompt_ids
 from support.references import hf_greedy, runtime_greedy
 from support.tensor_parallel import run_ranks
 
 from optimum_neuron_plugin import NeuronModelForCausalLM
 
 from .helpers import run_export
-from .test_export import TINY_ARGS, assert_refused, load_hf, neuron_config, prompt_ids
+from .test_export import TINY_ARGS, assert_refused
 
 TP = 2
 NEW_TOKENS = 12

@@ -10,9 +10,8 @@ import json
 
 import pytest
 import torch
+from support.exports import PROMPT, assert_same_greedy, neuron_config
 from support.smollm2 import SHAPE
-
-from tests.cli.test_export import PROMPT, assert_same_greedy, neuron_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
