@@ -76,8 +76,7 @@ def rebuild(text: str) -> torch.fx.GraphModule | None:
 
 
 def _check_inputs(module: torch.fx.GraphModule, args: tuple) -> None:
-    # Under torch.jit.trace every size read here would be recorded too: the backend checks before it traces.
-    if module.validate_inputs and not torch.jit.is_tracing():
+    if module.validate_inputs:
         check_inputs(module, args)
 
 
