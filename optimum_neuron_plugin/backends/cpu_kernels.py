@@ -33,8 +33,12 @@ def _cpu_flags() -> set[str]:
 
 def compile_flags() -> list[str]:
     flags = ["-O3", "-fopenmp"]  # at::parallel_for is OpenMP in torch's CPU builds
-    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= _cpu_flags():
-        flags += ["-mavx2", "-mfma"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        cpu = _cpu_flags()
+        if {"avx2", "fma"} <= cpu:
+            flags += ["-mavx2", "-mfma"]
+        if "avx512f" in cpu:  # the chunk kernel's vectors: 16 floats wide (csrc/chunk_tiles.h)
+            flags += ["-mavx512f"]
     return flags
 
 
