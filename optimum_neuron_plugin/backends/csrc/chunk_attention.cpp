@@ -10,10 +10,12 @@
 // different summation order only.
 //
 // Flash attention, register-blocked (csrc/chunk_tiles.h): one work item per (call row, KV head, block of QB of its
-// G*T queries, laid out as the bias's rows); its keys stream in tiles of KT, each packed once as fp32 (keys
-// transposed, values padded to a multiple of the vector width), then S = Q K^T and O += P V by micro-kernels holding
-// a block of queries x vectors in registers, with an online softmax in fp32 (running max and sum per query, the
-// output rescaled when the max grows). An attention sink is one more term of the softmax's sum with no value.
+// G*T queries, laid out as the bias's rows), its queries packed once, scaled and transposed ([D][QB], fp32). Its keys
+// stream in tiles of KT (a tile ends where the prior does): the scores S [KT][QB] by a micro-kernel that broadcasts
+// key values read in place against vectors of queries, R keys x N vectors of accumulators in registers; the online
+// softmax in fp32, vectors across queries (each query's running max and sum; its output rescaled when the max
+// grows); the tile's values packed as fp32 rows padded to the vector width, then O += P V by a micro-kernel that
+// broadcasts weights against vectors of the head dim. An attention sink is one more term of the sum, with no value.
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -26,6 +28,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "chunk_tiles.h"
@@ -34,7 +37,6 @@ namespace {
 
 using namespace onp_chunk;
 
-constexpr int64_t QB = 64;  // queries per work item
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 // What every work item reads: shapes, pointers, strides (in elements).
@@ -49,13 +51,13 @@ struct Inputs {
   scalar_t* out;  // [n, T, H * D]
 };
 
-// One thread's tiles, reused by its work items.
+// One thread's tiles, reused by its work items. Per query (a column of QB): its running max and sum, and how many
+// of the item's keys it attends.
 struct Scratch {
-  std::vector<float> query, keys, values, scores, out, top, sum;
-  std::vector<int64_t> limit;
+  std::vector<float> queries, values, scores, out, top, sum, limit, alpha;
   Scratch(int64_t dim, int64_t width)
-      : query(QB * dim), keys(dim * KT), values(KT * width), scores(QB * KT), out(QB * width), top(QB), sum(QB),
-        limit(QB) {}
+      : queries(dim * QB), values(KT * width), scores(KT * QB), out(QB * width), top(QB), sum(QB), limit(QB),
+        alpha(QB) {}
 };
 
 // The keys of row i's work items: `prior` cache positions from `low`, then its own block's.
@@ -63,66 +65,55 @@ struct Keys {
   int64_t low, prior, real;
 };
 
-// Pack keys [k0, k0 + len) of `keys` as fp32: keys transposed ([D][KT]), values as rows of `width`.
+// Keys [k0, k0 + len) (all in the prior or all in the own block): the first one's row and the stride between rows.
 template <typename scalar_t>
-void pack_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t h, int64_t k0, int64_t len,
-               Scratch& sc) {
-  const int64_t slot = in.seq_ids[i], dim = in.dim;
-  for (int64_t j = 0; j < len; ++j) {
-    const int64_t key = k0 + j;
-    const scalar_t *kp, *vp;
-    if (key < keys.prior) {
-      const int64_t p = keys.low + key;
-      kp = in.k_cache + slot * in.kcs[0] + h * in.kcs[1] + p * in.kcs[2];
-      vp = in.v_cache + slot * in.vcs[0] + h * in.vcs[1] + p * in.vcs[2];
-    } else {
-      const int64_t u = key - keys.prior;
-      kp = in.k + i * in.ks[0] + u * in.ks[1] + h * in.ks[2];
-      vp = in.v + i * in.vs[0] + u * in.vs[1] + h * in.vs[2];
-    }
-    float* kt = sc.keys.data() + j;
-    float* vrow = sc.values.data() + j * in.width;
-    for (int64_t d = 0; d < dim; ++d) kt[d * KT] = static_cast<float>(kp[d]);
-    for (int64_t d = 0; d < dim; ++d) vrow[d] = static_cast<float>(vp[d]);
-  }
+std::pair<const scalar_t*, int64_t> key_rows(const Inputs<scalar_t>& in, const Keys& keys, const scalar_t* cache,
+                                             const int64_t* cs, const scalar_t* own, const int64_t* os, int64_t i,
+                                             int64_t h, int64_t k0) {
+  if (k0 < keys.prior) return {cache + in.seq_ids[i] * cs[0] + h * cs[1] + (keys.low + k0) * cs[2], cs[2]};
+  return {own + i * os[0] + (k0 - keys.prior) * os[1] + h * os[2], os[1]};
 }
 
-// Query x of the block (row r of the head's G*T): fold the tile's scores into its running max and sum; its scores
-// become its weights (0 past the key it may attend), its output is rescaled when the max grows.
+// The tile's scores (its rows: keys, columns: queries) become weights: masked past each query's last key (and under
+// the bias in a sliding layer), folded into each query's running max and sum; alpha: each output's rescale.
 template <typename scalar_t>
-void softmax_row(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t r, int64_t x, int64_t k0,
-                 int64_t len, Scratch& sc) {
-  float* s = sc.scores.data() + x * KT;
-  const int64_t live = std::min(len, sc.limit[x] - k0);
-  if (live <= 0) {
-    std::fill(s, s + KT, 0.f);
-    return;
-  }
+void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t r0, int64_t rows, int64_t k0,
+                  int64_t len, Scratch& sc) {
+  float* s = sc.scores.data();
+  const int64_t columns = (rows + W - 1) / W * W;
   if (in.window) {  // the bias's columns: [prior bucket | own block]
-    const scalar_t* b = in.bias + i * in.bs[0] + r * in.bs[2];
-    for (int64_t j = 0; j < live; ++j) {
+    for (int64_t j = 0; j < len; ++j) {
       const int64_t key = k0 + j;
       const int64_t column = key < keys.prior ? keys.low + key : in.prior + key - keys.prior;
-      s[j] += static_cast<float>(b[column * in.bs[3]]);
+      const scalar_t* b = in.bias + i * in.bs[0] + r0 * in.bs[2] + column * in.bs[3];
+      for (int64_t x = 0; x < rows; ++x) s[j * QB + x] += static_cast<float>(b[x * in.bs[2]]);
     }
   }
-  std::fill(s + live, s + KT, NEG_INF);
-  vf top = load(s);
-  for (int64_t j = W; j < KT; j += W) {
-    const vf y = load(s + j);
-    top = y > top ? y : top;
+  for (int64_t c = 0; c < columns; c += W) {
+    const vf limit = load(sc.limit.data() + c), old = load(sc.top.data() + c);
+    vf top = old;
+    for (int64_t j = 0; j < len; ++j) {
+      float* row = s + j * QB + c;
+      const vf y = limit > splat(float(k0 + j)) ? load(row) : splat(NEG_INF);
+      store(row, y);
+      top = y > top ? y : top;
+    }
+    const vf shift = top == splat(NEG_INF) ? vf{} : top;  // a query without a key yet: weights and rescale 0
+    vf sum = {};
+    for (int64_t j = 0; j < len; ++j) {
+      float* row = s + j * QB + c;
+      const vf e = vexp(load(row) - shift);
+      store(row, e);
+      sum += e;
+    }
+    const vf alpha = vexp(old - shift);
+    store(sc.alpha.data() + c, alpha);
+    store(sc.sum.data() + c, load(sc.sum.data() + c) * alpha + sum);
+    store(sc.top.data() + c, top);
   }
-  const float old = sc.top[x], now = std::max(old, reduce_max(top));
-  vf sums = {};
-  for (int64_t j = 0; j < KT; j += W) {
-    const vf e = vexp(load(s + j) - now);
-    store(s + j, e);
-    sums += e;
-  }
-  const float alpha = exp1(old - now);  // 0 on the first tile (old = -inf)
-  sc.sum[x] = sc.sum[x] * alpha + reduce_sum(sums);
-  sc.top[x] = now;
-  if (alpha != 1.f) {
+  for (int64_t x = 0; x < rows; ++x) {
+    const float alpha = sc.alpha[x];
+    if (alpha == 1.f) continue;
     float* o = sc.out.data() + x * in.width;
     for (int64_t d = 0; d < in.width; d += W) store(o + d, load(o + d) * alpha);
   }
@@ -132,29 +123,38 @@ void softmax_row(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_
 template <typename scalar_t>
 void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t h, int64_t r0, int64_t rows,
                   Scratch& sc) {
-  const int64_t t = in.tokens, dim = in.dim, width = in.width;
+  const int64_t t = in.tokens, dim = in.dim, width = in.width, columns = (rows + W - 1) / W * W;
+  std::fill(sc.queries.begin(), sc.queries.end(), 0.f);
+  std::fill(sc.limit.begin(), sc.limit.end(), 0.f);
   int64_t total = 0;
   for (int64_t x = 0; x < rows; ++x) {  // query r = g T + u: group g, token u (the bias's row order)
     const int64_t r = r0 + x, u = r % t, g = r / t;
     const scalar_t* src = in.q + i * in.qs[0] + u * in.qs[1] + (h * in.groups + g) * in.qs[2];
-    for (int64_t d = 0; d < dim; ++d) sc.query[x * dim + d] = static_cast<float>(src[d * in.qs[3]]) * in.scale;
-    sc.limit[x] = keys.prior + std::min(u, keys.real - 1) + 1;
-    total = std::max(total, sc.limit[x]);
-    sc.top[x] = NEG_INF;
-    sc.sum[x] = 0.f;
+    for (int64_t d = 0; d < dim; ++d) sc.queries[d * QB + x] = static_cast<float>(src[d * in.qs[3]]) * in.scale;
+    const int64_t limit = keys.prior + std::min(u, keys.real - 1) + 1;
+    sc.limit[x] = static_cast<float>(limit);
+    total = std::max(total, limit);
   }
+  std::fill(sc.top.begin(), sc.top.end(), NEG_INF);
+  std::fill(sc.sum.begin(), sc.sum.end(), 0.f);
   std::fill(sc.out.begin(), sc.out.begin() + rows * width, 0.f);
-  for (int64_t k0 = 0; k0 < total; k0 += KT) {
-    const int64_t len = std::min(KT, total - k0);
-    pack_tile(in, keys, i, h, k0, len, sc);
-    int64_t x = 0;
-    for (; x + RQ <= rows; x += RQ) scores<RQ>(sc.query.data() + x * dim, dim, sc.keys.data(), sc.scores.data() + x * KT);
-    for (; x < rows; ++x) scores<1>(sc.query.data() + x * dim, dim, sc.keys.data(), sc.scores.data() + x * KT);
-    for (x = 0; x < rows; ++x) softmax_row(in, keys, i, r0 + x, x, k0, len, sc);
-    for (x = 0; x + RQ <= rows; x += RQ) {
-      values<RQ>(sc.scores.data() + x * KT, sc.values.data(), width, len, sc.out.data() + x * width);
+  for (int64_t k0 = 0; k0 < total;) {  // tiles end where the prior does
+    const int64_t len = std::min(KT, (k0 < keys.prior ? keys.prior : total) - k0);
+    auto [key, stride] = key_rows(in, keys, in.k_cache, in.kcs, in.k, in.ks, i, h, k0);
+    const float* queries = sc.queries.data();
+    int64_t j = 0;
+    for (; j + RQ <= len; j += RQ) scores<RQ>(key + j * stride, stride, dim, queries, columns, &sc.scores[j * QB]);
+    for (; j < len; ++j) scores<1>(key + j * stride, stride, dim, queries, columns, &sc.scores[j * QB]);
+    softmax_tile(in, keys, i, r0, rows, k0, len, sc);
+    auto [value, vstride] = key_rows(in, keys, in.v_cache, in.vcs, in.v, in.vs, i, h, k0);
+    for (j = 0; j < len; ++j) {
+      float* dst = sc.values.data() + j * width;
+      for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<float>(value[j * vstride + d]);
     }
-    for (; x < rows; ++x) values<1>(sc.scores.data() + x * KT, sc.values.data(), width, len, sc.out.data() + x * width);
+    int64_t x = 0;
+    for (; x + RQ <= rows; x += RQ) values<RQ>(&sc.scores[x], sc.values.data(), width, len, &sc.out[x * width]);
+    for (; x < rows; ++x) values<1>(&sc.scores[x], sc.values.data(), width, len, &sc.out[x * width]);
+    k0 += len;
   }
   for (int64_t x = 0; x < rows; ++x) {  // out [n, T, H * D]
     const int64_t r = r0 + x, u = r % t, head = h * in.groups + r / t;
@@ -183,7 +183,8 @@ void attend_rows(const Inputs<scalar_t>& in, const std::vector<Keys>& rows) {
 
 template <typename scalar_t>
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
-         const at::Tensor& v_cache, const at::Tensor& bias, const at::Tensor& ids, int64_t window, float scale, const float* sinks, const std::vector<Keys>& rows, at::Tensor& out) {
+         const at::Tensor& v_cache, const at::Tensor& bias, const at::Tensor& ids, int64_t window, float scale,
+         const float* sinks, const std::vector<Keys>& rows, at::Tensor& out) {
   const int64_t t = q.size(1), heads = q.size(2), dim = q.size(3), kv_heads = k.size(2);
   const Inputs<scalar_t> in{t,
                             heads,
@@ -219,8 +220,9 @@ at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && k_cache.dim() == 4 && bias.dim() == 4,
               "chunk_attention: q [n, T, H, D], k/v [n, T, KVH, D], caches [rows, KVH, S, D], bias [n, 1, G*T, P+T]");
   for (const auto* tensor : {&k, &v, &k_cache, &v_cache, &bias}) {
-    TORCH_CHECK(tensor->scalar_type() == q.scalar_type(), "chunk_attention: q, k, v, the caches and the bias share "
-                "one dtype (an FP8 cache takes the masked form), got ", tensor->scalar_type(), " for ", q.scalar_type());
+    TORCH_CHECK(tensor->scalar_type() == q.scalar_type(),
+                "chunk_attention: q, k, v, the caches and the bias share one dtype (an FP8 cache takes the masked "
+                "form), got ", tensor->scalar_type(), " for ", q.scalar_type());
   }
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "chunk_attention: cache rows are contiguous");
   const int64_t n = q.size(0), t = q.size(1), heads = q.size(2), dim = q.size(3);

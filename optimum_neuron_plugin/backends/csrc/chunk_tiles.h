@@ -15,8 +15,9 @@ constexpr int ACC = 16;    // accumulators a micro-kernel holds in registers (of
 constexpr int64_t W = 8;
 constexpr int ACC = 8;  // (of 16)
 #endif
-constexpr int64_t KT = 64;  // keys per tile (a multiple of ACC / RQ * W)
-constexpr int RQ = 4;       // queries per micro-kernel call
+constexpr int64_t KT = 64;   // keys per tile
+constexpr int64_t QB = 128;  // queries per work item (a multiple of W)
+constexpr int RQ = 4;        // keys or queries per micro-kernel call
 constexpr int NV = ACC / RQ;
 
 typedef float vf __attribute__((vector_size(W * 4)));
@@ -32,16 +33,23 @@ inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
 
 inline vf splat(float x) { return vf{} + x; }
 
+// Horizontal max and sum, halving the vector each step.
 inline float reduce_max(vf v) {
-  float top = v[0];
-  for (int64_t j = 1; j < W; ++j) top = v[j] > top ? v[j] : top;
-  return top;
+  float lanes[W];
+  store(lanes, v);
+  for (int64_t half = W / 2; half > 0; half /= 2) {
+    for (int64_t j = 0; j < half; ++j) lanes[j] = lanes[j + half] > lanes[j] ? lanes[j + half] : lanes[j];
+  }
+  return lanes[0];
 }
 
 inline float reduce_sum(vf v) {
-  float sum = 0.f;
-  for (int64_t j = 0; j < W; ++j) sum += v[j];
-  return sum;
+  float lanes[W];
+  store(lanes, v);
+  for (int64_t half = W / 2; half > 0; half /= 2) {
+    for (int64_t j = 0; j < half; ++j) lanes[j] += lanes[j + half];
+  }
+  return lanes[0];
 }
 
 // exp(x) in fp32 within 2 ulp (csrc/decode_attention.cpp's exp8, W wide): x = n ln2 + r with |r| <= ln2 / 2, exp(r)
@@ -71,30 +79,30 @@ inline vf vexp(vf x) {
 
 inline float exp1(float x) { return vexp(splat(x))[0]; }
 
-// s[r][c..c + N W) = q[r] . kt[:, c..c + N W) for R queries (q: rows of `dim`, scaled), keys packed transposed (kt:
-// [dim][KT]); s rows of KT. R x N accumulators stay in registers; each step broadcasts one query value.
-template <int R, int N>
-inline void score_block(const float* q, int64_t dim, const float* kt, float* s) {
+// s[j][c..c + N W) = key_j . qt[:, c..c + N W) for R keys (rows of `stride`) against N W queries (transposed and
+// scaled, qt: [dim][QB]); s rows of QB. R x N accumulators stay in registers; each step broadcasts one key value.
+template <int R, int N, typename scalar_t>
+inline void score_block(const scalar_t* key, int64_t stride, int64_t dim, const float* qt, float* s) {
   vf acc[R][N] = {};
   for (int64_t d = 0; d < dim; ++d) {
-    vf k[N];
+    vf q[N];
 #pragma GCC unroll 8
-    for (int n = 0; n < N; ++n) k[n] = load(kt + d * KT + n * W);
+    for (int n = 0; n < N; ++n) q[n] = load(qt + d * QB + n * W);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const vf x = splat(q[r * dim + d]);
+      const vf x = splat(static_cast<float>(key[r * stride + d]));
 #pragma GCC unroll 8
-      for (int n = 0; n < N; ++n) acc[r][n] += x * k[n];
+      for (int n = 0; n < N; ++n) acc[r][n] += x * q[n];
     }
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 8
-    for (int n = 0; n < N; ++n) store(s + r * KT + n * W, acc[r][n]);
+    for (int n = 0; n < N; ++n) store(s + r * QB + n * W, acc[r][n]);
   }
 }
 
-// o[r][c..c + N W) += sum over j < keys of p[r][j] v[j][c..c + N W), for R queries (p rows of KT, o and v rows of
+// o[r][c..c + N W) += sum over j < keys of p[j][r] v[j][c..c + N W), for R queries (p rows of QB, o and v rows of
 // `width`): R x N accumulators in registers, each step broadcasts one weight per query.
 template <int R, int N>
 inline void value_block(const float* p, const float* v, int64_t width, int64_t keys, float* o) {
@@ -110,7 +118,7 @@ inline void value_block(const float* p, const float* v, int64_t width, int64_t k
     for (int n = 0; n < N; ++n) x[n] = load(v + j * width + n * W);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const vf w = splat(p[r * KT + j]);
+      const vf w = splat(p[j * QB + r]);
 #pragma GCC unroll 8
       for (int n = 0; n < N; ++n) acc[r][n] += w * x[n];
     }
@@ -122,10 +130,12 @@ inline void value_block(const float* p, const float* v, int64_t width, int64_t k
   }
 }
 
-// R queries' scores against a whole tile of KT keys.
-template <int R>
-inline void scores(const float* q, int64_t dim, const float* kt, float* s) {
-  for (int64_t c = 0; c < KT; c += NV * W) score_block<R, NV>(q, dim, kt + c, s + c);
+// R keys' scores against the first `queries` (a multiple of W) of qt.
+template <int R, typename scalar_t>
+inline void scores(const scalar_t* key, int64_t stride, int64_t dim, const float* qt, int64_t queries, float* s) {
+  int64_t c = 0;
+  for (; c + NV * W <= queries; c += NV * W) score_block<R, NV>(key, stride, dim, qt + c, s + c);
+  for (; c < queries; c += W) score_block<R, 1>(key, stride, dim, qt + c, s + c);
 }
 
 // R queries' outputs (rows of `width`, a multiple of W) plus the tile's first `keys` weighted values.
