@@ -89,13 +89,17 @@ void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
       for (int64_t x = 0; x < rows; ++x) s[j * QB + x] += static_cast<float>(b[x * in.bs[2]]);
     }
   }
+  const bool every_key = k0 + len <= *std::min_element(sc.limit.begin(), sc.limit.begin() + rows);
   for (int64_t c = 0; c < columns; c += W) {
     const vf limit = load(sc.limit.data() + c), old = load(sc.top.data() + c);
     vf top = old;
     for (int64_t j = 0; j < len; ++j) {
       float* row = s + j * QB + c;
-      const vf y = limit > splat(float(k0 + j)) ? load(row) : splat(NEG_INF);
-      store(row, y);
+      vf y = load(row);
+      if (!every_key || c + W > rows) {  // keys past some query's last, or the block's padding lanes
+        y = limit > splat(float(k0 + j)) ? y : splat(NEG_INF);
+        store(row, y);
+      }
       top = y > top ? y : top;
     }
     const vf shift = top == splat(NEG_INF) ? vf{} : top;  // a query without a key yet: weights and rescale 0

@@ -52,17 +52,16 @@ inline float reduce_sum(vf v) {
   return lanes[0];
 }
 
-// exp(x) in fp32 within 2 ulp (csrc/decode_attention.cpp's exp8, W wide): x = n ln2 + r with |r| <= ln2 / 2, exp(r)
-// by its degree-6 polynomial, times 2^n built in the exponent bits. Below -87 (-inf, a masked key's -1e9 fill) it is
-// exactly 0, as the definition's exp underflows.
+// exp(x) in fp32 within 2 ulp (Cephes' expf, W wide): x = n ln2 + r with n the nearest integer to x / ln2 (added
+// to 1.5 * 2^23, which leaves n in the low mantissa bits) and |r| <= ln2 / 2, exp(r) by its degree-6 polynomial,
+// times 2^n built in the exponent bits. Below -87 (-inf, a masked key's -1e9 fill) it is exactly 0, as the
+// definition's exp underflows.
 inline vf vexp(vf x) {
-  const vf low = splat(-87.f), high = splat(88.f);
+  const vf low = splat(-87.f);
   vf c = x < low ? low : x;
-  c = c > high ? high : c;
-  const vf y = c * 1.44269504088896341f + 0.5f;
-  vi n = __builtin_convertvector(y, vi);  // floor(y): truncation, minus one where it rounded up
-  n += __builtin_convertvector(n, vf) > y;
-  const vf nf = __builtin_convertvector(n, vf);
+  c = c > 88.f ? splat(88.f) : c;
+  const vf shifted = c * 1.44269504088896341f + 12582912.f;  // 1.5 * 2^23 + n
+  const vf nf = shifted - 12582912.f;
   const vf r = c - nf * 0.693359375f + nf * 2.12194440e-4f;
   vf p = splat(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
@@ -70,7 +69,9 @@ inline vf vexp(vf x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const vi bits = (n + 127) << 23;
+  vi bits;
+  std::memcpy(&bits, &shifted, sizeof(bits));
+  bits = (bits - 0x4B400000 + 127) << 23;  // 0x4B400000: the bits of 1.5 * 2^23
   vf two_n;
   std::memcpy(&two_n, &bits, sizeof(two_n));
   const vf e = (p * r * r + r + 1.f) * two_n;
