@@ -4,8 +4,8 @@ replayed program calls each as one op without returning to Python.
 
 - `onp::chunk_attention` (prompt chunks; csrc/chunk_attention.cpp): the masked form runs PyTorch's CPU flash kernel
   over [the whole prior bucket | the own block] under the chunk's bias, where a masked key costs what a live one does
-  (docs/attention-split.md). The kernel runs two flash calls per row, its prior read in place up to its start and its
-  own block causally, and merges them by their log-sum-exp.
+  (docs/attention-split.md). The kernel is one register-blocked flash pass per row over its prior, read in place up
+  to its start, then its own block causally; sliding layers add the bias's columns for those keys.
 - `onp::decode_attention` (decode rows on the cache in place; csrc/decode_attention.cpp): the definition attends the
   whole context bucket; the kernel reads each call row's cache positions up to its last one, in place.
 

@@ -5,8 +5,9 @@ The build takes 15-60 s and lands in the environment (`<sys.prefix>/share/onp_cp
 extension cache, TORCH_EXTENSIONS_DIR, where the environment is read-only): scripts/setup.sh builds it, a later
 `load()` only links it (ninja rebuilds what changed). `<tree>` names the source checkout and the environment's path:
 ninja's commands hold both, so checkouts installed in one environment would otherwise rebuild over each other.
-On x86-64 the kernels compile for AVX2 and FMA when the host has them (every x86 server since 2013); elsewhere for
-the compiler's default target.
+On x86-64 the kernels compile for AVX2 and FMA when the host has them (every x86 server since 2013), and for AVX-512F
+where the host has it (the chunk kernel's vectors are then 16 floats wide, csrc/chunk_tiles.h); elsewhere for the
+compiler's default target.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ def _cpu_flags() -> set[str]:
 
 def compile_flags() -> list[str]:
     flags = ["-O3", "-fopenmp"]  # at::parallel_for is OpenMP in torch's CPU builds
-    if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma"} <= _cpu_flags():
-        flags += ["-mavx2", "-mfma"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        cpu = _cpu_flags()
+        if {"avx2", "fma"} <= cpu:
+            flags += ["-mavx2", "-mfma"]
+        if "avx512f" in cpu:  # the chunk kernel's vectors: 16 floats wide (csrc/chunk_tiles.h)
+            flags += ["-mavx512f"]
     return flags
 
 

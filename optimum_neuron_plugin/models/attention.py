@@ -11,7 +11,7 @@ A chunk's attention is one op, `onp::chunk_attention`, and so is the attention o
 place (token_generation), `onp::decode_attention`. Each op's definition below is the masked form: the form every
 backend can compile (TorchNeuron captures it whole). A backend may register a kernel that computes the same function
 reading only the keys the mask leaves: the CPU backend's (backends/cpu_attention.py) reads each chunk row's prior up
-to its start, without a mask, and merges it with the own block by their log-sum-exp; and reads a decode call's
+to its start, without a mask, then its own block causally, in one flash pass; and reads a decode call's
 cache positions up to its last token's, not the whole bucket.
 """
 

@@ -1,8 +1,9 @@
 """The chunk attention op's CPU kernel (backends/cpu_attention.py) computes its masked definition
 (models/attention.py, masked_chunk_attention) within fp32 rounding: for rows with their own starts (a first chunk, a
 start inside the prior bucket, at its end), padded chunks, grouped and ungrouped heads, sliding windows shorter and
-longer than the prior, attention sinks, a cache of stale values past each start, and bf16. The exported programs
-call the op and replay it (every HF parity test of the core suite runs through it)."""
+longer than the prior, attention sinks, a cache of stale values past each start, priors and chunks over several key
+tiles and query blocks (ending inside one), head dims off the vector width, and bf16. An FP8 cache takes the masked
+form. The exported programs call the op and replay it (every HF parity test of the core suite runs through it)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from optimum_neuron_plugin.backends import cpu_serde
 from optimum_neuron_plugin.backends.cpu_attention import chunk_attention_cpu
 from optimum_neuron_plugin.graphs import PREFILL_CHUNKS
-from optimum_neuron_plugin.models import kv_cache, masks
+from optimum_neuron_plugin.models import fp8, kv_cache, masks
 from optimum_neuron_plugin.models.attention import attend_chunk, masked_chunk_attention
 
 SEQUENCE = 48
@@ -25,15 +26,17 @@ def _positions(starts: list[int], real: list[int], t: int) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.int32)
 
 
-def _case(starts, real, t, prior, heads, kv_heads, window=0, sinks=False, dtype=torch.float32, seed=0):
-    generator = torch.Generator().manual_seed(seed)
+def _case(
+    starts, real, t, prior, heads, kv_heads, window=0, sinks=False, dtype=torch.float32, dim=DIM, sequence=SEQUENCE
+):
+    generator = torch.Generator().manual_seed(0)
     n = len(starts)
 
     def rand(*shape):
         return torch.randn(*shape, generator=generator).to(dtype)
 
-    q, k, v = rand(n, t, heads, DIM), rand(n, t, kv_heads, DIM), rand(n, t, kv_heads, DIM)
-    caches = [rand(n + 1, kv_heads, SEQUENCE, DIM) * 3 for _ in range(2)]  # stale values everywhere
+    q, k, v = rand(n, t, heads, dim), rand(n, t, kv_heads, dim), rand(n, t, kv_heads, dim)
+    caches = [rand(n + 1, kv_heads, sequence, dim) * 3 for _ in range(2)]  # stale values everywhere
     positions = _positions(starts, real, t)
     seq_ids = torch.arange(n, 0, -1)  # rows in reverse cache order
     bias = masks.chunk_bias(positions, prior, heads // kv_heads, dtype, window or None)
@@ -58,14 +61,40 @@ CASES = {
     ),
     "sinks": dict(starts=[0, 13], real=[8, 3], t=8, prior=16, heads=4, kv_heads=2, sinks=True),
     "window and sinks": dict(starts=[17, 0], real=[6, 8], t=8, prior=24, heads=4, kv_heads=2, window=5, sinks=True),
+    # The kernel's tiles: 64 keys, 64 queries (of a KV head's G*T), vectors of 8 or 16 floats.
+    "several key tiles and query blocks": dict(
+        starts=[150, 70, 0], real=[80, 33, 1], t=80, prior=160, heads=6, kv_heads=2, dim=64, sequence=256
+    ),
+    "several tiles, window and sinks": dict(
+        starts=[150, 9],
+        real=[70, 80],
+        t=80,
+        prior=160,
+        heads=3,
+        kv_heads=1,
+        window=100,
+        sinks=True,
+        dim=64,
+        sequence=256,
+    ),
+    "head dim off the vector width": dict(starts=[37, 0], real=[5, 8], t=8, prior=48, heads=4, kv_heads=2, dim=20),
+    "head dim past the vector width": dict(starts=[29], real=[7], t=9, prior=32, heads=2, kv_heads=1, dim=72),
 }
+
+
+def _exact(inputs):
+    """The definition in fp64."""
+    return masked_chunk_attention(*(x.double() if torch.is_tensor(x) and x.is_floating_point() else x for x in inputs))
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_kernel_computes_the_masked_definition(case):
+    """Within fp32 rounding: no further from the definition in fp64 than twice the masked form in fp32 is."""
     inputs = _case(**CASES[case])
-    expected = masked_chunk_attention(*inputs)
-    torch.testing.assert_close(chunk_attention_cpu(*inputs), expected, atol=2e-6, rtol=1e-5)
+    exact = _exact(inputs)
+    rounding = (masked_chunk_attention(*inputs).double() - exact).abs().max().item()
+    assert 0 < rounding < 1e-4
+    assert (chunk_attention_cpu(*inputs).double() - exact).abs().max().item() <= 2 * rounding
 
 
 def test_the_op_runs_the_kernel_on_cpu_tensors():
@@ -73,7 +102,9 @@ def test_the_op_runs_the_kernel_on_cpu_tensors():
     assert torch.equal(torch.ops.onp.chunk_attention(*inputs), chunk_attention_cpu(*inputs))
 
 
-@pytest.mark.parametrize("case", ["starts inside and at the bucket's end", "window and sinks"])
+@pytest.mark.parametrize(
+    "case", ["starts inside and at the bucket's end", "window and sinks", "several tiles, window and sinks"]
+)
 def test_bf16_matches_the_masked_definition_within_bf16_rounding(case):
     inputs = _case(**CASES[case], dtype=torch.bfloat16)
     out = chunk_attention_cpu(*inputs)
@@ -90,6 +121,19 @@ def test_attend_chunk_writes_the_cache_then_attends_through_the_op():
     torch.testing.assert_close(
         out, masked_chunk_attention(q, k, v, k_cache, v_cache, seq_ids, positions, bias, 0, scale, sinks)
     )
+
+
+def test_an_fp8_cache_takes_the_masked_form_and_the_kernel_refuses_it():
+    q, k, v, k_cache, v_cache, seq_ids, positions, bias, window, scale, sinks = _case(**CASES["sinks"])
+    kv_scales = (torch.tensor(0.05), torch.tensor(0.04))
+    rows = kv_cache.CallRows.of(k_cache, seq_ids, positions)
+    caches = [torch.zeros(k_cache.shape, dtype=fp8.FP8_DTYPE) for _ in range(2)]
+    out = attend_chunk(q, k, v, *caches, rows, bias, positions, window, scale, sinks, kv_scales, op=True)
+    fresh = [torch.zeros(k_cache.shape, dtype=fp8.FP8_DTYPE) for _ in range(2)]
+    expected = attend_chunk(q, k, v, *fresh, rows, bias, positions, window, scale, sinks, kv_scales, op=False)
+    assert torch.equal(out, expected)
+    with pytest.raises(RuntimeError, match="an FP8 cache takes the masked form"):
+        chunk_attention_cpu(q, k, v, *caches, seq_ids, positions, bias, window, scale, sinks)
 
 
 def test_the_chunk_graphs_call_the_op_and_load_from_their_record(llama_logits):

@@ -1,95 +1,261 @@
 // onp_cpu::chunk_attention: the CPU kernel of onp::chunk_attention (models/attention.py, masked_chunk_attention).
 //
-// Row i (cache row seq_ids[i], positions[i] from its start s) attends two pieces, each through PyTorch's CPU flash
-// kernel, which returns the piece's log-sum-exp:
-// - its own block, causally over its real keys (the kernel's causal form skips the upper triangle; padded queries,
-//   past the last real key, see every real key as the mask has it), or under the bias's own columns in a sliding
-//   layer;
-// - its prior, cache positions [max(0, s - window + 1), s) read in place (a view of the cache row), without a mask
-//   unless the layer slides (then under the bias's columns for those positions).
-// The two partial softmaxes merge by their log-sum-exp: o = o_own + (o_prior - o_own) * sigmoid(lse_prior - lse_own).
-// A key the bias masks for every query weighs exactly 0 in the masked form (exp of the -1e9 fill underflows), so
-// leaving it out changes the result by the rounding of a different summation order only. An attention sink is one
-// more term of the softmax's sum with no value: it scales the output by sigmoid(lse - sink).
+// Call row i (cache row seq_ids[i], its chunk starting at s, `real` real tokens) attends, in one pass over its keys,
+// its prior, cache positions [low, end) read in place (end = min(s, prior bucket), low = max(0, s - window + 1), 0
+// without a window), followed by its own block's keys from k/v: own query t sees own keys [0, min(t, real - 1)], a
+// padded query every real own key, as the mask has it. Each query's keys are thus a prefix of [prior | own], and the
+// upper triangle of the own block is never computed. In a sliding layer the scores also add the bias's columns for
+// those keys (the window inside the prior and the own block). A key the bias masks for every query weighs exactly 0
+// in the masked form (exp of the -1e9 fill underflows), so leaving it out changes the result by the rounding of a
+// different summation order only.
+//
+// Flash attention, register-blocked (csrc/chunk_tiles.h): one work item per (call row, KV head, block of QB of its
+// G*T queries, laid out as the bias's rows), its queries packed once, scaled and transposed ([D][QB], fp32). Its keys
+// stream in tiles of KT (a tile ends where the prior does): the scores S [KT][QB] by a micro-kernel that broadcasts
+// key values read in place against vectors of queries, R keys x N vectors of accumulators in registers; the online
+// softmax in fp32, vectors across queries (each query's running max and sum; its output rescaled when the max
+// grows); the tile's values packed as fp32 rows padded to the vector width, then O += P V by a micro-kernel that
+// broadcasts weights against vectors of the head dim. An attention sink is one more term of the sum, with no value.
 
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <optional>
-#include <tuple>
+#include <utility>
 #include <vector>
+
+#include "chunk_tiles.h"
 
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> flash(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
-                                         const std::optional<at::Tensor>& mask, std::optional<double> scale) {
-  return at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, mask, scale);
+using namespace onp_chunk;
+
+constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
+
+// What every work item reads: shapes, pointers, strides (in elements).
+template <typename scalar_t>
+struct Inputs {
+  int64_t tokens, heads, kv_heads, groups, dim, width, prior, window;
+  const scalar_t *q, *k, *v, *k_cache, *v_cache, *bias;
+  const int64_t *qs, *ks, *vs, *kcs, *vcs, *bs;
+  const int64_t* seq_ids;
+  const float* sinks;  // [H] or null
+  float scale;
+  scalar_t* out;  // [n, T, H * D]
+};
+
+// One thread's tiles, reused by its work items. Per query (a column of QB): its running max and sum, and how many
+// of the item's keys it attends.
+struct Scratch {
+  std::vector<float> queries, values, scores, out, top, sum, limit, alpha;
+  Scratch(int64_t dim, int64_t width)
+      : queries(dim * QB), values(KT * width), scores(KT * QB), out(QB * width), top(QB), sum(QB), limit(QB),
+        alpha(QB) {}
+};
+
+// The keys of row i's work items: `prior` cache positions from `low`, then its own block's.
+struct Keys {
+  int64_t low, prior, real;
+};
+
+// Keys [k0, k0 + len) (all in the prior or all in the own block): the first one's row and the stride between rows.
+template <typename scalar_t>
+std::pair<const scalar_t*, int64_t> key_rows(const Inputs<scalar_t>& in, const Keys& keys, const scalar_t* cache,
+                                             const int64_t* cs, const scalar_t* own, const int64_t* os, int64_t i,
+                                             int64_t h, int64_t k0) {
+  if (k0 < keys.prior) return {cache + in.seq_ids[i] * cs[0] + h * cs[1] + (keys.low + k0) * cs[2], cs[2]};
+  return {own + i * os[0] + (k0 - keys.prior) * os[1] + h * os[2], os[1]};
 }
 
-// One row's own block without a window: queries [1, KVH, G*T, D] against its first `real` keys [1, KVH, T, D],
-// causally, as heads [1, H, T, D] (a view) against K/V repeated per group (a chunk's own keys: small).
-std::tuple<at::Tensor, at::Tensor> own_causal(const at::Tensor& queries, const at::Tensor& keys,
-                                              const at::Tensor& values, int64_t real, std::optional<double> scale) {
-  const int64_t kv_heads = queries.size(1), rows = queries.size(2), dim = queries.size(3);
-  const int64_t groups = rows / keys.size(2);
-  const auto heads = queries.view({1, kv_heads * groups, rows / groups, dim});
-  const auto k = keys.slice(2, 0, real).repeat_interleave(groups, 1);
-  const auto v = values.slice(2, 0, real).repeat_interleave(groups, 1);
-  auto [out, lse] = flash(heads, k, v, true, std::nullopt, scale);
-  return {out.view({1, kv_heads, rows, dim}), lse.reshape({1, kv_heads, rows})};
+// The tile's scores (its rows: keys, columns: queries) become weights: masked past each query's last key (and under
+// the bias in a sliding layer), folded into each query's running max and sum; alpha: each output's rescale.
+template <typename scalar_t>
+void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t r0, int64_t rows, int64_t k0,
+                  int64_t len, Scratch& sc) {
+  float* s = sc.scores.data();
+  const int64_t columns = (rows + W - 1) / W * W;
+  if (in.window) {  // the bias's columns: [prior bucket | own block]
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t key = k0 + j;
+      const int64_t column = key < keys.prior ? keys.low + key : in.prior + key - keys.prior;
+      const scalar_t* b = in.bias + i * in.bs[0] + r0 * in.bs[2] + column * in.bs[3];
+      for (int64_t x = 0; x < rows; ++x) s[j * QB + x] += static_cast<float>(b[x * in.bs[2]]);
+    }
+  }
+  const bool every_key = k0 + len <= *std::min_element(sc.limit.begin(), sc.limit.begin() + rows);
+  for (int64_t c = 0; c < columns; c += W) {
+    const vf limit = load(sc.limit.data() + c), old = load(sc.top.data() + c);
+    vf top = old;
+    for (int64_t j = 0; j < len; ++j) {
+      float* row = s + j * QB + c;
+      vf y = load(row);
+      if (!every_key || c + W > rows) {  // keys past some query's last, or the block's padding lanes
+        y = limit > splat(float(k0 + j)) ? y : splat(NEG_INF);
+        store(row, y);
+      }
+      top = y > top ? y : top;
+    }
+    const vf shift = top == splat(NEG_INF) ? vf{} : top;  // a query without a key yet: weights and rescale 0
+    vf sum = {};
+    for (int64_t j = 0; j < len; ++j) {
+      float* row = s + j * QB + c;
+      const vf e = vexp(load(row) - shift);
+      store(row, e);
+      sum += e;
+    }
+    const vf alpha = vexp(old - shift);
+    store(sc.alpha.data() + c, alpha);
+    store(sc.sum.data() + c, load(sc.sum.data() + c) * alpha + sum);
+    store(sc.top.data() + c, top);
+  }
+  for (int64_t x = 0; x < rows; ++x) {
+    const float alpha = sc.alpha[x];
+    if (alpha == 1.f) continue;
+    float* o = sc.out.data() + x * in.width;
+    for (int64_t d = 0; d < in.width; d += W) store(o + d, load(o + d) * alpha);
+  }
+}
+
+// Work item: row i, KV head h, queries [r0, r0 + rows) of the head's G*T.
+template <typename scalar_t>
+void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t h, int64_t r0, int64_t rows,
+                  Scratch& sc) {
+  const int64_t t = in.tokens, dim = in.dim, width = in.width, columns = (rows + W - 1) / W * W;
+  std::fill(sc.queries.begin(), sc.queries.end(), 0.f);
+  std::fill(sc.limit.begin(), sc.limit.end(), 0.f);
+  int64_t total = 0;
+  for (int64_t x = 0; x < rows; ++x) {  // query r = g T + u: group g, token u (the bias's row order)
+    const int64_t r = r0 + x, u = r % t, g = r / t;
+    const scalar_t* src = in.q + i * in.qs[0] + u * in.qs[1] + (h * in.groups + g) * in.qs[2];
+    for (int64_t d = 0; d < dim; ++d) sc.queries[d * QB + x] = static_cast<float>(src[d * in.qs[3]]) * in.scale;
+    const int64_t limit = keys.prior + std::min(u, keys.real - 1) + 1;
+    sc.limit[x] = static_cast<float>(limit);
+    total = std::max(total, limit);
+  }
+  std::fill(sc.top.begin(), sc.top.end(), NEG_INF);
+  std::fill(sc.sum.begin(), sc.sum.end(), 0.f);
+  std::fill(sc.out.begin(), sc.out.begin() + rows * width, 0.f);
+  for (int64_t k0 = 0; k0 < total;) {  // tiles end where the prior does
+    const int64_t len = std::min(KT, (k0 < keys.prior ? keys.prior : total) - k0);
+    auto [key, stride] = key_rows(in, keys, in.k_cache, in.kcs, in.k, in.ks, i, h, k0);
+    const float* queries = sc.queries.data();
+    int64_t j = 0;
+    for (; j + RQ <= len; j += RQ) scores<RQ>(key + j * stride, stride, dim, queries, columns, &sc.scores[j * QB]);
+    for (; j < len; ++j) scores<1>(key + j * stride, stride, dim, queries, columns, &sc.scores[j * QB]);
+    softmax_tile(in, keys, i, r0, rows, k0, len, sc);
+    auto [value, vstride] = key_rows(in, keys, in.v_cache, in.vcs, in.v, in.vs, i, h, k0);
+    for (j = 0; j < len; ++j) {
+      float* dst = sc.values.data() + j * width;
+      for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<float>(value[j * vstride + d]);
+    }
+    int64_t x = 0;
+    for (; x + RQ <= rows; x += RQ) values<RQ>(&sc.scores[x], sc.values.data(), width, len, &sc.out[x * width]);
+    for (; x < rows; ++x) values<1>(&sc.scores[x], sc.values.data(), width, len, &sc.out[x * width]);
+    k0 += len;
+  }
+  for (int64_t x = 0; x < rows; ++x) {  // out [n, T, H * D]
+    const int64_t r = r0 + x, u = r % t, head = h * in.groups + r / t;
+    float sum = sc.sum[x];
+    if (in.sinks) sum += exp1(in.sinks[head] - sc.top[x]);
+    const float inv = 1.f / sum;
+    scalar_t* dst = in.out + (i * t + u) * in.heads * dim + head * dim;
+    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<scalar_t>(sc.out[x * width + d] * inv);
+  }
+}
+
+template <typename scalar_t>
+void attend_rows(const Inputs<scalar_t>& in, const std::vector<Keys>& rows) {
+  const int64_t n = rows.size(), queries = in.groups * in.tokens, blocks = (queries + QB - 1) / QB;
+  const int64_t items = n * in.kv_heads * blocks;
+  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
+    Scratch sc(in.dim, in.width);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t i = item / (in.kv_heads * blocks), h = item / blocks % in.kv_heads, j = item % blocks;
+      // Blocks from both ends in turn: a thread's contiguous range of items holds causal blocks of both costs.
+      const int64_t b = j % 2 ? blocks - 1 - j / 2 : j / 2;
+      attend_block(in, rows[i], i, h, b * QB, std::min(QB, queries - b * QB), sc);
+    }
+  });
+}
+
+template <typename scalar_t>
+void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
+         const at::Tensor& v_cache, const at::Tensor& bias, const at::Tensor& ids, int64_t window, float scale,
+         const float* sinks, const std::vector<Keys>& rows, at::Tensor& out) {
+  const int64_t t = q.size(1), heads = q.size(2), dim = q.size(3), kv_heads = k.size(2);
+  const Inputs<scalar_t> in{t,
+                            heads,
+                            kv_heads,
+                            heads / kv_heads,
+                            dim,
+                            (dim + W - 1) / W * W,
+                            bias.size(-1) - t,
+                            window,
+                            q.data_ptr<scalar_t>(),
+                            k.data_ptr<scalar_t>(),
+                            v.data_ptr<scalar_t>(),
+                            k_cache.data_ptr<scalar_t>(),
+                            v_cache.data_ptr<scalar_t>(),
+                            bias.data_ptr<scalar_t>(),
+                            q.strides().data(),
+                            k.strides().data(),
+                            v.strides().data(),
+                            k_cache.strides().data(),
+                            v_cache.strides().data(),
+                            bias.strides().data(),
+                            ids.data_ptr<int64_t>(),
+                            sinks,
+                            scale,
+                            out.data_ptr<scalar_t>()};
+  attend_rows(in, rows);
 }
 
 at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& seq_ids, const at::Tensor& positions,
                            const at::Tensor& bias, int64_t window, std::optional<double> scale,
                            const std::optional<at::Tensor>& sinks) {
-  const int64_t n = q.size(0), t = q.size(1), heads = q.size(2), dim = q.size(3), kv_heads = k.size(2);
-  const int64_t groups = heads / kv_heads, prior = bias.size(-1) - t;
-  // GQA without repeating K/V: queries as [n, KVH, G*T, D], as the masked form lays them out.
-  const auto queries =
-      q.view({n, t, kv_heads, groups, dim}).permute({0, 2, 3, 1, 4}).reshape({n, kv_heads, groups * t, dim});
-  const auto own_keys = k.transpose(1, 2).contiguous(), own_values = v.transpose(1, 2).contiguous();
-  std::optional<at::Tensor> sink_logits;  // [KVH, G*T]: head h's sink for each of its queries, rounded like the bias
-  if (sinks.has_value()) {
-    const auto rounded = sinks->to(bias.scalar_type()).to(at::kFloat);
-    sink_logits = rounded.view({kv_heads, groups, 1}).expand({-1, -1, t}).reshape({-1, groups * t});
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && k_cache.dim() == 4 && bias.dim() == 4,
+              "chunk_attention: q [n, T, H, D], k/v [n, T, KVH, D], caches [rows, KVH, S, D], bias [n, 1, G*T, P+T]");
+  for (const auto* tensor : {&k, &v, &k_cache, &v_cache, &bias}) {
+    TORCH_CHECK(tensor->scalar_type() == q.scalar_type(),
+                "chunk_attention: q, k, v, the caches and the bias share one dtype (an FP8 cache takes the masked "
+                "form), got ", tensor->scalar_type(), " for ", q.scalar_type());
   }
+  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "chunk_attention: cache rows are contiguous");
+  const int64_t n = q.size(0), t = q.size(1), heads = q.size(2), dim = q.size(3);
+  const auto keys = k.stride(3) == 1 ? k : k.contiguous(), values = v.stride(3) == 1 ? v : v.contiguous();
   const auto ids = seq_ids.to(at::kLong).contiguous();
   const auto pos = positions.to(at::kLong).contiguous();
-  const int64_t* id = ids.data_ptr<int64_t>();
-  const int64_t* p = pos.data_ptr<int64_t>();
-  std::vector<at::Tensor> outs;
-  outs.reserve(n);
+  const int64_t prior = bias.size(-1) - t;
+  std::vector<Keys> rows(n);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = id[i], start = p[i * t], last = p[i * t + t - 1];
-    const auto qi = queries.slice(0, i, i + 1);
-    at::Tensor out, lse;
-    if (window) {
-      const auto own = bias.slice(0, i, i + 1).slice(-1, prior, prior + t);
-      std::tie(out, lse) = flash(qi, own_keys.slice(0, i, i + 1), own_values.slice(0, i, i + 1), false, own, scale);
-    } else {
-      const int64_t real = last - start + 1;
-      std::tie(out, lse) = own_causal(qi, own_keys.slice(0, i, i + 1), own_values.slice(0, i, i + 1), real, scale);
-    }
-    const int64_t end = std::min(start, prior), low = window ? std::max<int64_t>(0, start - window + 1) : 0;
-    if (end > low) {
-      std::optional<at::Tensor> mask;
-      if (window) mask = bias.slice(0, i, i + 1).slice(-1, low, end);
-      const auto keys = k_cache.slice(0, row, row + 1).slice(2, low, end);
-      const auto values = v_cache.slice(0, row, row + 1).slice(2, low, end);
-      auto [out_prior, lse_prior] = flash(qi, keys, values, false, mask, scale);
-      const auto weight = at::sigmoid(lse_prior - lse).unsqueeze(-1);
-      out = at::lerp(out.to(at::kFloat), out_prior.to(at::kFloat), weight).to(q.scalar_type());
-      lse = at::logaddexp(lse, lse_prior);
-    }
-    if (sink_logits.has_value()) {
-      out = (out.to(at::kFloat) * at::sigmoid(lse - *sink_logits).unsqueeze(-1)).to(q.scalar_type());
-    }
-    outs.push_back(out);
+    const int64_t* p = pos.data_ptr<int64_t>() + i * t;
+    const int64_t start = p[0], low = window ? std::max<int64_t>(0, start - window + 1) : 0;
+    rows[i] = {low, std::max<int64_t>(0, std::min(start, prior) - low), p[t - 1] - start + 1};
   }
-  const auto out = n > 1 ? at::cat(outs) : outs[0];  // [n, KVH, G*T, D]
-  return out.view({n, kv_heads, groups, t, dim}).permute({0, 3, 1, 2, 4}).reshape({n, t, heads * dim});
+  std::vector<float> sink_logits;
+  if (sinks.has_value()) {  // rounded like the definition's, through the bias dtype
+    const auto rounded = sinks->to(bias.scalar_type()).to(at::kFloat).contiguous();
+    sink_logits.assign(rounded.data_ptr<float>(), rounded.data_ptr<float>() + rounded.numel());
+  }
+  auto out = at::empty({n, t, heads * dim}, q.options());
+  const float softmax_scale = scale.has_value() ? static_cast<float>(*scale) : 1.f / std::sqrt(float(dim));
+  const float* sink = sink_logits.empty() ? nullptr : sink_logits.data();
+  AT_DISPATCH_SWITCH(q.scalar_type(), "chunk_attention",
+                     AT_DISPATCH_CASE(at::kFloat, [&] {
+                       run<float>(q, keys, values, k_cache, v_cache, bias, ids, window, softmax_scale, sink, rows, out);
+                     }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
+                       run<c10::BFloat16>(q, keys, values, k_cache, v_cache, bias, ids, window, softmax_scale, sink,
+                                          rows, out);
+                     }));
+  return out;
 }
 
 }  // namespace

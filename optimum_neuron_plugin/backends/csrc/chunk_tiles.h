@@ -1,0 +1,150 @@
+// The chunk attention kernel's vector micro-kernels (csrc/chunk_attention.cpp): GCC vector extensions, W floats
+// wide, W chosen by the compiler's target (AVX-512: 16, else 8), so the kernel builds on any host.
+
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace onp_chunk {
+
+#if defined(__AVX512F__)
+constexpr int64_t W = 16;  // floats per vector
+constexpr int ACC = 16;    // accumulators a micro-kernel holds in registers (of 32)
+#else
+constexpr int64_t W = 8;
+constexpr int ACC = 8;  // (of 16)
+#endif
+constexpr int64_t KT = 64;   // keys per tile
+constexpr int64_t QB = 128;  // queries per work item (a multiple of W)
+constexpr int RQ = 4;        // keys or queries per micro-kernel call
+constexpr int NV = ACC / RQ;
+
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+
+inline vf load(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
+
+inline vf splat(float x) { return vf{} + x; }
+
+// Horizontal max and sum, halving the vector each step.
+inline float reduce_max(vf v) {
+  float lanes[W];
+  store(lanes, v);
+  for (int64_t half = W / 2; half > 0; half /= 2) {
+    for (int64_t j = 0; j < half; ++j) lanes[j] = lanes[j + half] > lanes[j] ? lanes[j + half] : lanes[j];
+  }
+  return lanes[0];
+}
+
+inline float reduce_sum(vf v) {
+  float lanes[W];
+  store(lanes, v);
+  for (int64_t half = W / 2; half > 0; half /= 2) {
+    for (int64_t j = 0; j < half; ++j) lanes[j] += lanes[j + half];
+  }
+  return lanes[0];
+}
+
+// exp(x) in fp32 within 2 ulp (Cephes' expf, W wide): x = n ln2 + r with n the nearest integer to x / ln2 (added
+// to 1.5 * 2^23, which leaves n in the low mantissa bits) and |r| <= ln2 / 2, exp(r) by its degree-6 polynomial,
+// times 2^n built in the exponent bits. Below -87 (-inf, a masked key's -1e9 fill) it is exactly 0, as the
+// definition's exp underflows.
+inline vf vexp(vf x) {
+  const vf low = splat(-87.f);
+  vf c = x < low ? low : x;
+  c = c > 88.f ? splat(88.f) : c;
+  const vf shifted = c * 1.44269504088896341f + 12582912.f;  // 1.5 * 2^23 + n
+  const vf nf = shifted - 12582912.f;
+  const vf r = c - nf * 0.693359375f + nf * 2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  vi bits;
+  std::memcpy(&bits, &shifted, sizeof(bits));
+  bits = (bits - 0x4B400000 + 127) << 23;  // 0x4B400000: the bits of 1.5 * 2^23
+  vf two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  const vf e = (p * r * r + r + 1.f) * two_n;
+  return x < low ? vf{} : e;
+}
+
+inline float exp1(float x) { return vexp(splat(x))[0]; }
+
+// s[j][c..c + N W) = key_j . qt[:, c..c + N W) for R keys (rows of `stride`) against N W queries (transposed and
+// scaled, qt: [dim][QB]); s rows of QB. R x N accumulators stay in registers; each step broadcasts one key value.
+template <int R, int N, typename scalar_t>
+inline void score_block(const scalar_t* key, int64_t stride, int64_t dim, const float* qt, float* s) {
+  vf acc[R][N] = {};
+  for (int64_t d = 0; d < dim; ++d) {
+    vf q[N];
+#pragma GCC unroll 8
+    for (int n = 0; n < N; ++n) q[n] = load(qt + d * QB + n * W);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const vf x = splat(static_cast<float>(key[r * stride + d]));
+#pragma GCC unroll 8
+      for (int n = 0; n < N; ++n) acc[r][n] += x * q[n];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int n = 0; n < N; ++n) store(s + r * QB + n * W, acc[r][n]);
+  }
+}
+
+// o[r][c..c + N W) += sum over j < keys of p[j][r] v[j][c..c + N W), for R queries (p rows of QB, o and v rows of
+// `width`): R x N accumulators in registers, each step broadcasts one weight per query.
+template <int R, int N>
+inline void value_block(const float* p, const float* v, int64_t width, int64_t keys, float* o) {
+  vf acc[R][N];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int n = 0; n < N; ++n) acc[r][n] = load(o + r * width + n * W);
+  }
+  for (int64_t j = 0; j < keys; ++j) {
+    vf x[N];
+#pragma GCC unroll 8
+    for (int n = 0; n < N; ++n) x[n] = load(v + j * width + n * W);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const vf w = splat(p[j * QB + r]);
+#pragma GCC unroll 8
+      for (int n = 0; n < N; ++n) acc[r][n] += w * x[n];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (int n = 0; n < N; ++n) store(o + r * width + n * W, acc[r][n]);
+  }
+}
+
+// R keys' scores against the first `queries` (a multiple of W) of qt.
+template <int R, typename scalar_t>
+inline void scores(const scalar_t* key, int64_t stride, int64_t dim, const float* qt, int64_t queries, float* s) {
+  int64_t c = 0;
+  for (; c + NV * W <= queries; c += NV * W) score_block<R, NV>(key, stride, dim, qt + c, s + c);
+  for (; c < queries; c += W) score_block<R, 1>(key, stride, dim, qt + c, s + c);
+}
+
+// R queries' outputs (rows of `width`, a multiple of W) plus the tile's first `keys` weighted values.
+template <int R>
+inline void values(const float* p, const float* v, int64_t width, int64_t keys, float* o) {
+  int64_t c = 0;
+  for (; c + NV * W <= width; c += NV * W) value_block<R, NV>(p, v + c, width, keys, o + c);
+  for (; c < width; c += W) value_block<R, 1>(p, v + c, width, keys, o + c);
+}
+
+}  // namespace onp_chunk
