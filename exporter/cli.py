@@ -341,8 +341,8 @@ class ExportRequest:
 
 def request_from_args(args: argparse.Namespace) -> ExportRequest:
     """Resolves the automatic values and builds the NeuronConfig (raises NeuronConfigError on bad values)."""
-    from optimum_neuron_plugin.backends import resolve_backend
     from optimum_neuron_plugin.config import NeuronConfig
+    from optimum_neuron_plugin.devices import resolve_backend
 
     backend = resolve_backend(args.backend)
     config = NeuronConfig(

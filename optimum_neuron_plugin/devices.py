@@ -11,3 +11,10 @@ from pathlib import Path
 
 def neuron_devices_present(dev: Path = Path("/dev")) -> bool:
     return any(dev.glob("neuron[0-9]*"))
+
+
+def resolve_backend(name: str) -> str:
+    """`auto` picks neuron when Neuron devices are present, else cpu."""
+    if name == "auto":
+        return "neuron" if neuron_devices_present() else "cpu"
+    return name

@@ -52,13 +52,6 @@ def host_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
     return _HOST_GROUPS.get(group.group_name, group)
 
 
-def resolve_backend(name: str) -> str:
-    """`auto` picks neuron when Neuron devices are present, else cpu."""
-    if name == "auto":
-        return "neuron" if neuron_devices_present() else "cpu"
-    return name
-
-
 class LoadedGraphs(Protocol):
     def __call__(self, spec: GraphSpec, *inputs: torch.Tensor) -> torch.Tensor: ...
 

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from support.cli import INFO_CLI, OPTIMUM_CLI, REPO, VENV_BIN, CliResult, cli_env, run_export
+from support.cli import INFO_CLI, OPTIMUM_CLI, REPO, VENV_BIN, CliResult, cli_env, export_in_process, run_export
 
-__all__ = ["INFO_CLI", "OPTIMUM_CLI", "REPO", "VENV_BIN", "CliResult", "cli_env", "leftovers", "run_export"]
+__all__ = [
+    "INFO_CLI",
+    "OPTIMUM_CLI",
+    "REPO",
+    "VENV_BIN",
+    "CliResult",
+    "cli_env",
+    "export_in_process",
+    "leftovers",
+    "run_export",
+]
 
 
 def leftovers(parent: Path) -> list[str]:

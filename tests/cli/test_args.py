@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -115,3 +116,16 @@ def test_prefill_tail_size_reaches_the_config():
     argv = ["--model", "m", "--batch-size", "2", "--sequence-length", "512", "--prefill-chunk-size", "128", "o"]
     assert request_from_args(parse("--prefill_tail_size", "64", *argv)).neuron_config.prefill_tail_size == 64
     assert request_from_args(parse(*argv)).neuron_config.prefill_tail_size == 0
+
+
+def test_argument_checks_import_no_torch():
+    """Options are resolved and checked without importing torch (seconds per start): a refused option or a missing
+    model costs a fraction of a second."""
+    code = (
+        "import sys; from exporter.cli import build_parser, request_from_args; "
+        "request_from_args(build_parser().parse_args(['--model', 'm', '--batch-size', '2', '--sequence-length', "
+        "'64', '--backend', 'auto', 'out'])); print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["[]"]

@@ -2,7 +2,9 @@
 tests/core/test_smollm2.py).
 
 Successful exports must load with NeuronModelForCausalLM.from_pretrained and generate HF transformers' greedy
-tokens; every refused input must exit non-zero with one `error:` line, no traceback, and leave nothing behind.
+tokens; every refused input must exit non-zero with one `error:` line, no traceback, and leave nothing behind. The
+refusals found only by reading the model run the command in this process (export_in_process: a subprocess would
+import torch and transformers again, seconds each); the others run the real optimum-cli.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import pytest
 from support.exports import assert_same_greedy, load_hf, neuron_config, prompt_ids
 from support.smollm2 import smollm2_gguf
 
-from .helpers import INFO_CLI, cli_env, leftovers, run_export
+from .helpers import INFO_CLI, cli_env, export_in_process, leftovers, run_export
 
 # ----------------------------------------------------------------------------------------------------------------
 # helpers
@@ -93,39 +95,15 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     assert_same_greedy(output, load_hf(tiny_models["llama"]), ids, eos=set())
 
 
-def test_export_is_deterministic(llama_export, tiny_models, tmp_path):
+def test_export_is_deterministic_and_overwrite_replaces_a_non_empty_directory(llama_export, tiny_models, tmp_path):
     first, second = llama_export[0], tmp_path / "again"
-    result = run_export("--model", tiny_models["llama"], *LLAMA_EXPORT_ARGS, second)
+    second.mkdir()
+    (second / "stale.txt").write_text("from a previous export")
+    result = run_export("--model", tiny_models["llama"], *LLAMA_EXPORT_ARGS, "--overwrite", second)
     assert result.returncode == 0, result.stderr
+    assert not (second / "stale.txt").exists()
     for name in ("neuron_config.json", "model.safetensors", "config.json"):
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
-
-
-def test_export_qwen2_underscore_spelling_context_encoding(tiny_models, tmp_path):
-    # Underscore spelling, automatic chunk size (64 <= 1024: no chunking), host sampling.
-    output = tmp_path / "qwen2"
-    result = run_export(
-        "--model", tiny_models["qwen2"], "--batch_size", "1", "--sequence_length", "64", "--backend", "cpu",
-        "--no_on_device_sampling", "--max_topk", "8", output,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    config = neuron_config(output)
-    assert config["prefill_chunk_size"] == 0 and config["on_device_sampling"] is False and config["max_topk"] == 8
-    assert sorted(p.name for p in (output / "graphs").iterdir()) == [
-        "context_encoding_64.pt2",
-        "token_generation_64.pt2",
-    ]
-    assert_same_greedy(output, load_hf(tiny_models["qwen2"]), prompt_ids(tiny_models["qwen2"]), eos=set())
-
-
-def test_overwrite_replaces_a_non_empty_directory(llama_export, tiny_models, tmp_path):
-    output = tmp_path / "out"
-    output.mkdir()
-    (output / "stale.txt").write_text("from a previous export")
-    result = run_export("--model", tiny_models["llama"], *LLAMA_EXPORT_ARGS, "--overwrite", output)
-    assert result.returncode == 0, result.stderr
-    assert not (output / "stale.txt").exists()
-    assert (output / "model.safetensors").read_bytes() == (llama_export[0] / "model.safetensors").read_bytes()
     assert leftovers(tmp_path) == []
 
 
@@ -134,7 +112,9 @@ def test_empty_existing_directory_and_missing_parents_are_fine(tiny_models, tmp_
     empty.mkdir()
     nested = tmp_path / "a" / "b" / "out"
     for output in (empty, nested):
-        result = run_export("--model", tiny_models["llama"], "--batch-size", "1", "--sequence-length", "32", output)
+        result = export_in_process(
+            "--model", tiny_models["llama"], "--batch-size", "1", "--sequence-length", "32", output
+        )
         assert result.returncode == 0, result.stderr
         assert (output / "neuron_config.json").is_file()
     assert leftovers(tmp_path) == []
@@ -182,7 +162,7 @@ def test_unreadable_model_config(tmp_path):
     model.mkdir()
     (model / "config.json").write_text("{ this is not json")
     output = tmp_path / "out"
-    assert_refused(run_export("--model", model, *TINY_ARGS, output), output, "cannot read model")
+    assert_refused(export_in_process("--model", model, *TINY_ARGS, output), output, "cannot read model")
 
 
 def test_corrupt_weights(tiny_models, tmp_path):
@@ -191,7 +171,7 @@ def test_corrupt_weights(tiny_models, tmp_path):
     weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # truncated
     output = tmp_path / "out"
-    assert_refused(run_export("--model", model, *TINY_ARGS, output), output, "weights")
+    assert_refused(export_in_process("--model", model, *TINY_ARGS, output), output, "weights")
 
 
 def test_corrupt_gguf(tmp_path):
@@ -201,12 +181,14 @@ def test_corrupt_gguf(tmp_path):
     for size in (12, 4096, 3_000_000):
         gguf = tmp_path / f"broken-{size}.gguf"
         gguf.write_bytes(real[:size])
-        assert_refused(run_export("--model", gguf, *TINY_ARGS, output), output, gguf.name)
+        assert_refused(export_in_process("--model", gguf, *TINY_ARGS, output), output, gguf.name)
 
 
 def test_unsupported_architecture(tiny_models, tmp_path):
     output = tmp_path / "out"
-    line = assert_refused(run_export("--model", tiny_models["gpt2"], *TINY_ARGS, output), output, "GPT2LMHeadModel")
+    line = assert_refused(
+        export_in_process("--model", tiny_models["gpt2"], *TINY_ARGS, output), output, "GPT2LMHeadModel"
+    )
     for supported in ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                       "Gemma3ForCausalLM", "GraniteForCausalLM", "Phi3ForCausalLM", "SmolLM3ForCausalLM"):  # fmt: skip
         assert supported in line
@@ -220,7 +202,7 @@ def test_chunk_larger_than_sequence_length(tiny_llama, tmp_path):
 
 def test_sequence_length_above_max_positions(tiny_llama, tmp_path):
     output = tmp_path / "out"
-    result = run_export("--model", tiny_llama, "--batch-size", "1", "--sequence-length", "256", output)
+    result = export_in_process("--model", tiny_llama, "--batch-size", "1", "--sequence-length", "256", output)
     assert_refused(result, output, "sequence_length=256", "max_position_embeddings (128)")
 
 
@@ -233,7 +215,7 @@ def test_batch_size_below_one(tiny_llama, tmp_path, batch_size):
 
 def test_tensor_parallel_size_the_model_cannot_be_split_by(tiny_llama, tmp_path):
     output = tmp_path / "out"
-    result = run_export("--model", tiny_llama, *TINY_ARGS, "--tensor-parallel-size", "3", output)
+    result = export_in_process("--model", tiny_llama, *TINY_ARGS, "--tensor-parallel-size", "3", output)
     assert_refused(result, output, "tp_degree=3", "attention heads (4)")
 
 
@@ -252,7 +234,7 @@ def test_failed_overwrite_keeps_the_existing_output(tiny_models, tmp_path):
     output = tmp_path / "out"
     output.mkdir()
     (output / "keep.txt").write_text("previous export")
-    result = run_export("--model", tiny_models["gpt2"], *TINY_ARGS, "--overwrite", output)
+    result = export_in_process("--model", tiny_models["gpt2"], *TINY_ARGS, "--overwrite", output)
     assert result.returncode == 1 and len(result.error_lines) == 1 and "not supported" in result.error_lines[0]
     assert tree(output) == {"keep.txt": b"previous export"}
     assert leftovers(tmp_path) == []
@@ -294,7 +276,7 @@ def test_neuron_backend_without_sdk(tiny_llama, tmp_path):
     except ImportError:
         pass
     output = tmp_path / "out"
-    result = run_export(
+    result = export_in_process(
         "--model", tiny_llama, "--batch-size", "1", "--sequence-length", "64", "--backend", "neuron",
         "--instance-type", "trn2", output,
     )  # fmt: skip

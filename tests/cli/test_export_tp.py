@@ -13,7 +13,7 @@ from support.tensor_parallel import run_ranks
 
 from optimum_neuron_plugin import NeuronModelForCausalLM
 
-from .helpers import run_export
+from .helpers import export_in_process, run_export
 from .test_export import TINY_ARGS, assert_refused
 
 TP = 2
@@ -80,7 +80,7 @@ def test_loading_without_a_process_group_is_refused(tp_export):
 
 def test_tensor_parallel_needs_exported_programs(tiny_llama, tmp_path):
     output = tmp_path / "out"
-    result = run_export(
+    result = export_in_process(
         "--model", tiny_llama, *TINY_ARGS, "--tensor-parallel-size", TP, "--cpu-compiler", "inductor", output
     )
     assert_refused(result, output, "tp_degree=2 needs --cpu-compiler export")

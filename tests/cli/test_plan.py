@@ -1,5 +1,6 @@
 """`optimum-cli export neuron --dry-run` and the sizing refusal, from a directory holding only Llama-3.1-8B's
-config.json: no weights are read and no Neuron SDK is needed (this host has none)."""
+config.json: no weights are read and no Neuron SDK is needed (this host has none). The real optimum-cli prints the
+first plan; the other checks run the same command in this process (tests/support/cli.py: export_in_process)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import run_export
+from .helpers import export_in_process, run_export
 
 CONFIG = Path(__file__).parents[1] / "fixtures" / "llama-3.1-8b" / "config.json"
 SHAPE = ("--batch-size", 8, "--sequence-length", 8192, "--prefill-chunk-size", 1024, "--backend", "neuron")
@@ -38,7 +39,7 @@ def test_dry_run_prints_the_graphs_and_the_plan_and_compiles_nothing(config_only
 
 
 def test_dry_run_for_trn3(config_only, tmp_path):
-    done = run_export("--model", config_only, *SHAPE, "--instance-type", "trn3", "--dry-run", tmp_path / "out")
+    done = export_in_process("--model", config_only, *SHAPE, "--instance-type", "trn3", "--dry-run", tmp_path / "out")
     assert done.returncode == 0, done.stderr
     assert any("one trn3 logical NeuronCore at LNC=2: 36.00 GiB" in line for line in done.stdout.splitlines())
 
@@ -46,7 +47,7 @@ def test_dry_run_for_trn3(config_only, tmp_path):
 def test_an_export_that_cannot_fit_is_refused_before_reading_weights(config_only, tmp_path):
     """The directory has no weights: reaching the weights would fail with another error."""
     out = tmp_path / "out"
-    done = run_export("--model", config_only, *SHAPE, "--instance-type", "trn2", out)
+    done = export_in_process("--model", config_only, *SHAPE, "--instance-type", "trn2", out)
     assert done.returncode == 1
     assert len(done.error_lines) == 1 and "Traceback" not in done.stderr
     assert "does not fit: 25.20 GiB per rank" in done.error_lines[0]

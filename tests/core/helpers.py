@@ -50,7 +50,11 @@ CHUNKED_LOGITS_LIGHT = dict(CHUNKED_LOGITS, **LIGHT_BUCKETS)
 # sliding window is read whole from the small buckets, by window from bucket 16 on: tests/core/test_gemma3.py).
 FULL_LADDER = ("llama", "gemma3")
 CONTEXT_ENCODING = dict(batch_size=3, sequence_length=SEQUENCE_LENGTH, prefill_chunk_size=0)
-CHUNK_ONE = dict(batch_size=1, sequence_length=32, prefill_chunk_size=1)
+# One-token chunks: a first chunk, padded and exact prior contexts (prefill bucket 4 holds chunks at 1..4) and the
+# whole cache (7 graphs instead of the default ladder's 19; its arithmetic: tests/core/test_buckets.py).
+CHUNK_ONE = dict(
+    batch_size=1, sequence_length=32, prefill_chunk_size=1, context_buckets=(8, 32), prefill_buckets=(0, 4, 32)
+)
 
 
 def chunked_shape(name: str) -> dict:

@@ -1,7 +1,7 @@
 """SmolLM2-135M-Instruct (real weights, tokenizer and chat template) against Hugging Face greedy generation.
 
-The session's SmolLM2 export (batch 2, sequence_length 256, chunk 32; tests/conftest.py), loaded with
-from_pretrained; the reference is transformers' model read from the same GGUF.
+The session's SmolLM2 export (batch 2, sequence_length 256, chunk 32, one context bucket; tests/conftest.py), loaded
+with from_pretrained; the reference is transformers' model read from the same GGUF.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def test_export_smollm2_gguf_matches_hf(smollm2, smollm2_runtime):
     assert smollm2.export.returncode == 0, smollm2.export.stderr
     config = neuron_config(output)
     assert config["prefill_chunk_size"] == 32
-    assert (config["context_buckets"], config["prefill_buckets"]) == ([64, 256], [0, 64, 256])
+    assert (config["context_buckets"], config["prefill_buckets"]) == ([256], [0, 256])
     assert config["decode_batch_sizes"] == [2]
     tokenizer_config = json.loads((output / "tokenizer_config.json").read_text())
     assert tokenizer_config.get("chat_template") or (output / "chat_template.jinja").is_file()

@@ -38,10 +38,11 @@ CASES = {
     # experts sharded inside each expert, gathered (decode) and dense (chunks); sinks by head; expert biases
     "gpt_oss": ("gpt_oss", {}),
 }
-SHAPE = dict(batch_size=2, sequence_length=64, prefill_chunk_size=8)
-# Only the graphs the scenario calls: every decode call reads past position 16 (context bucket 64 only), both
-# kinds decode in 2-row graphs (generate's lone request runs in one of their rows). Where logits are compared, the
-# second prompt's third chunk runs prefill bucket 16 (a prior of exactly 16 positions).
+SHAPE = dict(batch_size=2, sequence_length=64, prefill_chunk_size=8, prefix_copy=False)
+# Only the graphs the scenario calls (and chunk_and_decode, which every chunked export of 2 rows has): every decode
+# call reads past position 16 (context bucket 64 only), both kinds decode in 2-row graphs (generate's lone request
+# runs in one of their rows), no copy_prefix (tests/cli/test_export_tp.py serves a tp 2 export that has them). Where
+# logits are compared, the second prompt's third chunk runs prefill bucket 16 (a prior of exactly 16 positions).
 KINDS = {
     "logits": dict(
         SHAPE, on_device_sampling=False, context_buckets=(64,), prefill_buckets=(0, 16, 64), decode_batch_sizes=(2,)

@@ -14,7 +14,14 @@ from torch._dynamo.backends import registry
 from optimum_neuron_plugin.backends.neuron import NeuronBackend, NeuronGraphs
 from optimum_neuron_plugin.config import NeuronConfig
 from optimum_neuron_plugin.graph_inputs import INDEX_DTYPE
-from optimum_neuron_plugin.graphs import COPY_PREFIX, PROMPT_LOGITS, VERIFY, example_inputs, graph_specs
+from optimum_neuron_plugin.graphs import (
+    CONTEXT_ENCODING,
+    COPY_PREFIX,
+    PROMPT_LOGITS,
+    VERIFY,
+    example_inputs,
+    graph_specs,
+)
 
 from .conftest import ARCHITECTURES, MOE_ARCHITECTURES
 
@@ -61,7 +68,13 @@ def test_every_graph_is_one_dynamo_graph(tiny_models, recorded, name, shape):
     assert len(specs) == expected
     # copy_prefix depends on the cache's shape only: Dynamo would reuse another model's capture of the same shape.
     torch._dynamo.reset()
-    check_captured(graphs, every_code_path(specs), recorded, name)
+    picked = every_code_path(specs)
+    if not config.chunked:
+        # Its token_generation graphs trace the code of the chunked shape's (the smallest bucket, and the largest,
+        # which is the whole cache): the one graph kind of its own is context_encoding.
+        picked = [s for s in picked if s.name == CONTEXT_ENCODING]
+        assert len(picked) == 1
+    check_captured(graphs, picked, recorded, name)
 
 
 def every_code_path(specs: list) -> list:

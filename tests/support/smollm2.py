@@ -54,11 +54,12 @@ def smollm2_hf_and_checkpoint(directory: Path):
 
 
 # The shape of the session's one SmolLM2 export (tests/conftest.py `smollm2`): every SmolLM2 test that needs no
-# other shape shares it. Two context buckets, three prefill buckets and 2-row decode graphs only (7 graphs instead of
-# the defaults' 19; a lone request decodes in one of their rows): short chats decode in bucket 64, long ones in 256;
-# a long prompt's chunks run prefill buckets 0, 64 (a padded prior context at 32, an exact one at 64) and 256.
+# other shape shares it. One context bucket, two prefill buckets and 2-row decode graphs only (5 graphs, 4 of them
+# 30 layers deep, instead of the defaults' 19): a long prompt's first chunk runs prefill bucket 0, its later chunks
+# bucket 256, and a lone request decodes in one of the 2 rows. The bucket ladder's arithmetic is model-independent
+# and tested on the tiny models (tests/core/test_buckets.py); this export checks the real model end to end.
 SHAPE = dict(
-    batch_size=2, sequence_length=256, prefill_chunk_size=32, context_buckets=(64, 256), prefill_buckets=(0, 64, 256),
+    batch_size=2, sequence_length=256, prefill_chunk_size=32, context_buckets=(256,), prefill_buckets=(0, 256),
     decode_batch_sizes=(2,),
 )  # fmt: skip
 
