@@ -102,8 +102,8 @@ def groups_logits(
     `chunks` groups are prompt chunks (decoder_logits' `chunk`). every_column: the logits of every token [tokens,
     vocab] in group order instead of each row's last (the verify and prompt_logits graphs). kernel_ops: prompt
     chunks attend through the op `onp::chunk_attention`, decode rows in slot order through `onp::decode_attention`
-    (models/attention.py), norms and the dense MLPs' gated activation run as `onp::rms_norm` and
-    `onp::gated_activation` (models/layers.py), for a backend that has their kernels."""
+    (models/attention.py), norms, the dense MLPs' gated activation and the rotation run as `onp::rms_norm`,
+    `onp::gated_activation` and `onp::rope` (models/layers.py), for a backend that has their kernels."""
     x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
     positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
     rope = {False: rope_cos_sin(positions, inv_freq, x.dtype, rope_attention_factor(args))}
@@ -243,7 +243,7 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
         q = rms_norm(q, params[a + "q_norm.weight"], args.rms_norm_eps, args.norm_offset, op=ops)
         k = rms_norm(k, params[a + "k_norm.weight"], args.rms_norm_eps, args.norm_offset, op=ops)
     if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k = apply_rope(q, *rope, op=ops), apply_rope(k, *rope, op=ops)
     outs, start = [], 0
     for call in calls:
         n, t = call.shape

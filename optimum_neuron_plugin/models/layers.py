@@ -1,6 +1,7 @@
 """RMSNorm, rotary embedding and the gated MLP, as plain functions of tensors.
 
-RMSNorm and the MLP's gated activation are also ops, `onp::rms_norm` and `onp::gated_activation` (op=True), whose
+RMSNorm, the MLP's gated activation and the rotation are also ops, `onp::rms_norm`, `onp::gated_activation` and
+`onp::rope` (op=True), whose
 definitions are the plain forms here: a backend may register a kernel computing the same function in one pass (the
 CPU backend's, backends/cpu_pointwise.py), where the plain forms run one aten op, one pass over the tensor, per step."""
 
@@ -159,7 +160,23 @@ def rope_cos_sin(
     return cos.to(dtype), sin.to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, op: bool = False) -> torch.Tensor:
+    """x [n, T, H, D] rotated by cos/sin [n, T, 1, D]; op: as the op onp::rope."""
+    return rope_op(x, cos, sin) if op else plain_rope(x, cos, sin)
+
+
+@torch.library.custom_op("onp::rope", mutates_args=())
+def rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """plain_rope as one op of the exported program: a backend's kernel replaces this form."""
+    return plain_rope(x, cos, sin)
+
+
+@rope_op.register_fake
+def _rope_shape(x, cos, sin) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def plain_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

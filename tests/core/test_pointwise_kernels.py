@@ -1,16 +1,21 @@
-"""The norm and gated-activation ops' CPU kernels (backends/cpu_pointwise.py) compute their definitions
-(models/layers.py, plain_rms_norm and plain_gated_activation): within fp32 rounding in fp32, the same bf16 values in
-bf16, for rows of any length (the vector width's tail), Gemma's weight offset, rows of a strided view (the q/k norms
-of a stacked projection's slices) and both activations. The exported programs call the ops (every HF parity test of
-the core suite runs through them)."""
+"""The norm, gated-activation and rotation ops' CPU kernels (backends/cpu_pointwise.py) compute their definitions
+(models/layers.py, plain_rms_norm, plain_gated_activation, plain_rope): within fp32 rounding in fp32, the same bf16
+values in bf16, for rows of any length (the vector width's tail), Gemma's weight offset, rows of a strided view (the
+q/k of a stacked projection's slices) and both activations. The exported programs call the ops (every HF parity test
+of the core suite runs through them)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from optimum_neuron_plugin.backends.cpu_pointwise import gated_activation_cpu, rms_norm_cpu
-from optimum_neuron_plugin.models.layers import plain_gated_activation, plain_rms_norm
+from optimum_neuron_plugin.backends.cpu_pointwise import gated_activation_cpu, rms_norm_cpu, rope_cpu
+from optimum_neuron_plugin.models.layers import (
+    plain_gated_activation,
+    plain_rms_norm,
+    plain_rope,
+    rope_cos_sin,
+)
 
 
 def _rand(*shape, dtype=torch.float32, seed=0, scale=3.0):
@@ -54,6 +59,18 @@ def test_gated_activation_is_its_definition(act, dtype):
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=8e-3)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_is_its_definition(dtype):
+    stacked = _rand(2, 10, 960, dtype=dtype)  # q's 9 heads of 64, then k and v
+    q = stacked[..., :576].view(2, 10, 9, 64)
+    positions = torch.arange(100, 120).view(2, 10)
+    cos, sin = rope_cos_sin(positions, 1.0 / (10000 ** (torch.arange(0, 64, 2).float() / 64)), dtype)
+    out = rope_cpu(q, cos, sin)
+    assert out.is_contiguous() and out.dtype == dtype
+    exact = dict(atol=0, rtol=0) if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(out, plain_rope(q, cos, sin), **exact)
+
+
 def test_the_ops_run_the_kernels_on_cpu_tensors():
     x, weight = _rand(4, 64), _rand(64, seed=1)
     assert torch.equal(torch.ops.onp.rms_norm(x, weight, 1e-6, 0.0), rms_norm_cpu(x, weight, 1e-6, 0.0))
@@ -67,12 +84,14 @@ def test_an_unknown_activation_is_refused():
 
 
 def test_the_graphs_call_the_ops(llama_logits):
-    """Every graph of the tiny 2-layer Llama runs its norms (2 per layer and the final one) and each layer's gated
-    activation through the ops, in the program rebuilt from its record."""
+    """Every graph of the tiny 2-layer Llama runs its norms (2 per layer and the final one), each layer's gated
+    activation and its q and k rotations through the ops, in the program rebuilt from its record."""
     programs = llama_logits.model.graphs.programs
-    norms, gated = torch.ops.onp.rms_norm.default, torch.ops.onp.gated_activation.default
+    norms, gated, rope = (torch.ops.onp.rms_norm.default, torch.ops.onp.gated_activation.default,
+                          torch.ops.onp.rope.default)  # fmt: skip
     decoder_graphs = [p for spec, p in programs.items() if spec.name != "copy_prefix"]
     assert decoder_graphs
     for program in decoder_graphs:
         assert len(program.graph.find_nodes(op="call_function", target=norms)) == 5
         assert len(program.graph.find_nodes(op="call_function", target=gated)) == 2
+        assert len(program.graph.find_nodes(op="call_function", target=rope)) == 4

@@ -1,10 +1,13 @@
-// onp_cpu::rms_norm and onp_cpu::gated_activation: the CPU kernels of onp::rms_norm and onp::gated_activation
-// (models/layers.py). Each runs its definition's arithmetic in one pass over a row instead of one pass per aten op:
+// onp_cpu::rms_norm, onp_cpu::gated_activation and onp_cpu::rope: the CPU kernels of onp::rms_norm,
+// onp::gated_activation and onp::rope (models/layers.py). Each runs its definition's arithmetic in one pass over a
+// row instead of one pass per aten op:
 // - rms_norm: x * rsqrt(mean(x^2) + eps) in fp32, then times the weight (Llama: the normalised row cast to the dtype
 //   first; Gemma's offset: times offset + weight in fp32, then cast). The sum of squares runs in another order than
 //   the definition's reduction, the one difference.
 // - gated_activation: act(gate) * up, act being SiLU (x / (1 + exp(-x))) or GELU's tanh form; a bf16 activation is
 //   rounded to bf16 before the product, as the definition's two ops round.
+// - rope: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for the row's halves x1, x2, each product and
+//   the sum rounded to the dtype like the definition's ops.
 // Rows are the last dimension; other dimensions may have any strides (q/k norms of a stacked projection's slices).
 
 #include <ATen/Dispatch.h>
@@ -158,6 +161,43 @@ void gated_rows(const at::Tensor& gate, const at::Tensor& up, bool gelu, at::Ten
   });
 }
 
+template <typename scalar_t>
+void rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out) {
+  const int64_t dim = x.size(-1), half = dim / 2;
+  const auto x_offsets = row_offsets(x), cos_offsets = row_offsets(cos), sin_offsets = row_offsets(sin);
+  const scalar_t* xp = x.data_ptr<scalar_t>();
+  const scalar_t* cp = cos.data_ptr<scalar_t>();
+  const scalar_t* sp = sin.data_ptr<scalar_t>();
+  scalar_t* op = out.data_ptr<scalar_t>();
+  at::parallel_for(0, static_cast<int64_t>(x_offsets.size()), grain(dim), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const scalar_t* v = xp + x_offsets[r];
+      const scalar_t* c = cp + cos_offsets[r];
+      const scalar_t* s = sp + sin_offsets[r];
+      scalar_t* o = op + r * dim;
+      for (int64_t j = 0; j < dim; ++j) {
+        const float rotated = j < half ? -static_cast<float>(v[j + half]) : static_cast<float>(v[j - half]);
+        const float a = rounded<scalar_t>(static_cast<float>(v[j]) * static_cast<float>(c[j]));
+        const float b = rounded<scalar_t>(rotated * static_cast<float>(s[j]));
+        o[j] = static_cast<scalar_t>(a + b);
+      }
+    }
+  });
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.stride(-1) == 1 && x.size(-1) % 2 == 0, "rope: x [..., D] with contiguous rows of even D");
+  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
+              "rope: x, cos and sin share one dtype");
+  const auto c = cos.expand(x.sizes()), s = sin.expand(x.sizes());  // [n, T, 1, D] over the heads
+  TORCH_CHECK(c.stride(-1) == 1 && s.stride(-1) == 1, "rope: cos and sin rows are contiguous");
+  auto out = at::empty(x.sizes(), x.options());
+  AT_DISPATCH_SWITCH(x.scalar_type(), "rope",
+                     AT_DISPATCH_CASE(at::kFloat, [&] { rope_rows<float>(x, c, s, out); })
+                         AT_DISPATCH_CASE(at::kBFloat16, [&] { rope_rows<c10::BFloat16>(x, c, s, out); }));
+  return out;
+}
+
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset) {
   TORCH_CHECK(x.stride(-1) == 1 && weight.dim() == 1 && weight.size(0) == x.size(-1),
               "rms_norm: x [..., D] with contiguous rows, weight [D]");
@@ -188,9 +228,11 @@ at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, const 
 TORCH_LIBRARY_FRAGMENT(onp_cpu, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps, float offset) -> Tensor");
   m.def("gated_activation(Tensor gate, Tensor up, str act) -> Tensor");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(onp_cpu, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("gated_activation", &gated_activation);
+  m.impl("rope", &rope);
 }
