@@ -140,10 +140,10 @@ class DecoderGraph(nn.Module):
     def __init__(self, args: ModelArgs, spec: GraphSpec, max_topk: int, cc: Collectives = SINGLE) -> None:
         super().__init__()
         self.args, self.spec, self.max_topk, self.cc = args, spec, max_topk, cc
-        # Attention runs through the ops onp::chunk_attention and onp::decode_attention, whose kernels a backend
-        # registers: set by the backend that exports the graph (the CPU backend's programs), else the masked forms
-        # every compiler takes.
-        self.attention_ops = False
+        # Attention, norms and gated activations run through the ops onp::chunk_attention, onp::decode_attention,
+        # onp::rms_norm and onp::gated_activation, whose kernels a backend registers: set by the backend that exports
+        # the graph (the CPU backend's programs), else the plain forms every compiler takes.
+        self.kernel_ops = False
         self.register_buffer("inv_freq", rope_inv_freq(args), persistent=True)
         self.register_buffer("sliding_inv_freq", rope_inv_freq(args, sliding=True), persistent=True)
 
@@ -156,7 +156,7 @@ class DecoderGraph(nn.Module):
         every = self.spec.name in (VERIFY, PROMPT_LOGITS)
         logits = groups_logits(
             self.args, params, caches, self.inv_freq, groups, self.spec.bucket, self.cc, self.sliding_inv_freq, chunks,
-            every_column=every, attention_ops=self.attention_ops,
+            every_column=every, kernel_ops=self.kernel_ops,
         )  # fmt: skip
         if self.spec.name == VERIFY:
             return self._whole(logits).view(self.spec.rows, self.spec.tokens, -1)

@@ -34,7 +34,7 @@ def program(args, params, caches, spec, packed):
     from optimum_neuron_plugin.graphs import DecoderGraph, example_inputs
 
     graph = DecoderGraph(args, spec, 256)
-    graph.attention_ops = True
+    graph.kernel_ops = True
     with torch.no_grad():
         module = torch.export.export(graph, (params, caches, *example_inputs(spec)), strict=False).module()
     if packable():

@@ -39,9 +39,10 @@ class ProgramFormat:
     description: str
     save: Callable[[torch.export.ExportedProgram, Path], None]
     load: Callable[[Path], Callable]
-    # Attention runs through the ops whose CPU kernels read only the keys a call attends (cpu_attention.py); an
-    # AOTInductor package keeps the masked forms, which it compiles to C++.
-    attention_ops: bool
+    # Attention runs through the ops whose CPU kernels read only the keys a call attends (cpu_attention.py), norms
+    # and gated activations through one-pass kernels (cpu_pointwise.py); an AOTInductor package keeps the plain
+    # forms, which it compiles (and fuses) itself.
+    kernel_ops: bool
 
 
 def _save_aoti(program: torch.export.ExportedProgram, path: Path) -> None:
@@ -56,9 +57,9 @@ FORMATS = {
         "AOTInductor",
         _save_aoti,
         lambda p: torch._inductor.aoti_load_package(str(p)),
-        attention_ops=False,
+        kernel_ops=False,
     ),
-    "export": ProgramFormat(".pt2", "torch.export", save_program, load_program, attention_ops=True),
+    "export": ProgramFormat(".pt2", "torch.export", save_program, load_program, kernel_ops=True),
 }
 
 
@@ -116,7 +117,7 @@ class CpuBackend:
         params, caches = state
         path = self.graph_path(directory, graph.spec)
         path.parent.mkdir(parents=True, exist_ok=True)
-        graph.attention_ops = self.format.attention_ops
+        graph.kernel_ops = self.format.kernel_ops
         with torch.no_grad(), _without_stack_traces():
             program = torch.export.export(graph, (params, caches, *example_inputs(graph.spec)), strict=False)
         self.format.save(program, path)

@@ -19,7 +19,9 @@ import sys
 from functools import cache
 from pathlib import Path
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("decode_attention.cpp", "chunk_attention.cpp")]
+SOURCES = [
+    Path(__file__).parent / "csrc" / name for name in ("decode_attention.cpp", "chunk_attention.cpp", "pointwise.cpp")
+]
 NAME = "onp_cpu_kernels"
 
 

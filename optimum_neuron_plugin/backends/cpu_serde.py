@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch.export.pt2_archive.constants import EXTRA_DIR
 
-from . import cpu_attention  # noqa: F401 - the programs' custom ops and their CPU kernels, before a program loads
+# The programs' custom ops and their CPU kernels, registered before a program loads.
+from . import cpu_attention, cpu_pointwise  # noqa: F401
 from .cpu_graph_record import RECORD_FILE, rebuild, record
 
 

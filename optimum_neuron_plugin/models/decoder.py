@@ -92,7 +92,7 @@ def groups_logits(
     sliding_inv_freq: torch.Tensor | None = None,
     chunks: int = 0,
     every_column: bool = False,
-    attention_ops: bool = False,
+    kernel_ops: bool = False,
 ) -> torch.Tensor:
     """decoder_logits of several row groups in one pass over the weights, e.g. a prompt chunk [1, C] and a decode
     batch [B, 1] (chunk_and_decode): the linears and the MLP run on every group's tokens at once, attention per
@@ -100,9 +100,10 @@ def groups_logits(
 
     Sliding-window layers rotate with `sliding_inv_freq` when the model gives them their own rope base. The first
     `chunks` groups are prompt chunks (decoder_logits' `chunk`). every_column: the logits of every token [tokens,
-    vocab] in group order instead of each row's last (the verify and prompt_logits graphs). attention_ops: prompt
+    vocab] in group order instead of each row's last (the verify and prompt_logits graphs). kernel_ops: prompt
     chunks attend through the op `onp::chunk_attention`, decode rows in slot order through `onp::decode_attention`
-    (models/attention.py), for a backend that has their kernels."""
+    (models/attention.py), norms, the dense MLPs' gated activation and the rotation run as `onp::rms_norm`,
+    `onp::gated_activation` and `onp::rope` (models/layers.py), for a backend that has their kernels."""
     x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
     positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
     rope = {False: rope_cos_sin(positions, inv_freq, x.dtype, rope_attention_factor(args))}
@@ -110,24 +111,24 @@ def groups_logits(
         local = rope_inv_freq(args, sliding=True) if sliding_inv_freq is None else sliding_inv_freq
         rope[True] = rope_cos_sin(positions, local, x.dtype) if args.sliding_rope_theta else rope[False]
     calls = [
-        _AttentionCall.of(args, caches[0], pos, seq, bucket, x.dtype, chunk=i < chunks, op=attention_ops)
+        _AttentionCall.of(args, caches[0], pos, seq, bucket, x.dtype, chunk=i < chunks, op=kernel_ops)
         for i, (_, pos, seq) in enumerate(groups)
     ]
 
     def norm(h: torch.Tensor, name: str) -> torch.Tensor:
-        return rms_norm(h, params[name], args.rms_norm_eps, args.norm_offset)
+        return rms_norm(h, params[name], args.rms_norm_eps, args.norm_offset, op=kernel_ops)
 
     for i in range(args.num_hidden_layers):
         p = f"model.layers.{i}."
         sliding = args.is_sliding(i)
         h = norm(x, p + "input_layernorm.weight")
         layer_rope = rope[sliding] if args.uses_rope(i) else None
-        h = _attention(args, params, p, h, layer_rope, caches[2 * i], caches[2 * i + 1], calls, sliding, cc)
+        h = _attention(args, params, p, h, layer_rope, caches[2 * i], caches[2 * i + 1], calls, sliding, cc, kernel_ops)
         x = x + _residual(args, norm(h, p + "post_attention_layernorm.weight") if args.sandwich_norms else h)
         h = norm(
             x, p + ("pre_feedforward_layernorm.weight" if args.sandwich_norms else "post_attention_layernorm.weight")
         )
-        h = _mlp(args, params, p + "mlp.", h, cc, i)
+        h = _mlp(args, params, p + "mlp.", h, cc, i, kernel_ops)
         x = x + _residual(args, norm(h, p + "post_feedforward_layernorm.weight") if args.sandwich_norms else h)
     last = norm(x[0] if every_column else _last_columns(x[0], groups), "model.norm.weight")
     head = params["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"]
@@ -143,12 +144,14 @@ def groups_logits(
     return logits.masked_fill(vocab_ids >= args.vocab_size, MASK_FILL)
 
 
-def _mlp(args: ModelArgs, params: Params, prefix: str, h: torch.Tensor, cc: Collectives, layer: int) -> torch.Tensor:
+def _mlp(
+    args: ModelArgs, params: Params, prefix: str, h: torch.Tensor, cc: Collectives, layer: int, op: bool
+) -> torch.Tensor:
     if args.is_moe(layer):
         return moe(args, params, prefix, h, cc)
     names = dense_mlp_names(prefix)
     scales = tuple(params.get(n + SCALE_SUFFIX) for n in names)
-    return cc.all_reduce(mlp(h, *(params[n] for n in names), args.hidden_act, scales))
+    return cc.all_reduce(mlp(h, *(params[n] for n in names), args.hidden_act, scales, op))
 
 
 def _residual(args: ModelArgs, h: torch.Tensor) -> torch.Tensor:
@@ -226,7 +229,7 @@ def _embed(args: ModelArgs, params: Params, input_ids: torch.Tensor, cc: Collect
     return x * float(torch.tensor(args.embed_scale, dtype=table.dtype))
 
 
-def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_AttentionCall], sliding: bool, cc):
+def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_AttentionCall], sliding: bool, cc, ops: bool):
     """h [1, tokens, hidden]: every group's tokens in a row; each group attends its own cache rows."""
     tokens = h.shape[1]
     a = p + "self_attn."
@@ -237,10 +240,10 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
     k = k.view(1, tokens, args.num_key_value_heads, args.head_dim)
     v = v.view(1, tokens, args.num_key_value_heads, args.head_dim)
     if args.qk_norm:
-        q = rms_norm(q, params[a + "q_norm.weight"], args.rms_norm_eps, args.norm_offset)
-        k = rms_norm(k, params[a + "k_norm.weight"], args.rms_norm_eps, args.norm_offset)
+        q = rms_norm(q, params[a + "q_norm.weight"], args.rms_norm_eps, args.norm_offset, op=ops)
+        k = rms_norm(k, params[a + "k_norm.weight"], args.rms_norm_eps, args.norm_offset, op=ops)
     if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        q, k = apply_rope(q, *rope, op=ops), apply_rope(k, *rope, op=ops)
     outs, start = [], 0
     for call in calls:
         n, t = call.shape

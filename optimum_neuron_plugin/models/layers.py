@@ -1,4 +1,9 @@
-"""RMSNorm, rotary embedding and the gated MLP, as plain functions of tensors."""
+"""RMSNorm, rotary embedding and the gated MLP, as plain functions of tensors.
+
+RMSNorm, the MLP's gated activation and the rotation are also ops, `onp::rms_norm`, `onp::gated_activation` and
+`onp::rope` (op=True), whose
+definitions are the plain forms here: a backend may register a kernel computing the same function in one pass (the
+CPU backend's, backends/cpu_pointwise.py), where the plain forms run one aten op, one pass over the tensor, per step."""
 
 from __future__ import annotations
 
@@ -11,9 +16,13 @@ from . import fp8
 from .args import ModelArgs
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0, op: bool = False) -> torch.Tensor:
     """Llama's RMSNorm (weight * normalised x, cast first); with an offset, Gemma's: (offset + weight) * x in fp32,
-    then cast."""
+    then cast. op: as the op onp::rms_norm."""
+    return rms_norm_op(x, weight, eps, offset) if op else plain_rms_norm(x, weight, eps, offset)
+
+
+def plain_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
     # Casts only where the dtype changes: an fp32 graph would otherwise hold two no-op casts per norm.
     x32 = x if x.dtype == torch.float32 else x.float()
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -21,6 +30,17 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
         scaled = x32 * (offset + (weight if weight.dtype == torch.float32 else weight.float()))
         return scaled if x.dtype == torch.float32 else scaled.to(x.dtype)
     return weight * (x32 if x.dtype == torch.float32 else x32.to(x.dtype))
+
+
+@torch.library.custom_op("onp::rms_norm", mutates_args=())
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
+    """plain_rms_norm as one op of the exported program: a backend's kernel replaces this form."""
+    return plain_rms_norm(x, weight, eps, offset)
+
+
+@rms_norm_op.register_fake
+def _rms_norm_shape(x, weight, eps, offset) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
 def linear(
@@ -37,14 +57,32 @@ def mlp(
     down: torch.Tensor,
     act: str = "silu",
     scales: tuple[torch.Tensor | None, ...] = (None, None, None),
+    op: bool = False,
 ) -> torch.Tensor:
+    """down(act(gate(x)) * up(x)); op: the gated activation as the op onp::gated_activation."""
     gate_scale, up_scale, down_scale = scales
-    hidden = activation(linear(x, gate, scale=gate_scale), act) * linear(x, up, scale=up_scale)
+    gated, up_out = linear(x, gate, scale=gate_scale), linear(x, up, scale=up_scale)
+    hidden = gated_activation(gated, up_out, act) if op else plain_gated_activation(gated, up_out, act)
     return linear(hidden, down, scale=down_scale)
 
 
 def activation(x: torch.Tensor, act: str) -> torch.Tensor:
     return F.gelu(x, approximate="tanh") if act == "gelu_pytorch_tanh" else F.silu(x)
+
+
+def plain_gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    return activation(gate, act) * up
+
+
+@torch.library.custom_op("onp::gated_activation", mutates_args=())
+def gated_activation(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
+    """plain_gated_activation as one op of the exported program: a backend's kernel replaces this form."""
+    return plain_gated_activation(gate, up, act)
+
+
+@gated_activation.register_fake
+def _gated_activation_shape(gate, up, act) -> torch.Tensor:
+    return torch.empty_like(gate, memory_format=torch.contiguous_format)
 
 
 def rope_inv_freq(args: ModelArgs, sliding: bool = False) -> torch.Tensor:
@@ -122,7 +160,23 @@ def rope_cos_sin(
     return cos.to(dtype), sin.to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, op: bool = False) -> torch.Tensor:
+    """x [n, T, H, D] rotated by cos/sin [n, T, 1, D]; op: as the op onp::rope."""
+    return rope_op(x, cos, sin) if op else plain_rope(x, cos, sin)
+
+
+@torch.library.custom_op("onp::rope", mutates_args=())
+def rope_op(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """plain_rope as one op of the exported program: a backend's kernel replaces this form."""
+    return plain_rope(x, cos, sin)
+
+
+@rope_op.register_fake
+def _rope_shape(x, cos, sin) -> torch.Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def plain_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

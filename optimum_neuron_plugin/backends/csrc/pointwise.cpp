@@ -1,0 +1,238 @@
+// onp_cpu::rms_norm, onp_cpu::gated_activation and onp_cpu::rope: the CPU kernels of onp::rms_norm,
+// onp::gated_activation and onp::rope (models/layers.py). Each runs its definition's arithmetic in one pass over a
+// row instead of one pass per aten op:
+// - rms_norm: x * rsqrt(mean(x^2) + eps) in fp32, then times the weight (Llama: the normalised row cast to the dtype
+//   first; Gemma's offset: times offset + weight in fp32, then cast). The sum of squares runs in another order than
+//   the definition's reduction, the one difference.
+// - gated_activation: act(gate) * up, act being SiLU (x / (1 + exp(-x))) or GELU's tanh form; a bf16 activation is
+//   rounded to bf16 before the product, as the definition's two ops round.
+// - rope: x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1] for the row's halves x1, x2, each product and
+//   the sum rounded to the dtype like the definition's ops.
+// Rows are the last dimension; other dimensions may have any strides (q/k norms of a stacked projection's slices).
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+  v8f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline void store8(float* p, v8f v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+// exp(x) within 2 ulp, eight at a time: x = n ln2 + r, exp(r) by its degree-6 polynomial, times 2^n in the exponent
+// bits; 0 below -87 and clamped above 88 (as csrc/decode_attention.cpp).
+inline v8f exp8(v8f x) {
+  const v8f low = v8f{} - 87.f, high = v8f{} + 88.f;
+  v8f c = x < low ? low : x;
+  c = c > high ? high : c;
+  const v8f y = c * 1.44269504088896341f + 0.5f;
+  v8i n = __builtin_convertvector(y, v8i);
+  n += __builtin_convertvector(n, v8f) > y;
+  const v8f nf = __builtin_convertvector(n, v8f);
+  const v8f r = c - nf * 0.693359375f + nf * 2.12194440e-4f;
+  v8f p = v8f{} + 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const v8i bits = (n + 127) << 23;
+  v8f two_n;
+  std::memcpy(&two_n, &bits, sizeof(two_n));
+  const v8f e = (p * r * r + r + 1.f) * two_n;
+  return x < low ? v8f{} : e;
+}
+
+inline v8f silu8(v8f x) {
+  return x / (1.f + exp8(-x));
+}
+
+// 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), tanh(y) = sign(y) (1 - e) / (1 + e) with e = exp(-2|y|).
+inline v8f gelu_tanh8(v8f x) {
+  const v8f y = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+  const v8f a = y < 0.f ? -y : y;
+  const v8f e = exp8(-2.f * a);
+  v8f t = (1.f - e) / (1.f + e);
+  t = y < 0.f ? -t : t;
+  return 0.5f * x * (1.f + t);
+}
+
+// A row of `dim` values as fp32 (into `buffer` when they are bf16), and back.
+inline const float* as_float(const float* row, int64_t, float*) {
+  return row;
+}
+
+inline const float* as_float(const c10::BFloat16* row, int64_t dim, float* buffer) {
+  for (int64_t j = 0; j < dim; ++j) buffer[j] = static_cast<float>(row[j]);
+  return buffer;
+}
+
+template <typename scalar_t>
+inline float rounded(float x) {  // x through the tensor's dtype, as a definition's intermediate result is stored
+  return static_cast<float>(static_cast<scalar_t>(x));
+}
+
+// Offsets of the rows (all dimensions but the last) of a tensor with any strides.
+std::vector<int64_t> row_offsets(const at::Tensor& x) {
+  const int64_t rows = x.numel() / x.size(-1);
+  std::vector<int64_t> offsets(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t rest = r, offset = 0;
+    for (int64_t d = x.dim() - 2; d >= 0; --d) {
+      offset += (rest % x.size(d)) * x.stride(d);
+      rest /= x.size(d);
+    }
+    offsets[r] = offset;
+  }
+  return offsets;
+}
+
+int64_t grain(int64_t dim) {  // rows per task: a decode step's few rows stay on one thread
+  return std::max<int64_t>(1, 16384 / dim);
+}
+
+template <typename scalar_t>
+void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, float eps, float offset, at::Tensor& out) {
+  const int64_t dim = x.size(-1);
+  const auto offsets = row_offsets(x);
+  const scalar_t* xp = x.data_ptr<scalar_t>();
+  scalar_t* op = out.data_ptr<scalar_t>();
+  const auto w32 = weight.to(at::kFloat).contiguous();
+  const float* wp = w32.data_ptr<float>();
+  at::parallel_for(0, static_cast<int64_t>(offsets.size()), grain(dim), [&](int64_t begin, int64_t end) {
+    std::vector<float> buffer(dim);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* v = as_float(xp + offsets[r], dim, buffer.data());
+      v8f sums = {};
+      int64_t j = 0;
+      for (; j + 8 <= dim; j += 8) sums += load8(v + j) * load8(v + j);
+      float sum = ((sums[0] + sums[4]) + (sums[1] + sums[5])) + ((sums[2] + sums[6]) + (sums[3] + sums[7]));
+      for (; j < dim; ++j) sum += v[j] * v[j];
+      const float inv = 1.f / std::sqrt(sum / static_cast<float>(dim) + eps);
+      scalar_t* o = op + r * dim;
+      for (int64_t k = 0; k < dim; ++k) {
+        const float normed = v[k] * inv;
+        o[k] = offset != 0.f ? static_cast<scalar_t>(normed * (offset + wp[k]))
+                             : static_cast<scalar_t>(wp[k] * rounded<scalar_t>(normed));
+      }
+    }
+  });
+}
+
+template <typename scalar_t>
+void gated_rows(const at::Tensor& gate, const at::Tensor& up, bool gelu, at::Tensor& out) {
+  const int64_t dim = gate.size(-1);
+  const auto gate_offsets = row_offsets(gate), up_offsets = row_offsets(up);
+  const scalar_t* gp = gate.data_ptr<scalar_t>();
+  const scalar_t* up_p = up.data_ptr<scalar_t>();
+  scalar_t* op = out.data_ptr<scalar_t>();
+  at::parallel_for(0, static_cast<int64_t>(gate_offsets.size()), grain(dim), [&](int64_t begin, int64_t end) {
+    std::vector<float> g_buffer(dim), u_buffer(dim), acted(dim);
+    for (int64_t r = begin; r < end; ++r) {
+      const float* g = as_float(gp + gate_offsets[r], dim, g_buffer.data());
+      const float* u = as_float(up_p + up_offsets[r], dim, u_buffer.data());
+      int64_t j = 0;
+      for (; j + 8 <= dim; j += 8) store8(acted.data() + j, gelu ? gelu_tanh8(load8(g + j)) : silu8(load8(g + j)));
+      for (; j < dim; ++j) {
+        const v8f one = v8f{} + g[j];
+        acted[j] = (gelu ? gelu_tanh8(one) : silu8(one))[0];
+      }
+      scalar_t* o = op + r * dim;
+      for (int64_t k = 0; k < dim; ++k) o[k] = static_cast<scalar_t>(rounded<scalar_t>(acted[k]) * u[k]);
+    }
+  });
+}
+
+template <typename scalar_t>
+void rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out) {
+  const int64_t dim = x.size(-1), half = dim / 2;
+  const auto x_offsets = row_offsets(x), cos_offsets = row_offsets(cos), sin_offsets = row_offsets(sin);
+  const scalar_t* xp = x.data_ptr<scalar_t>();
+  const scalar_t* cp = cos.data_ptr<scalar_t>();
+  const scalar_t* sp = sin.data_ptr<scalar_t>();
+  scalar_t* op = out.data_ptr<scalar_t>();
+  at::parallel_for(0, static_cast<int64_t>(x_offsets.size()), grain(dim), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const scalar_t* v = xp + x_offsets[r];
+      const scalar_t* c = cp + cos_offsets[r];
+      const scalar_t* s = sp + sin_offsets[r];
+      scalar_t* o = op + r * dim;
+      for (int64_t j = 0; j < dim; ++j) {
+        const float rotated = j < half ? -static_cast<float>(v[j + half]) : static_cast<float>(v[j - half]);
+        const float a = rounded<scalar_t>(static_cast<float>(v[j]) * static_cast<float>(c[j]));
+        const float b = rounded<scalar_t>(rotated * static_cast<float>(s[j]));
+        o[j] = static_cast<scalar_t>(a + b);
+      }
+    }
+  });
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.stride(-1) == 1 && x.size(-1) % 2 == 0, "rope: x [..., D] with contiguous rows of even D");
+  TORCH_CHECK(cos.scalar_type() == x.scalar_type() && sin.scalar_type() == x.scalar_type(),
+              "rope: x, cos and sin share one dtype");
+  const auto c = cos.expand(x.sizes()), s = sin.expand(x.sizes());  // [n, T, 1, D] over the heads
+  TORCH_CHECK(c.stride(-1) == 1 && s.stride(-1) == 1, "rope: cos and sin rows are contiguous");
+  auto out = at::empty(x.sizes(), x.options());
+  AT_DISPATCH_SWITCH(x.scalar_type(), "rope",
+                     AT_DISPATCH_CASE(at::kFloat, [&] { rope_rows<float>(x, c, s, out); })
+                         AT_DISPATCH_CASE(at::kBFloat16, [&] { rope_rows<c10::BFloat16>(x, c, s, out); }));
+  return out;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, double offset) {
+  TORCH_CHECK(x.stride(-1) == 1 && weight.dim() == 1 && weight.size(0) == x.size(-1),
+              "rms_norm: x [..., D] with contiguous rows, weight [D]");
+  auto out = at::empty(x.sizes(), x.options());
+  AT_DISPATCH_SWITCH(x.scalar_type(), "rms_norm",
+                     AT_DISPATCH_CASE(at::kFloat, [&] { rms_norm_rows<float>(x, weight, eps, offset, out); })
+                         AT_DISPATCH_CASE(at::kBFloat16, [&] {
+                           rms_norm_rows<c10::BFloat16>(x, weight, eps, offset, out);
+                         }));
+  return out;
+}
+
+at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, const std::string& act) {
+  TORCH_CHECK(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type(),
+              "gated_activation: gate and up of one shape and dtype");
+  TORCH_CHECK(gate.stride(-1) == 1 && up.stride(-1) == 1, "gated_activation: rows are contiguous");
+  TORCH_CHECK(act == "silu" || act == "gelu_pytorch_tanh", "gated_activation: act is silu or gelu_pytorch_tanh");
+  auto out = at::empty(gate.sizes(), gate.options());
+  const bool gelu = act == "gelu_pytorch_tanh";
+  AT_DISPATCH_SWITCH(gate.scalar_type(), "gated_activation",
+                     AT_DISPATCH_CASE(at::kFloat, [&] { gated_rows<float>(gate, up, gelu, out); })
+                         AT_DISPATCH_CASE(at::kBFloat16, [&] { gated_rows<c10::BFloat16>(gate, up, gelu, out); }));
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(onp_cpu, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps, float offset) -> Tensor");
+  m.def("gated_activation(Tensor gate, Tensor up, str act) -> Tensor");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(onp_cpu, CPU, m) {
+  m.impl("rms_norm", &rms_norm);
+  m.impl("gated_activation", &gated_activation);
+  m.impl("rope", &rope);
+}
