@@ -7,7 +7,7 @@
   graph raise at run time (the graph-failure tests), and prompts are prefilled over several engine
   steps (aborts in the middle of a prefill).
 - `refusals`: `vllm serve` runs that must exit non-zero at startup (corrupt artifacts, configuration
-  mismatches, a refused option), started in the background, two at a time, from the first test of the directory on.
+  mismatches and refused options), started in the background, two at a time, from the first test of the directory on.
 
 Everything listens on and talks to 127.0.0.1; every process is stopped by PID, and gets SIGTERM
 if the test process dies first (support.server).
@@ -103,14 +103,26 @@ def corrupt_variants(chunked: Path, foreign: Path, root: Path) -> dict[str, Path
     return variants
 
 
+# The corrupt artifacts started with `vllm serve`, one per startup step that fails: neuron_config.json read by the
+# API server, the artifact loaded in the engine process, its graphs' warm-up. The other variants fail in the same
+# function as one of these (NeuronConfig.load, NeuronModelForCausalLM.from_pretrained): test_faults.py calls it.
+STARTUP_RUNS = ("missing-field", "missing-graph", "foreign-graph")
+
+
 @pytest.fixture(scope="session")
-def refusals(rel_root, chunked_dir, small_vocab_dir):
-    variants = corrupt_variants(chunked_dir, small_vocab_dir, rel_root / "corrupt")
-    cases = {name: (directory, []) for name, directory in variants.items()}
-    cases["max-num-seqs"] = (chunked_dir, ["--max-num-seqs", str(BATCH_SIZE + 1)])
-    cases["max-model-len"] = (chunked_dir, ["--max-model-len", str(2 * SEQUENCE_LENGTH)])
+def corrupt(rel_root, chunked_dir, small_vocab_dir) -> dict[str, Path]:
+    return corrupt_variants(chunked_dir, small_vocab_dir, rel_root / "corrupt")
+
+
+@pytest.fixture(scope="session")
+def refusals(rel_root, chunked_dir, corrupt):
+    variants = corrupt
+    cases = {name: (variants[name], []) for name in STARTUP_RUNS}
+    # The engine options the plugin's configuration check refuses are reported together: one run for them all.
+    engine_options = ["--max-num-seqs", str(BATCH_SIZE + 1), "--max-model-len", str(2 * SEQUENCE_LENGTH)]
+    cases["engine-options"] = (chunked_dir, [*engine_options, "--async-scheduling"])
+    # Refused while the command line is parsed (the platform's argument hook), before any configuration is built.
     cases["tensor-parallel-size"] = (chunked_dir, ["--tensor-parallel-size", "2"])
-    cases["async-scheduling"] = (chunked_dir, ["--async-scheduling"])
     runner = Refusals(cases, rel_root / "refusal-logs", workers=2)
     yield runner
     runner.close()

@@ -1,16 +1,25 @@
 """A token_generation call that raises fails the requests of that decode batch (HTTP 500), in serial and
-interleaved prefill mode, and the server keeps serving.
+interleaved prefill mode, and the server keeps serving; graph calls that fail in a row stop it.
 
 The model (support.tiny_models.export_chain_model) has a 1000-row embedding table behind SmolLM2's 49152-id
 tokenizer and lm_head: its greedy next token is t + 1, except after TRAP, where it is BAD (an id beyond the
 embedding). A request whose prompt ends at TRAP - k samples BAD as its (k+1)-th token, on the device; the
 next token_generation call embeds BAD and raises IndexError, a real graph failure with no mock. Every request
 decoding in that call fails with it; requests that finished earlier, and every later one, are served.
+
+A device that fails every graph call must stop the server, so /health fails and a supervisor can restart it. A
+prompt holding an id beyond the embedding makes the prefill graph raise: sending only such prompts is a device on
+which every call fails. The serial server runs with ONP_MAX_GRAPH_FAILURES=3 (a successful call resets the count,
+so the decode-fault tests never reach it): the first two failures fail their requests (500) while /health stays
+200; the third stops the engine: vLLM reports it dead, /health stops answering 200 and `vllm serve` exits. That
+test stops the server: it is the module's last.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import subprocess
 import threading
 
 import pytest
@@ -18,6 +27,8 @@ from support.client import call, completion_tokens, concurrently, greedy, health
 from support.references import hf_greedy
 from support.server import Server
 from support.tiny_models import export_chain_model
+
+from .test_faults import bad_prompt
 
 pytestmark = pytest.mark.slow  # a live `vllm serve`
 
@@ -29,6 +40,8 @@ MODES = ["serial", "interleaved"]
 # decode in bucket 16, the long one crosses into 128 only if the failure did not stop it.
 CONTEXT_BUCKETS = (16, 128)
 LONG_TOKENS = 120  # the prompt's 3 tokens and these fit the 128-token sequence
+LIMIT = 3  # the serial server's ONP_MAX_GRAPH_FAILURES
+EXIT_TIMEOUT = 120  # seconds for vLLM's watchdog to shut the server down after the engine died
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +57,11 @@ def chain(tmp_path_factory, tokenizer):
 def servers(chain):
     """Both servers of the module, started together (their startups overlap)."""
     artifact, _, root = chain
+    limit = {"serial": {"ONP_MAX_GRAPH_FAILURES": str(LIMIT)}, "interleaved": {}}
     started = {
-        mode: Server(artifact, root / f"{mode}.log", "--additional-config", json.dumps({"prefill_mode": mode}))
+        mode: Server(
+            artifact, root / f"{mode}.log", "--additional-config", json.dumps({"prefill_mode": mode}), env=limit[mode]
+        )
         for mode in MODES
     }
     try:
@@ -123,3 +139,29 @@ def test_a_trapped_request_alone_fails_at_its_first_decode(servers, chain, mode)
     # BAD is the first token (host-sampled): a request asking for that token alone is served.
     assert completion_tokens(server.port, greedy(server.model, trapped_prompt(0), 1)) == [BAD]
     assert hf_greedy(hf, trapped_prompt(0), 1) == [BAD]
+
+
+def health_or_none(port: int) -> int | None:
+    try:
+        return health(port)
+    except (ConnectionError, OSError, http.client.HTTPException):
+        return None
+
+
+def test_consecutive_graph_failures_stop_the_server(servers):
+    server = servers["serial"]
+    for n in range(LIMIT - 1):
+        status, body = call(server.port, "/v1/completions", greedy(server.model, bad_prompt(n), 4))
+        assert status == 500, body
+        assert health(server.port) == 200
+    status, _ = call(server.port, "/v1/completions", greedy(server.model, bad_prompt(LIMIT), 4))
+    assert status >= 500
+    try:
+        server.process.wait(timeout=EXIT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"vllm serve still running after the engine stopped:\n{server.log.read_text()[-3000:]}")
+    assert health_or_none(server.port) != 200
+    log = server.log.read_text()
+    assert f"{LIMIT} graph calls failed in a row (the last: chunked_prefill raised IndexError" in log, log[-3000:]
+    assert "the Neuron plugin stops the engine" in log
+    assert f"ONP_MAX_GRAPH_FAILURES={LIMIT}" in log

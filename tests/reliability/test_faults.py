@@ -2,7 +2,8 @@
 serving fails only its requests (500) and the server keeps serving.
 
 Startup: a missing graph, truncated weights, a neuron_config.json from a newer format or missing a
-field, and a graph file from another export (it loads, then fails its first call in the warm-up).
+field, and a graph file from another export (it loads, then fails its first call in the warm-up). One `vllm serve`
+run per startup step that fails; a variant that fails in the same step is checked on the function of that step.
 Serving: the interleaved server's model has a 1000-row embedding table behind a 49152-id tokenizer;
 a prompt holding id >= 1000 passes vLLM's checks and makes the prefill graph raise (IndexError),
 a real run-time graph failure with no mock. Decision (README, Serve): the requests of the failing
@@ -12,11 +13,16 @@ file and the error), their cache slots are freed, and every other request is ser
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from support.client import call, completion_tokens, concurrently, greedy, health, stream_tokens, wait_idle
 from support.served import BATCH_SIZE
 
-from .conftest import SMALL_VOCAB
+from optimum_neuron_plugin import NeuronModelForCausalLM
+from optimum_neuron_plugin.artifact import ArtifactError, load_neuron_config
+
+from .conftest import SMALL_VOCAB, STARTUP_RUNS
 
 pytestmark = pytest.mark.slow  # a live `vllm serve`
 
@@ -30,16 +36,35 @@ CORRUPT = {
 NEW_TOKENS = 12
 
 
-@pytest.mark.parametrize("name", CORRUPT)
-def test_corrupt_artifact_stops_the_server_at_startup(refusals, rel_root, name):
+def assert_names_the_file(output: str, directory: Path, name: str) -> None:
     file, message = CORRUPT[name]
+    assert f"{directory / file}: " in output, output[-3000:]
+    assert message in output
+    assert "export the model again" in output or "upgrade the plugin" in output
+
+
+@pytest.mark.parametrize("name", STARTUP_RUNS)
+def test_corrupt_artifact_stops_the_server_at_startup(refusals, rel_root, name):
     result = refusals.result(name)
     assert not result.timed_out, f"vllm serve still running after {result.seconds:.0f} s:\n{result.output[-3000:]}"
     assert result.returncode != 0, result.output[-3000:]
-    assert f"{rel_root / 'corrupt' / name / file}: " in result.output, result.output[-3000:]
-    assert message in result.output
-    assert "export the model again" in result.output or "upgrade the plugin" in result.output
+    assert_names_the_file(result.output, rel_root / "corrupt" / name, name)
     assert "Starting vLLM server" not in result.output
+
+
+# The variant, and the startup step that reads it (conftest STARTUP_RUNS: a `vllm serve` run of the same step).
+SAME_STEP = {
+    "newer-format": load_neuron_config,  # the API server's configuration check, as missing-field
+    "truncated-weights": NeuronModelForCausalLM.from_pretrained,  # the engine process's load, as missing-graph
+}
+
+
+@pytest.mark.parametrize("name", SAME_STEP)
+def test_corrupt_artifact_fails_the_startup_step_that_reads_it(corrupt, monkeypatch, name):
+    monkeypatch.setenv("ONP_BACKEND", "cpu")
+    with pytest.raises(ArtifactError) as error:
+        SAME_STEP[name](corrupt[name])
+    assert_names_the_file(str(error.value), corrupt[name], name)
 
 
 def good_prompts() -> list[list[int]]:

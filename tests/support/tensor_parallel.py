@@ -1,7 +1,8 @@
 """Tensor-parallel ranks for tests: `degree` processes in a gloo group on 127.0.0.1, one torch thread each.
 
-`run_ranks(worker, degree, *args)` spawns the ranks, each runs worker(rank, *args) inside the initialised group;
-results travel through files (torch.save), not queues: a spawned rank's shared-memory tensors die with it.
+`run_ranks(worker, degree, *args)` starts the ranks (spawned by default), each runs worker(rank, *args) inside the
+initialised group; results travel through files (torch.save), not queues: a spawned rank's shared-memory tensors
+die with it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(worker: Callable[..., None], degree: int, *args: object) -> None:
-    mp.spawn(_rank, args=(worker, degree, free_port(), args), nprocs=degree, join=True)
+def run_ranks(worker: Callable[..., None], degree: int, *args: object, start_method: str = "spawn") -> None:
+    """start_method "fork": the ranks inherit the modules the caller imported instead of importing them again."""
+    mp.start_processes(
+        _rank, args=(worker, degree, free_port(), args), nprocs=degree, join=True, start_method=start_method
+    )
 
 
 def _rank(rank: int, worker: Callable[..., None], degree: int, port: int, args: tuple) -> None:

@@ -1,6 +1,6 @@
 """Gemma 3 270M (the Q4_K_M GGUF from PyPI, support.gemma3) end to end: exported from the model transformers reads
 from the GGUF, its greedy text equals transformers' (fed <bos> + the prompt) through vllm.LLM given plain text, and
-through the runtime (the first prompt).
+through the runtime the engine loaded (the first prompt).
 
 The GGUF is dequantized once: the reference model and its GGUF-built tokenizer are saved as a Hugging Face directory,
 the export's source (exporting from a .gguf file itself: tests/cli/test_export.py, SmolLM2).
@@ -73,33 +73,43 @@ def test_the_gguf_tokenizer_lacks_bos_the_exported_one_adds_it(gemma3):
     assert AutoTokenizer.from_pretrained(out)("Hello")["input_ids"][0] == BOS
 
 
-def test_runtime_greedy_equals_transformers(gemma3, references):
-    """The runtime's tokenizer adds <bos> to every prompt; its greedy text of the first one (the vLLM test runs all
-    three through the same graphs)."""
-    _, _, out, _ = gemma3
-    model = NeuronModelForCausalLM.from_pretrained(out)
-    ids, expected = references
-    for prompt, prompt_ids in zip(PROMPTS, ids, strict=True):
-        assert model.tokenizer(prompt)["input_ids"] == prompt_ids
-    generated = model.generate(torch.tensor([ids[0]]), max_new_tokens=NEW_TOKENS, eos_token_id=[])
-    assert generated[0, len(ids[0]) :].tolist() == expected[0], model.tokenizer.decode(expected[0])
-    # With <bos> the model writes text (" the capital of the country of France. It is the largest city in France
-    # and"), not one word repeated.
-    assert len(set(expected[0])) > NEW_TOKENS // 2 and "France" in model.tokenizer.decode(expected[0])
+@pytest.fixture(scope="module")
+def llm(gemma3):
+    """The in-process engine: its worker loads the export with NeuronModelForCausalLM.from_pretrained, the runtime
+    the runtime test drives through vLLM's LLM.apply_model (one load and warm-up of the 262k-vocabulary graphs)."""
+    engine = make_llm(gemma3[2])
+    yield engine
+    close_llm(engine)
 
 
-def test_vllm_greedy_text_equals_transformers(gemma3, references):
+def test_vllm_greedy_text_equals_transformers(gemma3, references, llm):
     from vllm import SamplingParams
 
-    _, gguf_tokenizer, out, _ = gemma3
+    _, gguf_tokenizer, _, _ = gemma3
     ids, expected = references
-    llm = make_llm(out)
-    try:
-        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-    finally:
-        close_llm(llm)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     for prompt_ids, tokens, output in zip(ids, expected, outputs, strict=True):
         assert list(output.prompt_token_ids) == prompt_ids  # vLLM's tokenization adds <bos>
         assert list(output.outputs[0].token_ids) == tokens
         assert output.outputs[0].text == gguf_tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+def test_runtime_greedy_equals_transformers(gemma3, references, llm):
+    """The runtime's tokenizer adds <bos> to every prompt; its greedy text of the first one (the vLLM test runs all
+    three through the same graphs). After the vLLM test: generate writes the cache of slot 0, behind the engine's
+    back, when the engine has nothing left to serve."""
+    ids, expected = references
+
+    def tokenize_and_generate(model: NeuronModelForCausalLM) -> tuple[list[list[int]], list[int], str]:
+        assert isinstance(model, NeuronModelForCausalLM)
+        generated = model.generate(torch.tensor([ids[0]]), max_new_tokens=NEW_TOKENS, eos_token_id=[])
+        prompt_ids = [model.tokenizer(prompt)["input_ids"] for prompt in PROMPTS]
+        return prompt_ids, generated[0, len(ids[0]) :].tolist(), model.tokenizer.decode(expected[0])
+
+    ((prompt_ids, tokens, text),) = llm.apply_model(tokenize_and_generate)
+    assert prompt_ids == ids
+    assert tokens == expected[0], text
+    # With <bos> the model writes text (" the capital of the country of France. It is the largest city in France
+    # and"), not one word repeated.
+    assert len(set(expected[0])) > NEW_TOKENS // 2 and "France" in text

@@ -36,8 +36,14 @@ def sample_on_rank(rank: int, out: Path) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps(sampler.sample(logits, states)))
 
 
-@pytest.mark.slow  # three spawned processes importing vLLM
+@pytest.mark.slow  # three processes running vLLM's sampler
 def test_every_rank_records_rank_0s_host_sampled_tokens(tmp_path):
-    run_ranks(sample_on_rank, RANKS, tmp_path)
+    # Imported here and forked: the ranks do not import vLLM again (seconds of CPU each).
+    import vllm.config  # noqa: F401
+
+    import optimum_neuron_plugin.vllm.host_sampling  # noqa: F401
+    import optimum_neuron_plugin.vllm.requests  # noqa: F401
+
+    run_ranks(sample_on_rank, RANKS, tmp_path, start_method="fork")
     tokens = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(RANKS)]
     assert tokens == [[10, 10]] * RANKS

@@ -1,6 +1,7 @@
 """`vllm serve` of the served tiny Llama (4 query heads, 2 KV heads) exported with tp_degree 2: two vLLM workers,
-one shard each, answer concurrent greedy requests exactly as transformers does. A --tensor-parallel-size other
-than the artifact's is refused at startup with one line. (The sharding itself, per family and against tp 1, is
+one shard each, answer concurrent greedy requests exactly as transformers does. (A --tensor-parallel-size other than
+the artifact's is refused while the command line is parsed: tests/vllm/test_tensor_parallel_config.py, and a real
+`vllm serve` in tests/reliability/test_startup_mismatches.py. The sharding itself, per family and against tp 1, is
 tests/core/test_tensor_parallel.py.)
 """
 
@@ -10,7 +11,7 @@ import pytest
 from support.client import completion_tokens, concurrently, greedy
 from support.references import hf_greedy
 from support.served import prompt_of
-from support.server import Server, serve
+from support.server import serve
 
 pytestmark = pytest.mark.slow  # a live `vllm serve`
 
@@ -31,10 +32,3 @@ def test_concurrent_greedy_requests_equal_transformers(tiny_hf, tokenizer, serve
     ask = lambda prompt: completion_tokens(server.port, greedy(server.model, prompt, NEW_TOKENS))  # noqa: E731
     answers = concurrently(ask, prompts, workers=len(prompts))
     assert answers == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in prompts]
-
-
-def test_a_tensor_parallel_size_other_than_the_artifacts_is_refused(tp2_dir, tmp_path):
-    refused = Server(tp2_dir, tmp_path / "refused.log", "--tensor-parallel-size", "4")
-    assert refused.process.wait(timeout=300) != 0
-    log = refused.log_tail()
-    assert "tensor_parallel_size=4 does not match the artifact's tp_degree=2" in log, log
