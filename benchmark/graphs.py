@@ -172,7 +172,7 @@ def run(
         run_in_process(cmd)
     else:
         subprocess.run(cmd, check=True, cwd=BENCH.parent)
-    record(out, [Path(sys.argv[0]).name, *sys.argv[1:]], case=case.name, seconds=round(time.perf_counter() - began, 1))
+    record(out, [Path(sys.argv[0]).name, *sys.argv[1:]], case=case.name, seconds=round(time.perf_counter() - began, 3))
 
 
 def run_several(cases: list[Case], root: Path, args: argparse.Namespace) -> None:
