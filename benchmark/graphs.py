@@ -3,21 +3,27 @@
     .venv/bin/python benchmark/graphs.py --list
     .venv/bin/python benchmark/graphs.py CASE [--out DIR] [-- ARGS...]
     .venv/bin/python benchmark/graphs.py CASE --tiny MODEL_DIR [--artifact DIR] [--out DIR]
+    .venv/bin/python benchmark/graphs.py CASE CASE... --tiny MODEL_DIR [--artifact DIR] --out ROOT [--in-process]
 
 A case is a script of benchmark/graph_cases/ and the arguments of the run its result folder holds; ARGS after
 `--` are appended (argparse: the last value of an option wins). --tiny runs the case's smoke arguments on a tiny
 model instead (MODEL_DIR: a Hugging Face directory, e.g. from benchmark/tools/tiny_model.py; --artifact: an export
 of it, for the cases that take one). Each run writes into --out (default benchmark/results/<date>-<case>/) and
-records the commit, the command and the host in its run.json.
+records the commit, the command and the host in its run.json. Several cases run one after the other, each into
+ROOT/<case>/; a failed case does not stop the others (the exit status is 1). Each case script runs in a fresh
+process, or with --in-process in this one (one interpreter importing torch once: for smoke runs, not timings).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import runpy
 import shlex
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,33 +141,81 @@ def command(case: Case, out: Path, extra: list[str], tiny: Path | None, artifact
     return [sys.executable, str(CASES_DIR / case.script), *args, *extra, *tail]
 
 
-def run(case: Case, out: Path, extra: list[str], tiny: Path | None = None, artifact: Path | None = None) -> None:
+def run_in_process(cmd: list[str]) -> None:
+    """The case script as `python SCRIPT ARGS` would run it, in this process; its failure raised."""
+    argv, path, cwd = sys.argv, sys.path[:], Path.cwd()
+    sys.argv, sys.path[:0] = cmd[1:], [str(CASES_DIR)]
+    os.chdir(BENCH.parent)
+    try:
+        runpy.run_path(cmd[1], run_name="__main__")
+    except SystemExit as done:
+        if done.code not in (None, 0):
+            raise RuntimeError(f"{Path(cmd[1]).name} exited with {done.code}") from done
+    finally:
+        sys.argv, sys.path[:] = argv, path
+        os.chdir(cwd)
+
+
+def run(
+    case: Case,
+    out: Path,
+    extra: list[str],
+    tiny: Path | None = None,
+    artifact: Path | None = None,
+    in_process: bool = False,
+) -> None:
     cmd = command(case, out, extra, tiny, artifact)
     record(out, [Path(sys.argv[0]).name, *sys.argv[1:]], case=case.name, script=" ".join(cmd[1:]))
     print(f"[graphs] {case.name}: {' '.join(cmd[1:])}", flush=True)
     began = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=BENCH.parent)
-    record(out, [Path(sys.argv[0]).name, *sys.argv[1:]], case=case.name, seconds=round(time.perf_counter() - began, 1))
+    if in_process:
+        run_in_process(cmd)
+    else:
+        subprocess.run(cmd, check=True, cwd=BENCH.parent)
+    record(out, [Path(sys.argv[0]).name, *sys.argv[1:]], case=case.name, seconds=round(time.perf_counter() - began, 3))
+
+
+def run_several(cases: list[Case], root: Path, args: argparse.Namespace) -> None:
+    """Each case into root/<case>, the failures listed at the end (exit status 1)."""
+    failed = []
+    for case in cases:
+        try:
+            run(case, root / case.name, args.extra, args.tiny, args.artifact, args.in_process)
+        except Exception as error:  # a failed case is reported, the next one still runs
+            traceback.print_exc()
+            print(f"[graphs] {case.name} FAILED: {error!r}", file=sys.stderr, flush=True)
+            failed.append(case.name)
+    if failed:
+        raise SystemExit(f"[graphs] failed cases: {' '.join(failed)}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("case", nargs="?", help="a case of --list")
+    parser.add_argument("cases", nargs="*", metavar="CASE", help="a case of --list (several: each into OUT/<case>)")
     parser.add_argument("--list", action="store_true", help="the cases, what each measures, its arguments and result")
     parser.add_argument("--out", type=Path, help="result directory (default: benchmark/results/<date>-<case>)")
     parser.add_argument("--tiny", type=Path, metavar="MODEL_DIR", help="the case's smoke arguments on this model")
     parser.add_argument("--artifact", type=Path, help="with --tiny: an export of the tiny model")
+    parser.add_argument("--in-process", action="store_true", help="run the case scripts in this process")
     argv, extra = split_extra(sys.argv[1:])
     args = parser.parse_args(argv)
     args.extra = extra
     if args.list:
         print(listing())
         return
-    if args.case not in BY_NAME:
-        parser.error(f"unknown case {args.case!r}; the cases: {', '.join(BY_NAME)} (--list says what each measures)")
-    case = BY_NAME[args.case]
-    out = args.out or BENCH / "results" / f"{time.strftime('%Y%m%d')}-{case.name}"
-    run(case, out, args.extra, args.tiny, args.artifact)
+    if not args.cases:
+        parser.error(f"give a case: {', '.join(BY_NAME)} (--list says what each measures)")
+    for name in args.cases:
+        if name not in BY_NAME:
+            parser.error(f"unknown case {name!r}; the cases: {', '.join(BY_NAME)} (--list says what each measures)")
+    cases = [BY_NAME[name] for name in args.cases]
+    if len(cases) > 1:
+        if args.out is None:
+            parser.error("several cases need --out ROOT (each case writes into ROOT/<case>)")
+        run_several(cases, args.out, args)
+        return
+    out = args.out or BENCH / "results" / f"{time.strftime('%Y%m%d')}-{cases[0].name}"
+    run(cases[0], out, args.extra, args.tiny, args.artifact, args.in_process)
 
 
 if __name__ == "__main__":

@@ -8,17 +8,19 @@ driver for their workloads; by hand, serve a configuration (benchmark/serve.sh N
 case has the defaults of the run its result folder holds; OPTIONS override them. --model-dir is the served model
 (artifact or Hugging Face directory: its tokenizer makes the prompts). Results go into --out, named after --name;
 the folder's run.json records the commit, the command and the host (a scenario script records its own command
-first).
+first). --in-process runs `vllm bench serve` in this process (vLLM imported once for every concurrency level).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import subprocess
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,15 +54,34 @@ def bench_serve(args: argparse.Namespace, result: Path, concurrency: int, datase
     cmd += ["--disable-tqdm"]
     log = result.with_suffix(".log")
     with log.open("w") as out:
-        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT)
+        if args.in_process:
+            returncode = bench_serve_in_process(cmd[3:], out)
+        else:
+            returncode = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode
     text = log.read_text()
-    if done.returncode != 0:
+    if returncode != 0:
         raise SystemExit(f"{args.name}: vllm bench serve failed (log: {log}):\n{text[-3000:]}")
     figures = json.loads(result.read_text())
     if figures.get("completed") != args.num_prompts or figures.get("failed"):
         raise SystemExit(f"{args.name}: {figures.get('failed')} of {args.num_prompts} requests failed (log: {log})")
     keys = ("Successful", "throughput (tok", "Request throughput", "P50 TTFT", "P99 TTFT", "P50 ITL", "P99 ITL")
     print("\n".join(line for line in text.splitlines() if any(key in line for key in keys)), file=sys.stderr)
+
+
+def bench_serve_in_process(argv: list[str], out) -> int:
+    """`vllm bench serve ARGV` run by vLLM's own entry point in this process, its output into `out`."""
+    from vllm.benchmarks.serve import add_cli_args, main
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    add_cli_args(parser)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            main(parser.parse_args(argv))
+        except (Exception, SystemExit):
+            traceback.print_exc()
+            return 1
+    return 0
 
 
 def line_count(path: Path | None) -> int:
@@ -177,12 +198,14 @@ def parser_for() -> argparse.ArgumentParser:
     parser.add_argument("--num-warmups", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--in-process", action="store_true", help="run `vllm bench serve` in this process")
     return parser
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """The driver on `argv` (default: the command line's arguments)."""
     parser = parser_for()
-    argv, extra = split_extra(sys.argv[1:])
+    argv, extra = split_extra(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.extra = extra
     if args.list:
@@ -198,7 +221,7 @@ def main() -> None:
     if missing:
         parser.error(f"{case.name} needs " + ", ".join("--" + m.replace("_", "-") for m in missing))
     args.out.mkdir(parents=True, exist_ok=True)
-    record(args.out, [Path(sys.argv[0]).name, *sys.argv[1:]], case=case.name)
+    record(args.out, [Path(__file__).name, *argv, *(["--", *extra] if extra else [])], case=case.name)
     case.run(args)
 
 

@@ -1,6 +1,7 @@
 """Every case of the two benchmark drivers, run on a tiny model, so that none can rot.
 
-Graph cases: `benchmark/graphs.py CASE --tiny MODEL --artifact ARTIFACT` (each case's smoke arguments), one by one.
+Graph cases: one `benchmark/graphs.py CASE... --tiny MODEL --artifact ARTIFACT --in-process` of every case (each
+case's smoke arguments, one interpreter importing torch once), then each case's results checked.
 Served cases: one `vllm serve` of the tiny artifact, every case of `benchmark/served.py` sent to it with a handful of
 short requests. Each run must leave its results and a run.json naming the commit, the command and the host.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 
@@ -81,18 +83,31 @@ def test_arguments_after_the_separator_reach_the_case_script(tmp_path):
     assert cmd.index("300") < cmd.index("1100"), "the case's own --context 300 comes first"
 
 
+@pytest.fixture(scope="module")
+def graph_runs(tiny_model, tiny_artifact, bench_cache, tmp_path_factory):
+    """Every graph case's smoke run, all in one `graphs.py ... --in-process`: (results root, its output)."""
+    root = tmp_path_factory.mktemp("graphs")
+    # The cases' exports of the tiny models (artifacts and compiled programs) are cached across runs: a program is
+    # keyed by the graph code that traced it (backends/program_cache.py), so a code change compiles it again.
+    env = server_env(BENCH_ARTIFACTS=str(bench_cache / "graph-artifacts"), PYTHONPATH=str(REPO))
+    env[CACHE_ENV] = str(bench_cache / "compile-cache")
+    cmd = [sys.executable, str(BENCH / "graphs.py"), *graphs.BY_NAME, "--tiny", str(tiny_model)]
+    cmd += ["--artifact", str(tiny_artifact), "--out", str(root), "--in-process"]
+    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    return root, done
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(GRAPH_OUTPUTS))
-def test_graph_case(case, tiny_model, tiny_artifact, bench_cache, tmp_path):
-    out = tmp_path / case
-    env = server_env(BENCH_ARTIFACTS=str(bench_cache / "graph-artifacts"), PYTHONPATH=str(REPO))
-    if CACHE_ENV in os.environ:  # the session's compile cache: programs another case compiled are copied
-        env[CACHE_ENV] = os.environ[CACHE_ENV]
-    cmd = [sys.executable, str(BENCH / "graphs.py"), case, "--tiny", str(tiny_model), "--artifact", str(tiny_artifact)]
-    done = subprocess.run([*cmd, "--out", str(out)], env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, f"{case}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+def test_graph_case(case, graph_runs):
+    root, done = graph_runs
+    out = root / case
+    failed = f"[graphs] {case} FAILED"
+    assert failed not in done.stderr, done.stderr[: done.stderr.index(failed) + len(failed)][-5000:]
+    assert (out / "run.json").is_file() and (out / GRAPH_OUTPUTS[case]).is_file(), done.stderr[-5000:]
     assert (out / GRAPH_OUTPUTS[case]).stat().st_size > 0
-    run = assert_recorded(out, f"graphs.py {case}")
+    run = assert_recorded(out, "graphs.py")
+    assert case in shlex.split(run["command"])
     assert run["case"] == case and run["seconds"] > 0
 
 
@@ -122,15 +137,15 @@ def test_every_served_case_has_a_smoke_check():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", list(SERVED))
-def test_served_case(case, tiny_server, tiny_artifact, tmp_path):
+def test_served_case(case, tiny_server, tiny_artifact, tmp_path, monkeypatch):
+    """served.py's main in this process, `vllm bench serve` in it too: vLLM's client imported once for every case."""
     options, outputs = SERVED[case]
     out = tmp_path / case
     stats = tiny_server.log.parent / "stats.jsonl"
-    cmd = [sys.executable, str(BENCH / "served.py"), case, "--url", tiny_server.url, "--model-dir", str(tiny_artifact)]
-    cmd += ["--out", str(out), "--name", "tiny", "--stats-file", str(stats), *options]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"{case}:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+    for name in [name for name in os.environ if name.startswith("VLLM_")]:
+        monkeypatch.delenv(name)
+    argv = [case, "--url", tiny_server.url, "--model-dir", str(tiny_artifact), "--in-process"]
+    served.main([*argv, "--out", str(out), "--name", "tiny", "--stats-file", str(stats), *options])
     for name in outputs:
         result = json.loads((out / name).read_text())
         assert result, name
