@@ -37,18 +37,18 @@ SHARED_FIXTURE_GROUPS = {
     "benchmark": ("tests/benchmark/",),
 }
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
-# one worker on a 2-core Intel host, benchmark/results/20261128-test-suite-intel-2-cores/: the benchmark group ~500,
-# reliability ~330, the SmolLM2 group ~300, tests/cli/test_export.py ~250, hf parity ~180, Gemma 3 ~170, the
-# AOTInductor export ~150, tensor parallel ~120).
+# one worker on a 2-core Intel host, approximate: reliability ~350, the benchmark group ~300, the SmolLM2 group ~210,
+# hf parity ~180, Gemma 3 ~170, the AOTInductor export ~150, Neuron capture ~150, tests/cli/test_export.py ~120,
+# tensor parallel ~120).
 LONGEST_FIRST = (
-    "benchmark",
     "reliability servers",
+    "benchmark",
     "smollm2",
-    "tests/cli/test_export.py",
     "tests/core/test_hf_parity.py",
     "tests/vllm/test_gemma3_engine.py",
-    "tests/neuron/test_capture.py",
     "tests/cli/test_export_inductor.py",
+    "tests/neuron/test_capture.py",
+    "tests/cli/test_export.py",
     "tests/core/test_tensor_parallel.py",
     "tests/core/test_buckets.py",
 )
