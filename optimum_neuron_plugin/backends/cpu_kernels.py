@@ -12,10 +12,13 @@ compiler's default target.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import platform
 import sys
+from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
 
@@ -23,6 +26,7 @@ SOURCES = [
     Path(__file__).parent / "csrc" / name for name in ("decode_attention.cpp", "chunk_attention.cpp", "pointwise.cpp")
 ]
 NAME = "onp_cpu_kernels"
+TORCH_BATON = "lock"  # torch.utils.cpp_extension's build lock (a FileBaton) in the build directory
 
 
 def _cpu_flags() -> set[str]:
@@ -54,20 +58,36 @@ def build_directory() -> Path | None:
     return None  # torch's extension cache
 
 
+@contextlib.contextmanager
+def _one_builder(directory: Path | None) -> Iterator[None]:
+    """One process at a time builds or links in `directory`, under a lock the system releases when its holder dies.
+    torch's own lock is a file that a build killed midway leaves behind, and every later load would wait on it
+    forever: under this lock nobody else holds it, so a leftover one is removed."""
+    if directory is None:
+        yield
+        return
+    with open(directory / "onp_build.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (directory / TORCH_BATON).unlink(missing_ok=True)
+        yield
+
+
 @cache
 def load() -> None:
     """Build (first time on this host) and load the kernels; their ops are then torch.ops.onp_cpu.*."""
     from torch.utils import cpp_extension
 
+    directory = build_directory()
     try:
-        cpp_extension.load(
-            NAME,
-            [str(s) for s in SOURCES],
-            extra_cflags=compile_flags(),
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory) if (directory := build_directory()) else None,
-            is_python_module=False,
-        )
+        with _one_builder(directory):
+            cpp_extension.load(
+                NAME,
+                [str(s) for s in SOURCES],
+                extra_cflags=compile_flags(),
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory) if directory else None,
+                is_python_module=False,
+            )
     except (RuntimeError, OSError) as error:
         raise RuntimeError(
             f"building the CPU backend's C++ kernels ({', '.join(s.name for s in SOURCES)}) failed: {error}. They "
