@@ -22,44 +22,11 @@
 #include <string>
 #include <vector>
 
+#include "vec8.h"
+
 namespace {
 
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-
-inline v8f load8(const float* p) {
-  v8f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline void store8(float* p, v8f v) {
-  std::memcpy(p, &v, sizeof(v));
-}
-
-// exp(x) within 2 ulp, eight at a time: x = n ln2 + r, exp(r) by its degree-6 polynomial, times 2^n in the exponent
-// bits; 0 below -87 and clamped above 88 (as csrc/decode_attention.cpp).
-inline v8f exp8(v8f x) {
-  const v8f low = v8f{} - 87.f, high = v8f{} + 88.f;
-  v8f c = x < low ? low : x;
-  c = c > high ? high : c;
-  const v8f y = c * 1.44269504088896341f + 0.5f;
-  v8i n = __builtin_convertvector(y, v8i);
-  n += __builtin_convertvector(n, v8f) > y;
-  const v8f nf = __builtin_convertvector(n, v8f);
-  const v8f r = c - nf * 0.693359375f + nf * 2.12194440e-4f;
-  v8f p = v8f{} + 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const v8i bits = (n + 127) << 23;
-  v8f two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  const v8f e = (p * r * r + r + 1.f) * two_n;
-  return x < low ? v8f{} : e;
-}
+using namespace onp_vec;
 
 inline v8f silu8(v8f x) {
   return x / (1.f + exp8(-x));
@@ -124,7 +91,7 @@ void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, float eps, flo
       v8f sums = {};
       int64_t j = 0;
       for (; j + 8 <= dim; j += 8) sums += load8(v + j) * load8(v + j);
-      float sum = ((sums[0] + sums[4]) + (sums[1] + sums[5])) + ((sums[2] + sums[6]) + (sums[3] + sums[7]));
+      float sum = sum8(sums);
       for (; j < dim; ++j) sum += v[j] * v[j];
       const float inv = 1.f / std::sqrt(sum / static_cast<float>(dim) + eps);
       scalar_t* o = op + r * dim;
