@@ -1,6 +1,6 @@
 """The CPU kernels of the attention ops (models/attention.py): the same functions as their masked definitions,
-computed over the keys the mask leaves and nothing else. Both are C++ (csrc/, built by cpu_kernels.py), so that a
-replayed program calls each as one op without returning to Python.
+computed over the keys the mask leaves and nothing else. Both are C++ (csrc/), built and registered as the ops' CPU
+kernels by cpu_kernels.py, so that a replayed program calls each as one op without returning to Python.
 
 - `onp::chunk_attention` (prompt chunks; csrc/chunk_attention.cpp): the masked form runs PyTorch's CPU flash kernel
   over [the whole prior bucket | the own block] under the chunk's bias, where a masked key costs what a live one does
@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import torch
 
-from ..models.attention import chunk_attention, decode_attention
 from . import cpu_kernels
 
 cpu_kernels.load()
-# The C++ ops take the definitions' arguments as they are: registered as the CPU kernels directly.
-chunk_attention_cpu = torch.ops.onp_cpu.chunk_attention.default
-decode_attention_cpu = torch.ops.onp_cpu.decode_attention.default
-chunk_attention.register_kernel("cpu")(chunk_attention_cpu)
-decode_attention.register_kernel("cpu")(decode_attention_cpu)
+# On CPU tensors the ops run their C++ kernels.
+chunk_attention_cpu = torch.ops.onp.chunk_attention.default
+decode_attention_cpu = torch.ops.onp.decode_attention.default

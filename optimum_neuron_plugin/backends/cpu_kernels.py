@@ -1,5 +1,7 @@
 """The CPU backend's C++ kernels (csrc/), built once per host with torch's extension builder and loaded by
-`load()`: the ops of the namespace `onp_cpu`.
+`load()`, which registers each as the CPU implementation of its `onp::` op (models/attention.py, models/layers.py).
+A registered C++ kernel is what makes a replayed program (cpu_script.py) call the op without returning to Python:
+a kernel registered from Python takes the GIL on every call.
 
 The build takes 15-60 s and lands in the environment (`<sys.prefix>/share/onp_cpu_kernels/<tree>`, or torch's
 extension cache, TORCH_EXTENSIONS_DIR, where the environment is read-only): scripts/setup.sh builds it, a later
@@ -74,8 +76,10 @@ def _one_builder(directory: Path | None) -> Iterator[None]:
 
 @cache
 def load() -> None:
-    """Build (first time on this host) and load the kernels; their ops are then torch.ops.onp_cpu.*."""
+    """Build (first time on this host) and load the kernels: torch.ops.onp.* on CPU tensors then run them."""
     from torch.utils import cpp_extension
+
+    from ..models import attention, layers  # noqa: F401 - the ops' definitions, before their kernels
 
     directory = build_directory()
     try:

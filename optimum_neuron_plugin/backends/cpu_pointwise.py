@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from ..models.layers import gated_activation, rms_norm_op, rope_op
 from . import cpu_kernels
 
 cpu_kernels.load()
-rms_norm_cpu = torch.ops.onp_cpu.rms_norm.default
-gated_activation_cpu = torch.ops.onp_cpu.gated_activation.default
-rope_cpu = torch.ops.onp_cpu.rope.default
-rms_norm_op.register_kernel("cpu")(rms_norm_cpu)
-gated_activation.register_kernel("cpu")(gated_activation_cpu)
-rope_op.register_kernel("cpu")(rope_cpu)
+# On CPU tensors the ops run their C++ kernels.
+rms_norm_cpu = torch.ops.onp.rms_norm.default
+gated_activation_cpu = torch.ops.onp.gated_activation.default
+rope_cpu = torch.ops.onp.rope.default

@@ -1,15 +1,20 @@
 """The CPU backend's choices of how to run a program: every fp32 linear of every loaded program reads one shared
-packed weight (the linears of one input stacked into one), and each program is replayed from the TorchScript trace of its first call, bit for bit."""
+packed weight (the linears of one input stacked into one), and each program is replayed from the TorchScript trace
+of its first call, bit for bit, its ops' C++ kernels called without entering Python."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from support.references import hf_greedy, runtime_greedy
 
+import optimum_neuron_plugin
 from optimum_neuron_plugin import NeuronModelForCausalLM
 from optimum_neuron_plugin.backends import cpu_linear
-from optimum_neuron_plugin.graphs import COPY_PREFIX, TOKEN_GENERATION
+from optimum_neuron_plugin.graphs import COPY_PREFIX, TOKEN_GENERATION, example_inputs
 
 from . import helpers
 
@@ -78,6 +83,33 @@ def test_replayed_programs_return_the_programs_logits_and_cache_bit_for_bit(llam
     assert from_python.graphs.traces == {}
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     assert all(torch.equal(a, b) for a, b in zip(replayed.caches, from_python.caches, strict=True))
+
+
+def test_a_replay_runs_the_ops_kernels_without_calling_python(llama_logits):
+    """The onp ops' CPU kernels are registered from C++ (backends/cpu_kernels.py): a replayed program runs each one
+    without entering Python, which a kernel registered from Python would on every call (taking the GIL)."""
+    model = NeuronModelForCausalLM.from_pretrained(llama_logits.path)
+    model.warm_up()
+    spec = model.select(TOKEN_GENERATION, 1, (), [5])
+    graphs = model.graphs
+    replay, args = graphs.traces[spec].trace, (graphs.params, graphs.caches, *example_inputs(spec))
+    ops = {"rms_norm", "gated_activation", "rope", "decode_attention"}
+    assert ops <= {str(node.target).split(".")[1] for node in graphs.programs[spec].graph.nodes
+                   if str(node.target).startswith("onp.")}  # fmt: skip
+    ours = (str(Path(torch.__file__).parent / "_library"), str(Path(optimum_neuron_plugin.__file__).parent))
+    called: list[str] = []
+
+    def record(frame, event, arg) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(ours):
+            called.append(f"{frame.f_code.co_filename}:{frame.f_code.co_name}")
+
+    with torch.inference_mode():
+        sys.setprofile(record)
+        try:
+            replay(*args)
+        finally:
+            sys.setprofile(None)
+    assert called == []
 
 
 def test_a_failing_replay_raises_the_programs_own_error(llama_logits):

@@ -72,11 +72,6 @@ def test_the_kernel_computes_the_masked_definition(case):
     torch.testing.assert_close(decode_attention_cpu(*inputs), _definition(*inputs), atol=1e-5, rtol=1e-5)
 
 
-def test_the_op_runs_the_kernel_on_cpu_tensors():
-    inputs = _case(**CASES["a token_generation batch, empty slots"])
-    assert torch.equal(torch.ops.onp.decode_attention(*inputs), decode_attention_cpu(*inputs))
-
-
 @pytest.mark.parametrize("case", ["a token_generation batch, empty slots", "a narrow graph's rows, verify"])
 def test_the_kernel_reads_each_row_up_to_its_last_position_only(case):
     """NaN in every cache row past the last position of the call row reading it (all of a row no call row reads)

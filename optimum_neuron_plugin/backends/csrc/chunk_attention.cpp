@@ -1,4 +1,4 @@
-// onp_cpu::chunk_attention: the CPU kernel of onp::chunk_attention (models/attention.py, masked_chunk_attention).
+// The CPU kernel of onp::chunk_attention (models/attention.py, masked_chunk_attention).
 //
 // Call row i (cache row seq_ids[i], its chunk starting at s, `real` real tokens) attends, in one pass over its keys,
 // its prior, cache positions [low, end) read in place (end = min(s, prior bucket), low = max(0, s - window + 1), 0
@@ -260,9 +260,4 @@ at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(onp_cpu, m) {
-  m.def("chunk_attention(Tensor q, Tensor k, Tensor v, Tensor k_cache, Tensor v_cache, Tensor seq_ids, "
-        "Tensor positions, Tensor bias, int window, float? scale, Tensor? sinks) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(onp_cpu, CPU, m) { m.impl("chunk_attention", &chunk_attention); }
+TORCH_LIBRARY_IMPL(onp, CPU, m) { m.impl("chunk_attention", &chunk_attention); }

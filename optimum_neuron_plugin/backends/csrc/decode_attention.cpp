@@ -1,4 +1,4 @@
-// onp_cpu::decode_attention: the CPU kernel of onp::decode_attention (models/attention.py, attend_cache).
+// The CPU kernel of onp::decode_attention (models/attention.py, attend_cache).
 //
 // Call row i (cache row seq_ids[i], tokens at positions[i]) attends cache positions [0, last_i + 1) of its row, where
 // last_i is its largest position: every key past it is masked for every one of its queries, so leaving it out
@@ -213,9 +213,4 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& bias, const a
 
 }  // namespace
 
-TORCH_LIBRARY(onp_cpu, m) {
-  m.def("decode_attention(Tensor q, Tensor bias, Tensor k_cache, Tensor v_cache, Tensor seq_ids, Tensor positions, "
-        "float? scale, Tensor? sinks) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(onp_cpu, CPU, m) { m.impl("decode_attention", &decode_attention); }
+TORCH_LIBRARY_IMPL(onp, CPU, m) { m.impl("decode_attention", &decode_attention); }

@@ -1,6 +1,5 @@
-// onp_cpu::rms_norm, onp_cpu::gated_activation and onp_cpu::rope: the CPU kernels of onp::rms_norm,
-// onp::gated_activation and onp::rope (models/layers.py). Each runs its definition's arithmetic in one pass over a
-// row instead of one pass per aten op:
+// The CPU kernels of onp::rms_norm, onp::gated_activation and onp::rope (models/layers.py). Each runs its
+// definition's arithmetic in one pass over a row instead of one pass per aten op:
 // - rms_norm: x * rsqrt(mean(x^2) + eps) in fp32, then times the weight (Llama: the normalised row cast to the dtype
 //   first; Gemma's offset: times offset + weight in fp32, then cast). The sum of squares runs in another order than
 //   the definition's reduction, the one difference.
@@ -192,13 +191,7 @@ at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, const 
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(onp_cpu, m) {
-  m.def("rms_norm(Tensor x, Tensor weight, float eps, float offset) -> Tensor");
-  m.def("gated_activation(Tensor gate, Tensor up, str act) -> Tensor");
-  m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(onp_cpu, CPU, m) {
+TORCH_LIBRARY_IMPL(onp, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("gated_activation", &gated_activation);
   m.impl("rope", &rope);
