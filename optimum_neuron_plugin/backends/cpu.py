@@ -135,7 +135,8 @@ class CpuBackend:
             if isinstance(program, torch.fx.GraphModule):
                 use_expert_views(program)
                 if packable():
-                    use_packed_linears(program, params, packed)
+                    spec = graph.spec
+                    use_packed_linears(program, params, packed, spec.rows * spec.tokens + spec.chunk)
         return CpuGraphs(programs, params, caches, replayable)
 
     def _load_program(self, path: Path) -> Callable:

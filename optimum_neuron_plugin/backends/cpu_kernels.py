@@ -1,5 +1,6 @@
 """The CPU backend's C++ kernels (csrc/), built once per host with torch's extension builder and loaded by
-`load()`, which registers each as the CPU implementation of its `onp::` op (models/attention.py, models/layers.py).
+`load()`, which registers each as the CPU implementation of its `onp::` op (models/attention.py, models/layers.py),
+and the few-row linear `onp_cpu::rows_linear` that cpu_linear.py puts in the programs.
 A registered C++ kernel is what makes a replayed program (cpu_script.py) call the op without returning to Python:
 a kernel registered from Python takes the GIL on every call.
 
@@ -25,7 +26,8 @@ from functools import cache
 from pathlib import Path
 
 SOURCES = [
-    Path(__file__).parent / "csrc" / name for name in ("decode_attention.cpp", "chunk_attention.cpp", "pointwise.cpp")
+    Path(__file__).parent / "csrc" / name
+    for name in ("decode_attention.cpp", "chunk_attention.cpp", "pointwise.cpp", "rows_linear.cpp")
 ]
 NAME = "onp_cpu_kernels"
 TORCH_BATON = "lock"  # torch.utils.cpp_extension's build lock (a FileBaton) in the build directory

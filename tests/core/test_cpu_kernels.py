@@ -20,7 +20,13 @@ from . import helpers
 
 
 def _packed_linears(program: torch.fx.GraphModule) -> list[torch.fx.Node]:
-    return [n for n in program.graph.nodes if n.op == "call_function" and n.target.__name__ == "_packed_linear"]
+    """The program's linears on packed weights: oneDNN's (`_packed_linear`) or the few-row kernel's."""
+    rows_linear = torch.ops.onp_cpu.rows_linear.default
+    return [
+        n
+        for n in program.graph.nodes
+        if n.op == "call_function" and (n.target is rows_linear or n.target.__name__ == "_packed_linear")
+    ]
 
 
 def model_programs(model) -> list:
@@ -29,10 +35,15 @@ def model_programs(model) -> list:
 
 
 def test_every_linear_reads_a_weight_packed_once_for_all_programs(llama_logits):
-    programs = model_programs(llama_logits.model)
+    """oneDNN's packing for the programs of many tokens, the few-row kernel's for those of at most 4 (decode steps)."""
+    model = llama_logits.model
+    programs = model_programs(model)
     assert len(programs) > 1
     packed_by_name: dict[str, set[int]] = {}
-    for program in programs:
+    few_row_programs = 0
+    for spec, program in zip(model.graphs.programs, model.graphs.programs.values(), strict=True):
+        if spec.name == COPY_PREFIX:
+            continue
         linears = program.graph.find_nodes(op="call_function", target=torch.ops.aten.linear.default)
         assert linears == [], f"{len(linears)} linears left on MKL's unpacked path"
         packed = _packed_linears(program)
@@ -40,10 +51,14 @@ def test_every_linear_reads_a_weight_packed_once_for_all_programs(llama_logits):
         assert len(packed) == 2 * 4 + 1
         stacked = sorted(node.args[1].target for node in packed if "__" in node.args[1].target)
         assert sorted(name.count("__") for name in stacked) == [1, 1, 2, 2]
+        few_rows = spec.rows * spec.tokens + spec.chunk <= cpu_linear.ROWS_KERNEL_MAX
+        few_row_programs += few_rows
         for node in packed:
             weight = getattr(program, node.args[1].target)
-            assert weight.is_mkldnn
+            assert (node.target is torch.ops.onp_cpu.rows_linear.default) == few_rows
+            assert weight.is_mkldnn != few_rows
             packed_by_name.setdefault(node.args[1].target, set()).add(id(weight))
+    assert 0 < few_row_programs < len(programs)
     assert all(len(ids) == 1 for ids in packed_by_name.values()), "a weight was packed more than once"
 
 
