@@ -29,6 +29,9 @@ from transformers import AutoTokenizer
 from .helpers import Refusals
 
 SMALL_VOCAB = 1000
+# small_vocab_dir's prefill buckets: one context bucket (4 graphs instead of the default ladder's 19; its tests are not
+# about buckets).
+SMALL_VOCAB_PREFILL_BUCKETS = (0, SEQUENCE_LENGTH)
 SERVER_START_TIMEOUT = 300
 
 
@@ -64,7 +67,10 @@ def small_vocab_dir(rel_root, tiny_hf_dir) -> Path:
     config = dict(vocab_size=SMALL_VOCAB, tie_word_embeddings=False, max_position_embeddings=256, **special)
     source = save_tiny(rel_root / "small-vocab-hf", "llama", seed=1, **config)
     tokenizer.save_pretrained(source)
-    return export(source, rel_root / "small-vocab", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True)
+    return export(
+        source, rel_root / "small-vocab", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
+        context_buckets=(SEQUENCE_LENGTH,), prefill_buckets=SMALL_VOCAB_PREFILL_BUCKETS,
+    )  # fmt: skip
 
 
 # ---- corrupt artifacts and startup mismatches ------------------------------------------------------
