@@ -29,7 +29,7 @@ from transformers import AutoTokenizer
 from .helpers import Refusals
 
 SMALL_VOCAB = 1000
-# small_vocab_dir's prefill buckets: one context bucket (4 graphs instead of the default ladder's 19; its tests are not
+# small_vocab_dir's prefill buckets: one context bucket (6 graphs instead of the default ladder's 23; its tests are not
 # about buckets).
 SMALL_VOCAB_PREFILL_BUCKETS = (0, SEQUENCE_LENGTH)
 SERVER_START_TIMEOUT = 300

@@ -74,7 +74,7 @@ def full_host_dir(vllm_root, tiny_hf_dir) -> Path:
 def batched_dir(vllm_root, tiny_hf_dir) -> Path:
     """chunked_dir's shape with prefill_batch_size = batch size: a step's prompt chunks go in one call; and tail
     graphs of half a chunk: a prompt's last piece of at most that many tokens runs on one alone. One context bucket
-    (its tests are not about buckets: a fifth of the default ladder's graphs)."""
+    (a fraction of the default ladder's 62 graphs: its tests are not about buckets)."""
     return export(
         tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE,
         prompt_logprobs=True, prefill_tail_size=CHUNK // 2, context_buckets=(SEQUENCE_LENGTH,),
@@ -93,8 +93,8 @@ def spec_dir(vllm_root, tiny_hf_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def tp2_dir(vllm_root, tiny_hf_dir) -> Path:
-    """chunked_dir's shape split over 2 ranks (tp_degree 2): vLLM runs one worker per rank. One context bucket (4
-    graphs per rank instead of the default ladder's 19: its tests are not about buckets)."""
+    """chunked_dir's shape split over 2 ranks (tp_degree 2): vLLM runs one worker per rank. One context bucket (6
+    graphs instead of the default ladder's 23: its tests are not about buckets)."""
     return export(
         tiny_hf_dir, vllm_root / "chunked-tp2", **SHAPE, prefill_chunk_size=CHUNK, tp_degree=2,
         context_buckets=(SEQUENCE_LENGTH,), prefill_buckets=(0, SEQUENCE_LENGTH),

@@ -44,7 +44,7 @@ def moe_hf(moe_hf_dir):
 
 @pytest.fixture(scope="module")
 def moe_dir(moe_hf_dir, vllm_root):
-    """One context bucket (4 graphs instead of the default ladder's 19: the test is not about buckets)."""
+    """One context bucket (6 graphs instead of the default ladder's 23: the test is not about buckets)."""
     return export(
         moe_hf_dir, vllm_root / "moe", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
         context_buckets=(SEQUENCE_LENGTH,), prefill_buckets=(0, SEQUENCE_LENGTH),

@@ -14,7 +14,7 @@ PROMPTS = ["The capital of France is", "one two three four five six seven"]
 
 @pytest.fixture(scope="module")
 def fp8_dir(vllm_root, tiny_hf_dir):
-    """One context bucket (4 graphs instead of the default ladder's 19: the tests are not about buckets)."""
+    """One context bucket (6 graphs instead of the default ladder's 23: the tests are not about buckets)."""
     return export(
         tiny_hf_dir, vllm_root / "fp8", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
         quantization="fp8", kv_cache_dtype="fp8", context_buckets=(SEQUENCE_LENGTH,),

@@ -66,7 +66,7 @@ def qwen2_hf(qwen2_dir):
     return Qwen2ForCausalLM.from_pretrained(qwen2_dir, dtype=torch.float32).eval()
 
 
-# One context bucket (4 graphs instead of the default ladder's 19: the tests are not about buckets).
+# One context bucket (6 graphs instead of the default ladder's 23: the tests are not about buckets).
 ONE_BUCKET = dict(context_buckets=(SEQUENCE_LENGTH,), prefill_buckets=(0, SEQUENCE_LENGTH))
 
 
