@@ -6,8 +6,8 @@
   (1000 rows) is smaller than its tokenizer (49152 ids): a prompt with a larger id makes the prefill
   graph raise at run time (the graph-failure tests), and prompts are prefilled over several engine
   steps (aborts in the middle of a prefill).
-- `refusals`: `vllm serve` runs that must exit non-zero at startup (corrupt artifacts, configuration
-  mismatches and refused options), started in the background, two at a time, from the first test of the directory on.
+- `refusals`: `vllm serve` runs that must exit non-zero at startup (corrupt artifacts, a --tensor-parallel-size
+  the artifact cannot run), started in the background, two at a time, from the first test of the directory on.
 
 Everything listens on and talks to 127.0.0.1; every process is stopped by PID, and gets SIGTERM
 if the test process dies first (support.server).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from support.client import completion_tokens, greedy
-from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, SHAPE, save_served_tiny
+from support.served import CHUNK, SEQUENCE_LENGTH, SHAPE, save_served_tiny
 from support.server import serve
 from support.tiny_models import export, save_tiny
 from transformers import AutoTokenizer
@@ -124,9 +124,8 @@ def corrupt(rel_root, chunked_dir, small_vocab_dir) -> dict[str, Path]:
 def refusals(rel_root, chunked_dir, corrupt):
     variants = corrupt
     cases = {name: (variants[name], []) for name in STARTUP_RUNS}
-    # The engine options the plugin's configuration check refuses are reported together: one run for them all.
-    engine_options = ["--max-num-seqs", str(BATCH_SIZE + 1), "--max-model-len", str(2 * SEQUENCE_LENGTH)]
-    cases["engine-options"] = (chunked_dir, [*engine_options, "--async-scheduling"])
+    # The engine options the plugin's configuration check refuses fail in the check that refuses missing-field (vLLM's
+    # configuration validation in the API server): they are checked in-process (tests/vllm/test_refused_options.py).
     # Refused while the command line is parsed (the platform's argument hook), before any configuration is built.
     cases["tensor-parallel-size"] = (chunked_dir, ["--tensor-parallel-size", "2"])
     runner = Refusals(cases, rel_root / "refusal-logs", workers=2)
