@@ -6,8 +6,8 @@
   (1000 rows) is smaller than its tokenizer (49152 ids): a prompt with a larger id makes the prefill
   graph raise at run time (the graph-failure tests), and prompts are prefilled over several engine
   steps (aborts in the middle of a prefill).
-- `refusals`: `vllm serve` runs that must exit non-zero at startup (corrupt artifacts, configuration
-  mismatches and refused options), started in the background, two at a time, from the first test of the directory on.
+- `refusals`: `vllm serve` runs that must exit non-zero at startup (corrupt artifacts, a --tensor-parallel-size
+  the artifact cannot run), started in the background, two at a time, from the first test of the directory on.
 
 Everything listens on and talks to 127.0.0.1; every process is stopped by PID, and gets SIGTERM
 if the test process dies first (support.server).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from support.client import completion_tokens, greedy
-from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, SHAPE, save_served_tiny
+from support.served import CHUNK, SEQUENCE_LENGTH, SHAPE, save_served_tiny
 from support.server import serve
 from support.tiny_models import export, save_tiny
 from transformers import AutoTokenizer
@@ -29,6 +29,9 @@ from transformers import AutoTokenizer
 from .helpers import Refusals
 
 SMALL_VOCAB = 1000
+# small_vocab_dir's prefill buckets: one context bucket (6 graphs instead of the default ladder's 23; its tests are not
+# about buckets).
+SMALL_VOCAB_PREFILL_BUCKETS = (0, SEQUENCE_LENGTH)
 SERVER_START_TIMEOUT = 300
 
 
@@ -64,7 +67,10 @@ def small_vocab_dir(rel_root, tiny_hf_dir) -> Path:
     config = dict(vocab_size=SMALL_VOCAB, tie_word_embeddings=False, max_position_embeddings=256, **special)
     source = save_tiny(rel_root / "small-vocab-hf", "llama", seed=1, **config)
     tokenizer.save_pretrained(source)
-    return export(source, rel_root / "small-vocab", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True)
+    return export(
+        source, rel_root / "small-vocab", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
+        context_buckets=(SEQUENCE_LENGTH,), prefill_buckets=SMALL_VOCAB_PREFILL_BUCKETS,
+    )  # fmt: skip
 
 
 # ---- corrupt artifacts and startup mismatches ------------------------------------------------------
@@ -118,9 +124,8 @@ def corrupt(rel_root, chunked_dir, small_vocab_dir) -> dict[str, Path]:
 def refusals(rel_root, chunked_dir, corrupt):
     variants = corrupt
     cases = {name: (variants[name], []) for name in STARTUP_RUNS}
-    # The engine options the plugin's configuration check refuses are reported together: one run for them all.
-    engine_options = ["--max-num-seqs", str(BATCH_SIZE + 1), "--max-model-len", str(2 * SEQUENCE_LENGTH)]
-    cases["engine-options"] = (chunked_dir, [*engine_options, "--async-scheduling"])
+    # The engine options the plugin's configuration check refuses fail in the check that refuses missing-field (vLLM's
+    # configuration validation in the API server): they are checked in-process (tests/vllm/test_refused_options.py).
     # Refused while the command line is parsed (the platform's argument hook), before any configuration is built.
     cases["tensor-parallel-size"] = (chunked_dir, ["--tensor-parallel-size", "2"])
     runner = Refusals(cases, rel_root / "refusal-logs", workers=2)

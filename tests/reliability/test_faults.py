@@ -22,7 +22,7 @@ from support.served import BATCH_SIZE
 from optimum_neuron_plugin import NeuronModelForCausalLM
 from optimum_neuron_plugin.artifact import ArtifactError, load_neuron_config
 
-from .conftest import SMALL_VOCAB, STARTUP_RUNS
+from .conftest import SMALL_VOCAB, SMALL_VOCAB_PREFILL_BUCKETS, STARTUP_RUNS
 
 pytestmark = pytest.mark.slow  # a live `vllm serve`
 
@@ -101,9 +101,8 @@ def test_a_graph_failure_fails_its_request_and_the_server_keeps_serving(interlea
     assert errors and errors[0]["error"]["code"] == 500, errors
 
     log = server.log.read_text()
-    graph_files = ", ".join(
-        f"{server.model}/graphs/chunked_prefill_{bucket}.pt2" for bucket in (0, 16, 32, 48, 64, 96, 128)
-    )
+    buckets = SMALL_VOCAB_PREFILL_BUCKETS
+    graph_files = ", ".join(f"{server.model}/graphs/chunked_prefill_{bucket}.pt2" for bucket in buckets)
     assert f"graph chunked_prefill ({graph_files}) raised IndexError" in log
     assert "the server keeps serving" in log
     assert server.process.poll() is None and health(server.port) == 200

@@ -1,4 +1,5 @@
-"""vllm.LLM in the test process (the caller's conftest sets ONP_BACKEND=cpu before vLLM is imported)."""
+"""vllm.LLM in the test process (the caller's conftest sets ONP_BACKEND=cpu before vLLM is imported), the configuration
+`vllm serve` builds, and the KV-cached Hugging Face greedy reference of the real-model engine tests."""
 
 from __future__ import annotations
 
@@ -16,6 +17,21 @@ def close_llm(llm) -> None:
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
+
+
+def hf_greedy_cached(model, prompt_ids: list[int], new_tokens: int) -> list[int]:
+    """Greedy tokens of a Hugging Face model by plain forward passes over its own KV cache: one pass over the prompt
+    (logits of its last position only), then one per token. For the real models (SmolLM2, Gemma 3), where running the
+    whole sequence again per token (support.references.hf_greedy) costs tens of seconds."""
+    import torch
+
+    with torch.no_grad():
+        out = model(torch.tensor([prompt_ids]), use_cache=True, logits_to_keep=1)
+        tokens = [int(out.logits[0, -1].argmax())]
+        while len(tokens) < new_tokens:
+            out = model(torch.tensor([tokens[-1:]]), past_key_values=out.past_key_values, use_cache=True)
+            tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens
 
 
 def serve_config(model: Path, usage: str = "OPENAI_API_SERVER", **options):

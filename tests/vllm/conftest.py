@@ -16,7 +16,14 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from support.served import BATCH_SIZE, CHUNK, SHAPE, SPECULATIVE_TOKENS, save_served_tiny  # noqa: E402
+from support.served import (  # noqa: E402
+    BATCH_SIZE,
+    CHUNK,
+    SEQUENCE_LENGTH,
+    SHAPE,
+    SPECULATIVE_TOKENS,
+    save_served_tiny,
+)
 from support.tiny_models import export  # noqa: E402
 from transformers import AutoTokenizer, LlamaForCausalLM  # noqa: E402
 
@@ -66,10 +73,12 @@ def full_host_dir(vllm_root, tiny_hf_dir) -> Path:
 @pytest.fixture(scope="session")
 def batched_dir(vllm_root, tiny_hf_dir) -> Path:
     """chunked_dir's shape with prefill_batch_size = batch size: a step's prompt chunks go in one call; and tail
-    graphs of half a chunk: a prompt's last piece of at most that many tokens runs on one alone."""
+    graphs of half a chunk: a prompt's last piece of at most that many tokens runs on one alone. One context bucket
+    (a fraction of the default ladder's 62 graphs: its tests are not about buckets)."""
     return export(
         tiny_hf_dir, vllm_root / "prefill-batch", **SHAPE, prefill_chunk_size=CHUNK, prefill_batch_size=BATCH_SIZE,
-        prompt_logprobs=True, prefill_tail_size=CHUNK // 2,
+        prompt_logprobs=True, prefill_tail_size=CHUNK // 2, context_buckets=(SEQUENCE_LENGTH,),
+        prefill_buckets=(0, SEQUENCE_LENGTH),
     )  # fmt: skip
 
 
@@ -84,5 +93,9 @@ def spec_dir(vllm_root, tiny_hf_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def tp2_dir(vllm_root, tiny_hf_dir) -> Path:
-    """chunked_dir's shape split over 2 ranks (tp_degree 2): vLLM runs one worker per rank."""
-    return export(tiny_hf_dir, vllm_root / "chunked-tp2", **SHAPE, prefill_chunk_size=CHUNK, tp_degree=2)
+    """chunked_dir's shape split over 2 ranks (tp_degree 2): vLLM runs one worker per rank. One context bucket (6
+    graphs instead of the default ladder's 23: its tests are not about buckets)."""
+    return export(
+        tiny_hf_dir, vllm_root / "chunked-tp2", **SHAPE, prefill_chunk_size=CHUNK, tp_degree=2,
+        context_buckets=(SEQUENCE_LENGTH,), prefill_buckets=(0, SEQUENCE_LENGTH),
+    )  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from support.engine import close_llm, make_llm
 from support.references import runtime_greedy
-from support.served import CHUNK, SHAPE
+from support.served import CHUNK, SEQUENCE_LENGTH, SHAPE
 from support.tiny_models import export
 
 PROMPTS = ["The capital of France is", "one two three four five six seven"]
@@ -14,9 +14,11 @@ PROMPTS = ["The capital of France is", "one two three four five six seven"]
 
 @pytest.fixture(scope="module")
 def fp8_dir(vllm_root, tiny_hf_dir):
+    """One context bucket (6 graphs instead of the default ladder's 23: the tests are not about buckets)."""
     return export(
         tiny_hf_dir, vllm_root / "fp8", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True,
-        quantization="fp8", kv_cache_dtype="fp8",
+        quantization="fp8", kv_cache_dtype="fp8", context_buckets=(SEQUENCE_LENGTH,),
+        prefill_buckets=(0, SEQUENCE_LENGTH),
     )  # fmt: skip
 
 

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from support.engine import close_llm, make_llm
+from support.engine import close_llm, hf_greedy_cached, make_llm
 from support.gemma3 import gemma3_hf, save_gemma3_hf
-from support.references import hf_greedy
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 
@@ -61,7 +60,7 @@ def references(gemma3):
     hf, gguf_tokenizer, _, _ = gemma3
     ids = [[BOS] + gguf_tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
     assert len(ids[2]) > 512
-    return ids, [hf_greedy(hf, i, NEW_TOKENS) for i in ids]
+    return ids, [hf_greedy_cached(hf, i, NEW_TOKENS) for i in ids]
 
 
 def test_the_gguf_tokenizer_lacks_bos_the_exported_one_adds_it(gemma3):

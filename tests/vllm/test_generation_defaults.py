@@ -16,7 +16,7 @@ import logging
 import pytest
 import torch
 from support.engine import close_llm, make_llm
-from support.served import CHUNK, SHAPE, prompt_of
+from support.served import CHUNK, SEQUENCE_LENGTH, SHAPE, prompt_of
 from support.tiny_models import export
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
@@ -66,15 +66,23 @@ def qwen2_hf(qwen2_dir):
     return Qwen2ForCausalLM.from_pretrained(qwen2_dir, dtype=torch.float32).eval()
 
 
+# One context bucket (6 graphs instead of the default ladder's 23: the tests are not about buckets).
+ONE_BUCKET = dict(context_buckets=(SEQUENCE_LENGTH,), prefill_buckets=(0, SEQUENCE_LENGTH))
+
+
 @pytest.fixture(scope="module")
 def host_dir(vllm_root, qwen2_dir):
     """Chunked prefill, token_generation returns logits: every token is sampled on the host."""
-    return export(qwen2_dir, vllm_root / "qwen2-host", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=False)
+    return export(
+        qwen2_dir, vllm_root / "qwen2-host", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=False, **ONE_BUCKET
+    )
 
 
 @pytest.fixture(scope="module")
 def device_dir(vllm_root, qwen2_dir):
-    return export(qwen2_dir, vllm_root / "qwen2-device", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True)
+    return export(
+        qwen2_dir, vllm_root / "qwen2-device", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True, **ONE_BUCKET
+    )
 
 
 @pytest.fixture(scope="module")

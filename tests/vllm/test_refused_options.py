@@ -1,8 +1,8 @@
 """Engine options the plugin cannot honour are refused at startup, saying what to change.
 
 The configuration is built in-process through vLLM's own EngineArgs.create_engine_config, which runs
-NeuronPlatform.pre_register_and_update and check_and_update_config exactly as `vllm serve` does (the
-last test checks one refusal through a real `vllm serve`: exit status and message).
+NeuronPlatform.pre_register_and_update and check_and_update_config exactly as `vllm serve` does (a refusal of this
+check stopping a real `vllm serve`, exit status and message: tests/reliability/test_faults.py, missing-field).
 """
 
 from __future__ import annotations
@@ -131,3 +131,20 @@ def test_explicit_values_that_fit_are_kept(chunked_dir, monkeypatch):
     assert config.cache_config.enable_prefix_caching is False  # vLLM's blocks stay bookkeeping
     interleaved = engine_config(chunked_dir, enable_chunked_prefill=True, max_num_batched_tokens=40, **INTERLEAVED)
     assert interleaved.scheduler_config.max_num_batched_tokens == 40
+
+
+def test_the_refused_options_of_one_command_line_are_reported_at_once(chunked_dir, monkeypatch):
+    """`vllm serve --max-num-seqs 5 --max-model-len 256 --async-scheduling`: one error says what to change for each."""
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    options = dict(max_num_seqs=BATCH_SIZE + 1, max_model_len=2 * SEQUENCE_LENGTH, async_scheduling=True)
+    with pytest.raises(ValueError) as error:
+        engine_config(chunked_dir, **options)
+    for fragment in (
+        f"max_num_seqs={BATCH_SIZE + 1} exceeds the artifact's compiled batch_size={BATCH_SIZE}",
+        f"pass --max-num-seqs {BATCH_SIZE} or less (or omit it), or export the model again with a larger --batch-size",
+        f"max_model_len={2 * SEQUENCE_LENGTH} exceeds the artifact's compiled sequence_length={SEQUENCE_LENGTH}",
+        f"pass --max-model-len {SEQUENCE_LENGTH} or less (or omit it)",
+        "async scheduling is not supported (the runner keeps each request's tokens between steps)",
+        "remove --async-scheduling",
+    ):
+        assert fragment in str(error.value)

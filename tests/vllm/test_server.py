@@ -1,17 +1,38 @@
-"""The real OpenAI-compatible server: `ONP_BACKEND=cpu vllm serve <dir> --host 127.0.0.1 --port N`.
+"""The real OpenAI-compatible server: `ONP_BACKEND=cpu vllm serve <dir> --host 127.0.0.1 --port N`, called over plain
+HTTP (streamed and not), stopped by PID.
 
-Started once for the module, called over plain HTTP (streamed and not), stopped by PID.
+- `server`: the chunked tiny model with on-device sampling and the prompt_logits graphs, in interleaved prefill mode,
+  its engine process spawned (the default start-up path); started once for the module with every option its tests
+  need: completions and chat against the runtime, logprobs, prompt logprobs and prefix-cache hits; KV-cache events
+  (`--kv-events-config`, `--block-size` 16); structured outputs and tool calling (see STRUCTURED below).
+- `host`: the context-encoding tiny model whose token_generation returns logits (vLLM's bitmask application on the
+  host), in serial prefill mode, with the same structured-output options: the structured-output tests run on both.
+
+KV-cache events (kv_events.py) are read the way a prefix-aware router reads them: a ZMQ subscriber decoding vLLM's own
+KVEventBatch. A served prompt's full blocks arrive as BlockStored with the hashes vLLM's kv_cache_utils computes for
+the same tokens; a request sharing those blocks hits them (usage.prompt_tokens_details.cached_tokens); once misses
+have reused every slot the blocks arrive as BlockRemoved and the same prompt misses.
+
+Structured outputs: both servers run with `--enable-auto-tool-choice --tool-call-parser hermes` (SmolLM2's ChatML
+template) and VLLM_ENFORCE_STRICT_TOOL_CALLING=0 (see TOOLS), and `disable_any_whitespace`: a random-weight model would
+otherwise fill JSON with whitespace up to max_tokens. Every form: 20 sampled requests (temperature 1, seeds 0..19)
+whose outputs must conform.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import time
 
+import jsonschema
 import pytest
-from support.client import call, stream, wait_idle
+import xgrammar
+from support.client import call, concurrently, greedy, stream, wait_idle
+from support.kv_events import BLOCK, Subscriber, removed, stored, vllm_block_hashes
 from support.references import runtime_greedy
-from support.served import CHUNK, SEQUENCE_LENGTH, prompt_of
-from support.server import Server
+from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
+from support.server import Server, free_port, serve
 
 from optimum_neuron_plugin import NeuronModelForCausalLM
 
@@ -19,22 +40,80 @@ pytestmark = pytest.mark.slow  # a live `vllm serve`
 
 NEW_TOKENS = 8
 
+STRUCTURED_TOKENS = 64
+SAMPLES = 20
+# tool_choice "required" decodes a JSON array of calls of any length, and a random-weight model spells the fixed
+# strings of the schema with short tokens: some outputs reach the end of the sequence (128 positions) unfinished.
+# Those are cut, not wrong (vLLM would have ended a request whose token broke the grammar); the rest must conform.
+MAY_BE_CUT = {"tool_choice.required"}
+WORKERS = 8
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"enum": ["Paris", "Lima", "Oslo"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 9},
+        "metric": {"type": "boolean"},
+    },
+    "required": ["city", "days", "metric"],
+    "additionalProperties": False,
+}
+ZONE = {
+    "type": "object",
+    "properties": {"zone": {"enum": ["UTC", "CET"]}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
+# Both servers decode required / named tool calls under vLLM's JSON schema of the tools (the device server turns off
+# vLLM's strict tool calling, whose hermes structural tag allows free whitespace in the arguments: a random-weight
+# model fills them with it up to max_tokens).
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA, "strict": True}},
+    {"type": "function", "function": {"name": "get_time", "parameters": ZONE, "strict": True}},
+]
+REGEX = r"[a-c]{2,4}-[0-9]{1,3}"
+CHOICES = ["red", "green", "blue"]
+GRAMMAR = 'root ::= greeting " " name\ngreeting ::= "hi" | "hello"\nname ::= [a-z] | [a-z] [a-z] | [a-z] [a-z] [a-z]'
+GRAMMAR_LANGUAGE = r"(hi|hello) [a-z]{1,3}"
+STRUCTURED = (
+    "--structured-outputs-config",
+    json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    "hermes",
+)
+STRUCTURED_ENV = {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}  # see TOOLS
+
 
 @pytest.fixture(scope="module")
-def server(prompt_logits_dir, vllm_root):
+def events_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def server(prompt_logits_dir, vllm_root, events_port):
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{events_port}"}
     server = Server(
         prompt_logits_dir,
         vllm_root / "server.log",
         "--enable-prompt-tokens-details",
-        env={"ONP_STATS_FILE": str(vllm_root / "server-stats.jsonl")},
+        "--additional-config", json.dumps({"prefill_mode": "interleaved"}),
+        "--kv-events-config", json.dumps(events),
+        "--block-size", str(BLOCK),
+        *STRUCTURED,
+        env={"ONP_STATS_FILE": str(vllm_root / "server-stats.jsonl"), **STRUCTURED_ENV},
         fork=False,  # the default start-up path: a spawned engine process
-    )
+    )  # fmt: skip
     try:
         server.wait_ready()
         yield server
     finally:
         server.stop()
     assert server.process.poll() is not None
+
+
+@pytest.fixture(scope="module")
+def host(full_host_dir, vllm_root):
+    yield from serve(full_host_dir, vllm_root / "structured-host.log", *STRUCTURED, env=STRUCTURED_ENV)
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +256,186 @@ def test_cached_tokens_and_metrics_report_the_runners_hits(server, tokenizer, vl
 
     assert delta("prefix_cache_hits") == len(prompt)
     assert delta("prefix_cache_queries") == len(prompt) + len(follow_up) + 2
+
+
+# ---- KV-cache events -----------------------------------------------------------------------------------------------
+
+
+def cached_tokens(server, prompt: list[int]) -> int:
+    status, body = call(server.port, "/v1/completions", greedy(server.model, prompt, 4))
+    assert status == 200, body
+    return body["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+
+def test_events_announce_the_blocks_a_request_then_hits_and_their_removal(server, events_port, tokenizer):
+    subscriber = Subscriber(events_port)
+    time.sleep(1)  # a SUB socket misses what is published before its subscription reaches the publisher
+    prompt = prompt_of(2 * BLOCK + 8, tokenizer, offset=1)
+    assert cached_tokens(server, prompt) == 0
+    # The slot holds the prompt and 3 of its 4 outputs (the last one's K/V is never computed): two full blocks.
+    expected = vllm_block_hashes(prompt)
+    events = subscriber.until(lambda events: set(expected) <= set(stored(events)))
+    blocks = stored(events)
+    assert [blocks[h].token_ids for h in expected] == [prompt[:BLOCK], prompt[BLOCK : 2 * BLOCK]]
+    assert [blocks[h].parent_block_hash for h in expected] == [None, expected[0]]
+    assert {blocks[h].block_size for h in expected} == {BLOCK}
+    # A router holding these events predicts two blocks for a prompt that shares them: they hit.
+    sharing = prompt[: 2 * BLOCK] + prompt_of(8, tokenizer, offset=11)
+    assert sharing[2 * BLOCK] != prompt[2 * BLOCK]
+    assert cached_tokens(server, sharing) == 2 * BLOCK
+    # Misses take the least recently used slots, the one holding those blocks last: then they are gone.
+    for i in range(BATCH_SIZE):
+        assert cached_tokens(server, prompt_of(BLOCK + 3, tokenizer, offset=3 + i)[::-1]) == 0
+    subscriber.until(lambda events: set(expected) <= removed(events))
+    assert cached_tokens(server, prompt) == 0
+
+
+# ---- structured outputs --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["device", "host"])
+def artifact_server(request):
+    """The module's server (on-device sampling: the decode graphs mask vLLM's bitmask) or the host-sampling one."""
+    return request.getfixturevalue("server" if request.param == "device" else "host")
+
+
+def text_of(choice: dict) -> str:
+    return choice["text"] if "text" in choice else choice["message"]["content"]
+
+
+def conforms_to_schema(choice: dict) -> None:
+    jsonschema.validate(json.loads(text_of(choice)), SCHEMA)
+
+
+def is_json_object(choice: dict) -> None:
+    """A whole JSON object, or, cut by max_tokens (a random model rarely closes a free string), a prefix of one
+    (checked by xgrammar's own matcher, without vLLM)."""
+    text = text_of(choice)
+    if choice["finish_reason"] == "stop":
+        assert isinstance(json.loads(text), dict), text
+        return
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo(["a"]))
+    matcher = xgrammar.GrammarMatcher(compiler.compile_json_schema(json.dumps({"type": "object"})))
+    assert choice["finish_reason"] == "length" and matcher.accept_string(text), text
+
+
+def matches(pattern: str):
+    def check(choice: dict) -> None:
+        assert re.fullmatch(pattern, text_of(choice)), text_of(choice)
+
+    return check
+
+
+def is_a_choice(choice: dict) -> None:
+    assert text_of(choice) in CHOICES
+
+
+def calls_tools(names: set[str]):
+    def check(choice: dict) -> None:
+        calls = choice["message"]["tool_calls"]
+        assert calls and {c["function"]["name"] for c in calls} <= names
+        for c in calls:
+            schema = SCHEMA if c["function"]["name"] == "get_weather" else ZONE
+            jsonschema.validate(json.loads(c["function"]["arguments"]), schema)
+
+    return check
+
+
+COMPLETIONS, CHAT = "/v1/completions", "/v1/chat/completions"
+FORMS = {
+    "structured_outputs.json": (COMPLETIONS, {"structured_outputs": {"json": SCHEMA}}, conforms_to_schema),
+    "structured_outputs.regex": (COMPLETIONS, {"structured_outputs": {"regex": REGEX}}, matches(REGEX)),
+    "structured_outputs.choice": (COMPLETIONS, {"structured_outputs": {"choice": CHOICES}}, is_a_choice),
+    "structured_outputs.grammar": (
+        COMPLETIONS,
+        {"structured_outputs": {"grammar": GRAMMAR}},
+        matches(GRAMMAR_LANGUAGE),
+    ),
+    "response_format.json_schema": (
+        CHAT,
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA}}},
+        conforms_to_schema,
+    ),
+    "response_format.json_object": (CHAT, {"response_format": {"type": "json_object"}}, is_json_object),
+    "tool_choice.required": (
+        CHAT,
+        {"tools": TOOLS, "tool_choice": "required", "max_tokens": SEQUENCE_LENGTH},
+        calls_tools({"get_weather", "get_time"}),
+    ),
+    "tool_choice.named": (
+        CHAT,
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_time"}}},
+        calls_tools({"get_time"}),
+    ),
+}
+
+
+def request_body(server, endpoint: str, fields: dict, seed: int, **extra) -> dict:
+    base = {"model": server.model, "max_tokens": STRUCTURED_TOKENS, "temperature": 1.0, "seed": seed}
+    if endpoint == COMPLETIONS:
+        base["prompt"] = f"Request {seed}:"
+    else:
+        base["messages"] = [{"role": "user", "content": f"Plan trip number {seed}."}]
+    return {**base, **fields, **extra}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_sampled_outputs_conform(artifact_server, form):
+    endpoint, fields, check = FORMS[form]
+    bodies = [request_body(artifact_server, endpoint, fields, seed) for seed in range(SAMPLES)]
+    responses = concurrently(lambda body: call(artifact_server.port, endpoint, body), bodies, WORKERS)
+    outputs, cut = set(), 0
+    for status, body in responses:
+        assert status == 200, body
+        choice = body["choices"][0]
+        if form in MAY_BE_CUT and choice["finish_reason"] == "length":
+            cut += 1
+            continue
+        check(choice)
+        outputs.add(json.dumps(choice.get("message", {}).get("tool_calls")) + str(text_of(choice)))
+    assert cut <= SAMPLES // 2, f"{cut} of {SAMPLES} outputs cut by the sequence length"
+    assert len(outputs) > 1  # sampled, not one forced output
+
+
+def test_greedy_under_a_permissive_grammar_equals_greedy_without(artifact_server, tokenizer):
+    """A regex accepting any text masks only what no text can hold (ids that leave invalid UTF-8): on prompts whose
+    greedy continuation is clean text it changes nothing."""
+    compared = 0
+    for length in (3, 9, 17, 30):
+        body = greedy(artifact_server.model, prompt_of(length, tokenizer, offset=length), 24)
+        status, plain = call(artifact_server.port, COMPLETIONS, body)
+        assert status == 200, plain
+        if "\ufffd" in plain["choices"][0]["text"]:
+            continue
+        status, masked = call(artifact_server.port, COMPLETIONS, {**body, "structured_outputs": {"regex": r"[\s\S]*"}})
+        assert status == 200, masked
+        assert masked["choices"][0]["token_ids"] == plain["choices"][0]["token_ids"]
+        compared += 1
+    assert compared >= 2
+
+
+def test_unstructured_requests_in_a_mixed_batch_equal_their_solo_runs(artifact_server, tokenizer):
+    plain = [greedy(artifact_server.model, prompt_of(n, tokenizer, offset=n), 20) for n in (4, 21, 37, 50)]
+    solo = [call(artifact_server.port, COMPLETIONS, body)[1]["choices"][0]["token_ids"] for body in plain]
+    structured = [
+        request_body(artifact_server, endpoint, fields, seed)
+        for seed, (endpoint, fields, _) in enumerate(list(FORMS.values())[:4] * 2)
+    ]
+    jobs = [(COMPLETIONS, body) for body in plain] + [(COMPLETIONS, body) for body in structured]
+    responses = concurrently(lambda job: call(artifact_server.port, *job), jobs, len(jobs))
+    assert all(status == 200 for status, _ in responses), responses
+    assert [body["choices"][0]["token_ids"] for _, body in responses[: len(plain)]] == solo
+    for (_, body), (_, _, check) in zip(responses[len(plain) :], list(FORMS.values())[:4] * 2, strict=True):
+        check(body["choices"][0])
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{"regex": "("}, {"json": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}, {"grammar": "root ::="}],
+    ids=["regex", "json", "grammar"],
+)
+def test_a_grammar_that_cannot_compile_gets_vllms_400(server, tokenizer, fields):
+    status, body = call(server.port, COMPLETIONS, request_body(server, COMPLETIONS, {"structured_outputs": fields}, 0))
+    assert status == 400, body
+    status, body = call(server.port, COMPLETIONS, greedy(server.model, prompt_of(5, tokenizer), 4))
+    assert status == 200, body

@@ -6,8 +6,7 @@ The session's SmolLM2 export (tests/conftest.py) in vllm.LLM.
 from __future__ import annotations
 
 import pytest
-from support.engine import close_llm, make_llm
-from support.references import hf_greedy
+from support.engine import close_llm, hf_greedy_cached, make_llm
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -37,5 +36,5 @@ def test_chat_greedy_equals_transformers(smollm2):
     finally:
         close_llm(llm)
     for prompt_ids, output in zip(ids, outputs, strict=True):
-        assert list(output.outputs[0].token_ids) == hf_greedy(hf, prompt_ids, NEW_TOKENS)
+        assert list(output.outputs[0].token_ids) == hf_greedy_cached(hf, prompt_ids, NEW_TOKENS)
     assert "Paris" in outputs[0].outputs[0].text

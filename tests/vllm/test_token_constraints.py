@@ -1,10 +1,11 @@
 """min_tokens, allowed_token_ids and bad_words as bitmask rows for the on-device sampler: the tokens they leave allowed
 are the ones vLLM's own processing leaves finite (v1/sample/ops/bad_words.py, the allowed-ids mask, min_tokens'
-stop-token ban), ANDed with a grammar row."""
+stop-token ban), ANDed with a grammar row; an on-device artifact without the bitmask input refuses structured outputs."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 VOCAB = 100
@@ -81,3 +82,26 @@ def test_a_grammar_row_is_anded_and_min_tokens_yields_when_only_stops_remain():
     grammar[40] = False  # only stop tokens left: vLLM restores them rather than leave nothing (min_tokens processor)
     only_stops = constrained_bitmask(pack(grammar)[None], [state([], min_tokens=2, stop_token_ids=[7])], WORDS)
     assert device_allowed(only_stops, 0).nonzero()[0].tolist() == [2, 7]
+
+
+@pytest.mark.parametrize("on_device_sampling", [True, False])
+def test_an_on_device_artifact_without_the_bitmask_refuses_structured_outputs(on_device_sampling):
+    """An on-device artifact exported with token_bitmask false has no bitmask input: its structured requests get a
+    400 saying to export again; a host-sampling one masks host logits either way."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams, StructuredOutputsParams
+
+    from optimum_neuron_plugin.vllm.limits import ServingLimits
+    from optimum_neuron_plugin.vllm.options import PrefillMode
+    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+
+    limits = ServingLimits(
+        128, 128, 4, on_device_sampling, 256, PrefillMode.SERIAL, structured_outputs=not on_device_sampling
+    )
+    params = SamplingParams(structured_outputs=StructuredOutputsParams(choice=["red", "green", "blue"]))
+    if on_device_sampling:
+        with pytest.raises(VLLMValidationError, match="export the model again"):
+            check_sampling(limits, params)
+    else:
+        check_sampling(limits, params)
+    check_sampling(limits, SamplingParams())
