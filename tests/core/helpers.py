@@ -49,6 +49,10 @@ CHUNKED_LOGITS_LIGHT = dict(CHUNKED_LOGITS, **LIGHT_BUCKETS)
 # The architectures whose shared chunked export keeps the whole ladder: Llama (the bucket-edge tests) and Gemma 3 (its
 # sliding window is read whole from the small buckets, by window from bucket 16 on: tests/core/test_gemma3.py).
 FULL_LADDER = ("llama", "gemma3")
+# The architectures whose shared chunked export samples on the host: tests/core/test_families.py compares their decode
+# steps' logits, so their greedy tests run on that export too (no second set of decode graphs). The on-device sampler
+# works on the final logits, whatever the family: the other architectures cover it.
+HOST_SAMPLING = ("granite", "phi3", "smollm3", "qwen3_moe", "mixtral", "gpt_oss")
 CONTEXT_ENCODING = dict(batch_size=3, sequence_length=SEQUENCE_LENGTH, prefill_chunk_size=0)
 # One-token chunks: a first chunk, padded and exact prior contexts (prefill bucket 4 holds chunks at 1..4) and the
 # whole cache (7 graphs instead of the default ladder's 19; its arithmetic: tests/core/test_buckets.py).
@@ -58,9 +62,11 @@ CHUNK_ONE = dict(
 
 
 def chunked_shape(name: str) -> dict:
-    """The shape of an architecture's shared chunked export (on-device sampling): the whole bucket ladder for
-    FULL_LADDER, the light one for the others."""
-    return CHUNKED if name in FULL_LADDER else CHUNKED_LIGHT
+    """The shape of an architecture's shared chunked export: the whole bucket ladder for FULL_LADDER, the light one
+    for the others; on-device sampling but for HOST_SAMPLING."""
+    if name in FULL_LADDER:
+        return CHUNKED
+    return CHUNKED_LOGITS_LIGHT if name in HOST_SAMPLING else CHUNKED_LIGHT
 
 
 @dataclass

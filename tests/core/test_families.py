@@ -14,18 +14,16 @@ from support.tiny_models import quick_first
 
 from optimum_neuron_plugin.models.args import SUPPORTED_ARCHITECTURES, ModelArgs, UnsupportedModelError
 
-from .helpers import CHUNKED_LOGITS_LIGHT, prompt
+from .helpers import HOST_SAMPLING, chunked_shape, prompt
 
 ATOL = 1e-4
 LENGTH = 45
 PREFILL_CALLS = [5, 8, 3, 8, 7]  # to position 31, crossing bucket 16 mid-call
 
 
-@pytest.mark.parametrize(
-    "name", quick_first(["granite", "phi3", "smollm3", "qwen3_moe", "mixtral", "gpt_oss"], quick=("granite",))
-)
+@pytest.mark.parametrize("name", quick_first(HOST_SAMPLING, quick=("granite",)))
 def test_teacher_forced_chunks_then_decode_equal_hf(zoo, name):
-    artifact = zoo.artifact(name, **CHUNKED_LOGITS_LIGHT)
+    artifact = zoo.artifact(name, **chunked_shape(name))
     artifact.hf.set_attn_implementation("eager")
     model, tokens = artifact.model, prompt(LENGTH, seed=70)
     expected = hf_next_logits(artifact.hf, [tokens])[0]

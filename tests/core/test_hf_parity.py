@@ -19,8 +19,8 @@ LENGTHS = {"short": CHUNK - 3, "one_chunk": CHUNK, "chunks_and_remainder": 2 * C
 
 
 def chunked(zoo, name):
-    # The Llama chunked artifact samples on the host (its token_generation returns logits): the other
-    # architectures cover greedy on device, this one covers the host path.
+    # The Llama chunked artifact samples on the host (its token_generation returns logits), as the HOST_SAMPLING
+    # families' do (helpers.chunked_shape): the other architectures cover greedy on device.
     if name == "llama":
         return zoo.artifact("llama", **CHUNKED_LOGITS)
     return zoo.artifact(name, **chunked_shape(name))
