@@ -20,9 +20,10 @@ NEW_TOKENS = 5
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["2-of-3-rows", "every-row"])
 def batched(zoo, request) -> helpers.Artifact:
-    """Tiny Llama, batch 3, chunk 8: prefill batches of up to 2 (rows copied from the cache) and of up to 3 (3 rows:
-    the cache in place)."""
-    return zoo.artifact("llama", **helpers.CHUNKED, prefill_batch_size=request.param)
+    """Tiny Llama, batch 3, chunk 8, the light ladder (prior buckets 0, 16, 64: chunks at 8 and 16 run a padded and an
+    exact prior in bucket 16): prefill batches of up to 2 (rows copied from the cache) and of up to 3 (3 rows: the
+    cache in place)."""
+    return zoo.artifact("llama", **helpers.CHUNKED_LIGHT, prefill_batch_size=request.param)
 
 
 def _greedy_after(model, prompts: list[list[int]], first: list[torch.Tensor]) -> list[list[int]]:

@@ -11,7 +11,7 @@ from support.references import hf_last_logits
 from optimum_neuron_plugin.sampling import GREEDY, SamplingParams
 from optimum_neuron_plugin.speculative import accept
 
-from .helpers import CHUNKED_LOGITS, prompt
+from .helpers import CHUNKED_LOGITS_LIGHT, prompt
 
 K = 3
 FAILURE = 1e-6  # per comparison (a correct sampler fails it with at most this probability)
@@ -19,8 +19,8 @@ FAILURE = 1e-6  # per comparison (a correct sampler fails it with at most this p
 
 @pytest.fixture(scope="module")
 def llama_verify(zoo):
-    """llama_logits' shape (batch 3, chunk 8, S 64, host sampling) with verify graphs of K drafts."""
-    return zoo.artifact("llama", **CHUNKED_LOGITS, speculative_tokens=K)
+    """Batch 3, chunk 8, S 64, host sampling, context buckets 16 and 64, with verify graphs of K drafts."""
+    return zoo.artifact("llama", **CHUNKED_LOGITS_LIGHT, speculative_tokens=K)
 
 
 def hf_all_logits(hf, tokens: list[int]) -> torch.Tensor:
