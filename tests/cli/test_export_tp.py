@@ -68,7 +68,7 @@ def greedy_worker(rank: int, artifact: Path, prompt: list[int], out: Path) -> No
 
 def test_two_ranks_generate_hf_greedy_tokens(tp_export, tiny_models, tmp_path):
     prompt = prompt_ids(tiny_models["llama"])
-    run_ranks(greedy_worker, TP, tp_export, prompt, tmp_path)
+    run_ranks(greedy_worker, TP, tp_export, prompt, tmp_path, start_method="fork")
     expected = hf_greedy(load_hf(tiny_models["llama"]), prompt, NEW_TOKENS)
     assert [torch.load(tmp_path / f"rank{r}.pt") for r in range(TP)] == [expected] * TP
 

@@ -132,7 +132,7 @@ def test_tensor_parallel_logprobs_combine_the_ranks_slices(tmp_path):
     logits, params, uniform = tp_inputs()
     want = sample_with_logprobs(logits, params, uniform, 16, 4)
     want_biased = sample_with_logprobs(logits, params, uniform, 16, 4, bias=TP_BIAS)
-    run_ranks(tp_worker, 2, tmp_path)
+    run_ranks(tp_worker, 2, tmp_path, start_method="fork")
     for rank in range(2):
         for name, expected in ((f"rank{rank}", want), (f"biased{rank}", want_biased)):
             got = torch.load(tmp_path / f"{name}.pt")

@@ -45,7 +45,8 @@ def test_fp8_tp2_computes_what_tp1_computes(zoo, tmp_path):
     source = zoo.tiny("llama").path
     tp1 = NeuronModelForCausalLM.from_pretrained(export(source, tmp_path / "tp1", **SHAPE))
     expected = scenario(tp1)
-    run_ranks(rank_worker, 2, export(source, tmp_path / "tp2", tp_degree=2, **SHAPE), tmp_path)
+    tp2 = export(source, tmp_path / "tp2", tp_degree=2, **SHAPE)
+    run_ranks(rank_worker, 2, tp2, tmp_path, start_method="fork")
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     got = ranks[0]
     for a, b in zip(got["prefill"] + got["decode"], expected["prefill"] + expected["decode"], strict=True):

@@ -118,7 +118,7 @@ def runs(request, tmp_path_factory) -> dict:
             tp1 = NeuronModelForCausalLM.from_pretrained(export(source, root / f"{case}-{kind}-tp1", **shape))
             artifacts[f"{case}-{kind}"] = export(source, root / f"{case}-{kind}-tp{TP}", tp_degree=TP, **shape)
             runs[case, kind] = {"hf": hf, "args": tp1.args, "tp1": scenario(tp1)}
-    run_ranks(rank_worker, TP, artifacts, root)
+    run_ranks(rank_worker, TP, artifacts, root, start_method="fork")
     for (case, kind), run in runs.items():
         run["ranks"] = [torch.load(root / f"{case}-{kind}-rank{r}.pt") for r in range(TP)]
     return runs
