@@ -9,13 +9,18 @@ import subprocess
 from safetensors import safe_open
 
 from .helpers import INFO_CLI, cli_env, run_export
-from .test_export import LLAMA_EXPORT_ARGS
+
+# Two graphs (context_encoding and token_generation, one bucket): what is checked is the stored weights and options.
+FP8_EXPORT_ARGS = [
+    "--batch-size", "1", "--sequence-length", "64", "--backend", "cpu", "--prefill-chunk-size", "0",
+    "--context-buckets", "64",
+]  # fmt: skip
 
 
 def test_quantize_and_kv_cache_dtype_fp8_export_and_show(tiny_models, tmp_path):
     output = tmp_path / "fp8"
     args = ("--quantize", "fp8", "--kv-cache-dtype", "fp8", "--instance-type", "trn2")
-    result = run_export("--model", tiny_models["llama"], *LLAMA_EXPORT_ARGS, *args, output)
+    result = run_export("--model", tiny_models["llama"], *FP8_EXPORT_ARGS, *args, output)
     assert result.returncode == 0, result.stderr
     config = json.loads((output / "neuron_config.json").read_text())
     assert (config["quantization"], config["kv_cache_dtype"], config["target"]) == ("fp8", "fp8", "trn2")
@@ -32,5 +37,5 @@ def test_quantize_and_kv_cache_dtype_fp8_export_and_show(tiny_models, tmp_path):
 
 
 def test_an_unknown_quantization_is_refused(tiny_models, tmp_path):
-    result = run_export("--model", tiny_models["llama"], *LLAMA_EXPORT_ARGS, "--quantize", "int4", tmp_path / "o")
+    result = run_export("--model", tiny_models["llama"], *FP8_EXPORT_ARGS, "--quantize", "int4", tmp_path / "o")
     assert result.returncode != 0 and "invalid choice: 'int4'" in result.stderr and "Traceback" not in result.stderr
