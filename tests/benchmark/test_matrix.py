@@ -46,6 +46,8 @@ def test_matrix_tiny(tiny_model, bench_cache, tmp_path):
         BATCH_SIZE="4",
         SEQUENCE_LENGTH="128",
         CHUNK_SIZE="32",
+        # One context bucket: 24 graphs to export, and to load at each server start, instead of 32.
+        CONTEXT_BUCKETS="128",
         CONCURRENCY="2",
         INPUT_LEN="40",
         OUTPUT_LEN="4",
