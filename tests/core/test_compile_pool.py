@@ -15,11 +15,16 @@ from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 from optimum_neuron_plugin.backends.compile_pool import CompileOptions
 from optimum_neuron_plugin.backends.program_cache import CACHE_ENV
 
-from .helpers import CHUNKED_LOGITS_LIGHT, VOCAB
+from .helpers import CHUNKED_LOGITS, VOCAB
 
 PROGRESS = re.compile(
     r"^\[(\d+)/(\d+)\] graph (\S+): compiled in [\d.]+ s \([\d.]+ s per graph so far, about \d+ s left\)$"
 )
+# Six graphs (one context bucket, prefill buckets 0 and 64, token_generation of 1 and 3 rows): what a pool and a
+# resume do does not depend on the count.
+SHAPE = dict(CHUNKED_LOGITS, context_buckets=(64,), prefill_buckets=(0, 64))
+GRAPHS = 6
+STOP_AFTER = 3
 REUSED = re.compile(r"^\[(\d+)/(\d+)\] graph (\S+): reused \(compiled by an earlier export\)$")
 
 
@@ -48,9 +53,7 @@ def _graph_files(directory: Path) -> dict[str, bytes]:
 
 
 def _export(source: Path, output: Path, options: CompileOptions, progress=None) -> dict[str, bytes]:
-    model = NeuronModelForCausalLM.export(
-        source, NeuronConfig(**CHUNKED_LOGITS_LIGHT), progress=progress, options=options
-    )
+    model = NeuronModelForCausalLM.export(source, NeuronConfig(**SHAPE), progress=progress, options=options)
     model.save_pretrained(output)
     return _graph_files(output)
 
@@ -58,11 +61,11 @@ def _export(source: Path, output: Path, options: CompileOptions, progress=None) 
 def test_two_workers_write_the_serial_graph_files_byte_for_byte(source, serial, tmp_path):
     lines: list[str] = []
     parallel = _export(source, tmp_path / "parallel", CompileOptions(workers=2), lines.append)
-    assert len(serial) == 11 and parallel == serial
-    assert "compiling 11 graph(s) in 2 worker processes" in lines
+    assert len(serial) == GRAPHS and parallel == serial
+    assert f"compiling {GRAPHS} graph(s) in 2 worker processes" in lines
     progress = [PROGRESS.match(line) for line in lines if line.startswith("[")]
-    assert all(progress) and sorted(int(m[1]) for m in progress) == list(range(1, 12))
-    assert {m[2] for m in progress} == {"11"}
+    assert all(progress) and sorted(int(m[1]) for m in progress) == list(range(1, GRAPHS + 1))
+    assert {m[2] for m in progress} == {str(GRAPHS)}
 
 
 def test_an_interrupted_export_resumes_and_compiles_only_the_rest(source, serial, tmp_path, monkeypatch):
@@ -76,16 +79,16 @@ def test_an_interrupted_export_resumes_and_compiles_only_the_rest(source, serial
 
     monkeypatch.setattr(torch.export, "export", counted)
 
-    def stop_after_four(line: str) -> None:
-        if PROGRESS.match(line) and int(PROGRESS.match(line)[1]) == 4:
+    def stop_early(line: str) -> None:
+        if PROGRESS.match(line) and int(PROGRESS.match(line)[1]) == STOP_AFTER:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        _export(source, tmp_path / "first", CompileOptions(workers=1, resume_dir=resume), stop_after_four)
+        _export(source, tmp_path / "first", CompileOptions(workers=1, resume_dir=resume), stop_early)
     first = list(traced)
-    assert len(first) == 4 and len(list(resume.iterdir())) == 4
+    assert len(first) == STOP_AFTER and len(list(resume.iterdir())) == STOP_AFTER
     lines: list[str] = []
     resumed = _export(source, tmp_path / "second", CompileOptions(workers=1, resume_dir=resume), lines.append)
-    assert len(traced) - len(first) == 7 and not set(traced[4:]) & set(first)
+    assert len(traced) - len(first) == GRAPHS - STOP_AFTER and not set(traced[STOP_AFTER:]) & set(first)
     assert [REUSED.match(line)[3] for line in lines if REUSED.match(line)] == first
     assert resumed == serial
