@@ -37,20 +37,20 @@ SHARED_FIXTURE_GROUPS = {
     "benchmark": ("tests/benchmark/",),
 }
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
-# one worker on a 2-core Intel host, approximate: reliability ~350, the benchmark group ~300, the SmolLM2 group ~210,
-# hf parity ~180, Gemma 3 ~170, the AOTInductor export ~150, Neuron capture ~150, tests/cli/test_export.py ~120,
-# tensor parallel ~120).
+# one worker on a 2-core AMD EPYC host: the benchmark group ~650, Gemma 3's engine ~290, reliability ~260,
+# the AOTInductor export ~210, hf parity ~180, the SmolLM2 group ~175, Neuron capture ~175, tensor parallel ~150,
+# speculative ~90, structured outputs ~85).
 LONGEST_FIRST = (
-    "reliability servers",
     "benchmark",
-    "smollm2",
-    "tests/core/test_hf_parity.py",
     "tests/vllm/test_gemma3_engine.py",
+    "reliability servers",
     "tests/cli/test_export_inductor.py",
+    "tests/core/test_hf_parity.py",
+    "smollm2",
     "tests/neuron/test_capture.py",
-    "tests/cli/test_export.py",
     "tests/core/test_tensor_parallel.py",
-    "tests/core/test_buckets.py",
+    "speculative",
+    "tests/vllm/test_structured_outputs.py",
 )
 
 
