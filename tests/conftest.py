@@ -35,17 +35,26 @@ SHARED_FIXTURE_GROUPS = {
     "reliability servers": ("tests/reliability/",),
     "speculative": ("tests/vllm/test_speculative.py", "tests/vllm/test_speculative_draft.py"),
     "benchmark": ("tests/benchmark/",),
+    # Every architecture's shared chunked export (tests/core/helpers.py chunked_shape), built once by one Zoo.
+    "core architectures": (
+        "tests/core/test_hf_parity.py",
+        "tests/core/test_buckets.py",
+        "tests/core/test_chunk_and_decode.py",
+        "tests/core/test_families.py",
+        "tests/core/test_moe.py",
+        "tests/core/test_gemma3.py",
+    ),
 }
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
-# one worker on a 2-core AMD EPYC host: the benchmark group ~650, Gemma 3's engine ~290, reliability ~260,
-# the AOTInductor export ~210, hf parity ~180, the SmolLM2 group ~175, Neuron capture ~175, tensor parallel ~150,
+# one worker on a 2-core AMD EPYC host: the benchmark group ~650, the core architectures ~300, Gemma 3's engine ~290,
+# reliability ~260, the AOTInductor export ~210, the SmolLM2 group ~175, Neuron capture ~175, tensor parallel ~150,
 # speculative ~90, structured outputs ~85).
 LONGEST_FIRST = (
     "benchmark",
+    "core architectures",
     "tests/vllm/test_gemma3_engine.py",
     "reliability servers",
     "tests/cli/test_export_inductor.py",
-    "tests/core/test_hf_parity.py",
     "smollm2",
     "tests/neuron/test_capture.py",
     "tests/core/test_tensor_parallel.py",
