@@ -35,6 +35,11 @@ class GraphSpec:
         return self.chunk or self.tokens
 
     @property
+    def computed_tokens(self) -> int:
+        """Tokens one call computes through the layers: rows x tokens, plus chunk_and_decode's chunk."""
+        return self.rows * self.tokens + self.chunk
+
+    @property
     def key(self) -> str:
         """Unique per compiled graph: names its file in the artifact."""
         if self.tail:

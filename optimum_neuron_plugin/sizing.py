@@ -180,7 +180,7 @@ def activation_bytes(args: ModelArgs, nc: NeuronConfig, spec: GraphSpec) -> int:
         return 0
     plan = layout_for(args, nc.tp_degree)
     width = DTYPE_BYTES[nc.torch_dtype]
-    tokens = spec.rows * spec.tokens + spec.chunk
+    tokens = spec.computed_tokens
     mlp = plan.intermediate
     if args.num_experts:
         mlp = max(mlp, args.num_experts_per_tok * plan.moe_intermediate)

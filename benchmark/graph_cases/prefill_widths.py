@@ -38,7 +38,7 @@ def program(args, params, caches, spec, packed):
     with torch.no_grad():
         module = torch.export.export(graph, (params, caches, *example_inputs(spec)), strict=False).module()
     if packable():
-        use_packed_linears(module, params, packed)
+        use_packed_linears(module, params, packed, spec.computed_tokens)
     return module
 
 

@@ -135,8 +135,7 @@ class CpuBackend:
             if isinstance(program, torch.fx.GraphModule):
                 use_expert_views(program)
                 if packable():
-                    spec = graph.spec
-                    use_packed_linears(program, params, packed, spec.rows * spec.tokens + spec.chunk)
+                    use_packed_linears(program, params, packed, graph.spec.computed_tokens)
         return CpuGraphs(programs, params, caches, replayable)
 
     def _load_program(self, path: Path) -> Callable:

@@ -10,9 +10,9 @@ second copy of those weights in host memory: the artifact's weights stay as they
 An FP8 linear of an fp32 graph (the weight upcast, a linear, its output scaled: models/fp8.py) runs the same way on
 its weight upcast once at load (exact), the output scale still applied by the graph: the same math, packed.
 
-A linear of at most 4 input rows (a decode step's; a prompt call's LM head) reads each weight once for at most 4
-multiply-adds, so it runs at the speed the weight streams from memory: it runs the C++ kernel `onp_cpu::rows_linear`
-(csrc/rows_linear.cpp) on its own packing of the weight, which streams it at 1.4-1.6x oneDNN's rate (SmolLM2's
+A program that computes at most 4 tokens (a decode step) reads each weight once for at most 4 multiply-adds, so its
+linears run at the speed the weights stream from memory: they run the C++ kernel `onp_cpu::rows_linear`
+(csrc/rows_linear.cpp) on its own packing of each weight, which streams it at 1.4-1.6x oneDNN's rate (SmolLM2's
 weights, 2-core AMD EPYC: 34-40 GB/s for 4 rows against 24, 31-33 for 1 row against 22). A weight read by both kinds
 of linear is packed twice.
 """
@@ -45,7 +45,7 @@ def packable() -> bool:
 
 
 def use_packed_linears(
-    module: torch.fx.GraphModule, params: dict[str, torch.Tensor], packed: dict, tokens: int = ROWS_KERNEL_MAX + 1
+    module: torch.fx.GraphModule, params: dict[str, torch.Tensor], packed: dict, tokens: int
 ) -> None:
     """Rewrites `module`'s fp32 linears to read packed copies of their weights. Linears of one input (a layer's q, k
     and v projections; its gate and up) run as one product on their weights stacked, its output split back: one
@@ -53,8 +53,8 @@ def use_packed_linears(
 
     `params` is the dict the program takes first: its leaves are the module's first placeholders, in order.
     `packed` (name -> packed weight) is shared by the programs of one load, so each weight is packed once. `tokens`:
-    the most rows any linear of the program takes (the tokens it computes); up to ROWS_KERNEL_MAX, onp_cpu::rows_linear
-    runs them."""
+    the tokens the program computes (GraphSpec.computed_tokens), the most rows any of its linears takes; up to
+    ROWS_KERNEL_MAX, onp_cpu::rows_linear runs them."""
     placeholders = list(module.graph.find_nodes(op="placeholder"))
     names = dict(zip(placeholders, params, strict=False))
     by_input: dict[torch.fx.Node, list[tuple[torch.fx.Node, str, str | None]]] = {}
@@ -79,7 +79,8 @@ def use_packed_linears(
 def _pack_group(module: torch.fx.GraphModule, params: dict, packed: dict, group: list, few_rows: bool) -> None:
     """One packed product for the linears in `group` (same input; all with a bias or none), its output split."""
     first = group[0][0]  # the earliest: the group is in graph order
-    key = ("rows:" if few_rows else "") + "+".join(name for _, name, _ in group)
+    names = "+".join(name for _, name, _ in group)
+    key = ("rows:" if few_rows else "") + names  # a weight both kernels read has both packings
     if key not in packed:
         weights = [params[name].float() for _, name, _ in group]  # an FP8 weight upcast once, exactly
         weight = (torch.cat(weights) if len(group) > 1 else weights[0]).contiguous()
@@ -88,10 +89,9 @@ def _pack_group(module: torch.fx.GraphModule, params: dict, packed: dict, group:
         weight = _buffer(module, "packed_" + key, packed[key])
         bias = first.args[2] if len(first.args) > 2 else None
         if bias is not None and len(group) > 1:
-            bias_key = "bias:" + key.removeprefix("rows:")
-            if bias_key not in packed:
-                packed[bias_key] = torch.cat([params[b] for _, _, b in group]).contiguous()
-            bias = _buffer(module, bias_key.replace(":", "_"), packed[bias_key])
+            if "bias:" + names not in packed:  # one stacked bias for both kernels
+                packed["bias:" + names] = torch.cat([params[b] for _, _, b in group]).contiguous()
+            bias = _buffer(module, "bias_" + names, packed["bias:" + names])
         if few_rows:
             outputs = sum(params[name].shape[0] for _, name, _ in group)
             product = module.graph.call_function(_rows_linear(), (first.args[0], weight, bias, outputs))
