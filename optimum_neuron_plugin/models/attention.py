@@ -118,7 +118,8 @@ def attend_chunk(
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     op: bool = False,
 ) -> torch.Tensor:
-    """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D], for n prompt chunks (rows of distinct cache rows).
+    """q [n, T, H, D], k/v [n, T, KVH, D] -> [n, T, H*D], for n prompt chunks (successive chunks of one prompt may
+    share a cache row: every row's K/V is written before any row attends, so a chunk sees those before it).
     With an FP8 cache (`kv_scales`) the chunk attends its own K/V as stored, like any later call reads them.
 
     Writes k/v into the cache, then attends [cache positions 0..P-1 of the rows | the chunk's own k/v] under

@@ -3,7 +3,9 @@ call scattering the chunk's K/V into the prompt's cache slot.
 
 A partial last chunk is padded by repeating its last token and position (the actual-token mask, models/masks.py).
 With tail graphs (prefill_tail_size T), a last piece of at most T tokens runs alone on the T-token graph: a call
-costs about its tokens, so the question after a prefix-cache hit does not pay for a whole chunk.
+costs about its tokens, so the question after a prefix-cache hit does not pay for a whole chunk. With prefill
+batch graphs (prefill_batch_size P), up to P whole chunks share a call, of several prompts or of one: a long prompt's
+linears then run on P x C rows at once, the rate of a single pass.
 """
 
 from __future__ import annotations
@@ -23,28 +25,29 @@ ChunkInputs = tuple[TokenRows, list[int]]  # the chunk's row, its positions
 
 
 def prefill_batch(gs: GraphSet, prompts: Sequence[Prompt]) -> list[torch.Tensor]:
-    """Runs the chunk loops of prompts in distinct slots side by side: chunk k of up to prefill_batch_size prompts in
-    one call (a chunk left alone runs the one-prompt graph). Returns each prompt's fp32 logits [vocab] of its last
-    token."""
+    """Runs the chunk loops of prompts in distinct slots side by side: their whole chunks in order of offset, up to
+    prefill_batch_size of them per call (the graph of exactly that many rows), a prompt's successive chunks too: a call
+    writes every row's K/V before any row attends, so a chunk sees the chunks before it in its own call. A last piece
+    that fits the tail graph runs alone on it, after the prompt's whole chunks. Returns each prompt's fp32 logits
+    [vocab] of its last token."""
     checked = [(seq_id, checked_prompt(gs, seq_id, tokens, start), start) for seq_id, tokens, start in prompts]
     slots = [seq_id for seq_id, _, _ in checked]
     if not checked or len(set(slots)) != len(slots):
         raise InputError(f"prefill_batch needs prompts in distinct slots, got seq_ids {slots}")
     nc = gs.neuron_config
     size, width = nc.prefill_length, nc.prefill_batch_size
+    pieces = sorted((offset, i) for i, (_, tokens, _) in enumerate(checked) for offset in range(0, len(tokens), size))
+    tails = [(offset, i) for offset, i in pieces if chunk_tokens(nc, len(checked[i][1]) - offset) < size]
+    whole = [piece for piece in pieces if piece not in tails]
     logits: list[torch.Tensor | None] = [None] * len(checked)
-    for offset in range(0, max(len(tokens) for _, tokens, _ in checked), size):
-        rows = [i for i, (_, tokens, _) in enumerate(checked) if offset < len(tokens)]
-        tails = [i for i in rows if chunk_tokens(nc, len(checked[i][1]) - offset) < size]
-        for i in tails:  # a tail call costs about its tokens, less than a row of a batched chunk
-            tail = nc.prefill_tail_size
-            logits[i] = chunks_call(gs, [chunk_inputs(gs, *checked[i], offset, tail)], tail=True)[0].clone()
-        rows = [i for i in rows if i not in tails]
-        for group in (rows[g : g + width] for g in range(0, len(rows), width)):
-            output = chunks_call(gs, [chunk_inputs(gs, *checked[i], offset) for i in group])
-            for row, i in enumerate(group):
-                if offset + size >= len(checked[i][1]):
-                    logits[i] = output[row].clone()  # the runtime may reuse the output buffer
+    for group in (whole[g : g + width] for g in range(0, len(whole), width)):
+        output = chunks_call(gs, [chunk_inputs(gs, *checked[i], offset) for offset, i in group])
+        for row, (offset, i) in enumerate(group):
+            if offset + size >= len(checked[i][1]):
+                logits[i] = output[row].clone()  # the runtime may reuse the output buffer
+    for offset, i in tails:  # a tail call costs about its tokens, less than a row of a batched chunk
+        tail = nc.prefill_tail_size
+        logits[i] = chunks_call(gs, [chunk_inputs(gs, *checked[i], offset, tail)], tail=True)[0].clone()
     return logits
 
 
@@ -65,8 +68,8 @@ def prefill_positions(gs: GraphSet, seq_id: int, token_ids: Sequence[int], start
 
 
 def chunks_call(gs: GraphSet, chunks: list[ChunkInputs], tail: bool = False) -> torch.Tensor:
-    """One prefill call for n chunks of distinct slots: the one-prompt graph for one, else the n-prompt graph
-    (one per width: a padding row would cost as much as a real one); tail: one chunk on the tail graph."""
+    """One prefill call for n chunks: the one-prompt graph for one, else the n-prompt graph (one per width: a padding
+    row would cost as much as a real one); tail: one chunk on the tail graph. Chunks of one slot come in order."""
     starts, lasts = [p[0] for _, p in chunks], [p[-1] for _, p in chunks]
     spec = gs.selector.select(gs.neuron_config.prefill_graph, len(chunks), starts, lasts, tail)
     rows = chunks[0][0] if len(chunks) == 1 else TokenRows.stacked([inputs for inputs, _ in chunks])

@@ -1,5 +1,6 @@
-"""prefill_batch: the chunk loops of several prompts side by side, chunk k of n <= prefill_batch_size prompts in
-one call of the n-prompt chunked_prefill graph; same logits as one prompt at a time, same tokens as HF."""
+"""prefill_batch: the chunk loops of several prompts side by side, up to prefill_batch_size whole chunks in one call
+of the graph of exactly that many rows, successive chunks of one prompt too; same logits and cache bytes as one
+chunk at a time, same tokens as HF."""
 
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ def test_prompts_prefilled_together_give_hf_logits_and_tokens(batched):
     prompts = [helpers.prompt(n, seed=n) for n in (21, 5, 13)]  # 3, 1 and 2 chunks of 8
     with helpers.CallLog(model) as log:
         first = model.prefill_batch([(slot, prompt, 0) for slot, prompt in enumerate(prompts)])
-    # chunk 0 of all three (in calls of up to `width` prompts), chunk 1 of two, chunk 2 of one: each call on the
-    # graph of exactly its prompts, no padding rows
-    assert log.rows == ([2, 1, 2, 1] if width == 2 else [3, 2, 1])
+    # the six chunks in order of offset (chunk 0 of all three, chunk 1 of two, chunk 2 of one), `width` per call:
+    # each call on the graph of exactly its rows, no padding rows
+    assert log.rows == ([2, 2, 2] if width == 2 else [3, 3])
     for prompt, logits in zip(prompts, first, strict=True):
         torch.testing.assert_close(logits, hf_last_logits(batched.hf, prompt), rtol=1e-4, atol=1e-4)
     assert _greedy_after(model, prompts, first) == [hf_greedy(batched.hf, p, NEW_TOKENS) for p in prompts]
@@ -65,6 +66,33 @@ def test_slices_continuing_prompts_equal_one_prompt_at_a_time(batched, llama_log
     for a, b in zip(together, one_at_a_time, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert _greedy_after(model, prompts, together) == [hf_greedy(batched.hf, p, NEW_TOKENS) for p in prompts]
+
+
+def test_a_long_prompts_chunks_share_calls(batched, llama_logits):
+    """A prompt of 5 whole chunks and a partial one: its chunks `width` per call, each row attending the rows before
+    it in its own call; same logits and cache bytes as one chunk per call, same tokens as HF."""
+    model, alone, width = batched.model, llama_logits.model, batched.model.neuron_config.prefill_batch_size
+    tokens = helpers.prompt(45, seed=45)
+    for m in (model, alone):
+        for cache in m.caches:
+            cache.fill_(7.0)
+    with helpers.CallLog(model) as log:
+        logits = model.prefill(2, tokens)
+    assert log.rows == ([2, 2, 2] if width == 2 else [3, 3])
+    torch.testing.assert_close(logits, alone.prefill(2, tokens), rtol=1e-5, atol=1e-5)
+    for together, one in zip(model.caches, alone.caches, strict=True):
+        s = model.neuron_config.sequence_length
+        torch.testing.assert_close(helpers.slot_positions(together, 2, s), helpers.slot_positions(one, 2, s))
+    assert _greedy_after_one(model, tokens, logits) == hf_greedy(batched.hf, tokens, NEW_TOKENS)
+
+
+def _greedy_after_one(model, tokens: list[int], first: torch.Tensor) -> list[int]:
+    token, position, out = int(first.argmax()), len(tokens), []
+    for _ in range(NEW_TOKENS):
+        out.append(token)
+        token = model.decode([2], [token], [position]).tokens[0]
+        position += 1
+    return out
 
 
 def test_prefill_batch_refuses_shared_slots(batched):

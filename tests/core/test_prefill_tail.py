@@ -48,14 +48,15 @@ def test_the_artifact_has_a_tail_graph_per_bucket(tail):
 
 @pytest.mark.parametrize("length", [2 * CHUNK + 1, 2 * CHUNK + TAIL, 2 * CHUNK + TAIL + 1, 3 * CHUNK])
 def test_a_last_piece_that_fits_the_tail_runs_on_it(tail, whole, length):
-    """Same logits and cache bytes as whole chunks; the last piece runs on the tail graph when it fits."""
+    """Same logits and cache bytes as whole chunks; the whole chunks share a call (prefill batch 2), the last piece
+    runs on the tail graph when it fits."""
     tokens = prompt(length, seed=length)
     marked(tail.model, whole.model)
     with CallLog(tail.model) as log:
         logits = tail.model.prefill(1, tokens)
     expected = whole.model.prefill(1, tokens)
     last = TAIL if length % CHUNK and length % CHUNK <= TAIL else CHUNK
-    assert log.graphs_rows_and_tokens == [("chunked_prefill", 1, CHUNK)] * 2 + [("chunked_prefill", 1, last)]
+    assert log.graphs_rows_and_tokens == [("chunked_prefill", 2, CHUNK), ("chunked_prefill", 1, last)]
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits, hf_last_logits(tail.hf, tokens), atol=1e-4, rtol=1e-4)
     for got, want in zip(tail.model.caches, whole.model.caches, strict=True):
@@ -103,16 +104,16 @@ def test_a_tail_chunk_rides_with_the_decode_batch(tail):
 
 
 def test_prompts_prefilled_together_run_their_tails_alone(tail):
-    """Chunk k of every prompt whose rest exceeds the tail goes in one call; a piece that fits runs on the tail."""
+    """The whole chunks, in order of offset, share calls of up to 2; each piece that fits the tail then runs on it."""
     prompts = [prompt(n, seed=70 + n) for n in (20, 11, 3)]
     with CallLog(tail.model) as log:
         logits = tail.model.prefill_batch([(slot, p, 0) for slot, p in enumerate(prompts)])
     assert log.graphs_rows_and_tokens == [
-        ("chunked_prefill", 1, TAIL),  # offset 0: the 3-token prompt
-        ("chunked_prefill", 2, CHUNK),  # the first chunks of the other two
-        ("chunked_prefill", 1, TAIL),  # offset 8: the 11-token prompt's last 3
+        ("chunked_prefill", 2, CHUNK),  # the first chunks of the 20- and the 11-token prompts
         ("chunked_prefill", 1, CHUNK),  # the 20-token prompt's second chunk
-        ("chunked_prefill", 1, TAIL),  # offset 16: its last 4
+        ("chunked_prefill", 1, TAIL),  # the 3-token prompt
+        ("chunked_prefill", 1, TAIL),  # the 11-token prompt's last 3
+        ("chunked_prefill", 1, TAIL),  # the 20-token prompt's last 4
     ]
     for p, row in zip(prompts, logits, strict=True):
         torch.testing.assert_close(row, hf_last_logits(tail.hf, p), atol=1e-4, rtol=1e-4)
