@@ -2,7 +2,7 @@
 (models/attention.py, masked_chunk_attention) within fp32 rounding: for rows with their own starts (a first chunk, a
 start inside the prior bucket, at its end), padded chunks, grouped and ungrouped heads, sliding windows shorter and
 longer than the prior, attention sinks, a cache of stale values past each start, priors and chunks over several key
-tiles and query blocks (ending inside one), head dims off the vector width, and bf16. An FP8 cache takes the masked
+tiles and query blocks (ending inside one), head dims off the vector width, and bf16, successive chunks of one slot in one call. An FP8 cache takes the masked
 form. The exported programs call the op and replay it (every HF parity test of the core suite runs through it)."""
 
 from __future__ import annotations
@@ -27,7 +27,18 @@ def _positions(starts: list[int], real: list[int], t: int) -> torch.Tensor:
 
 
 def _case(
-    starts, real, t, prior, heads, kv_heads, window=0, sinks=False, dtype=torch.float32, dim=DIM, sequence=SEQUENCE
+    starts,
+    real,
+    t,
+    prior,
+    heads,
+    kv_heads,
+    window=0,
+    sinks=False,
+    dtype=torch.float32,
+    dim=DIM,
+    sequence=SEQUENCE,
+    slots=None,
 ):
     generator = torch.Generator().manual_seed(0)
     n = len(starts)
@@ -38,7 +49,7 @@ def _case(
     q, k, v = rand(n, t, heads, dim), rand(n, t, kv_heads, dim), rand(n, t, kv_heads, dim)
     caches = [rand(n + 1, kv_heads, sequence, dim) * 3 for _ in range(2)]  # stale values everywhere
     positions = _positions(starts, real, t)
-    seq_ids = torch.arange(n, 0, -1)  # rows in reverse cache order
+    seq_ids = torch.arange(n, 0, -1) if slots is None else torch.tensor(slots)  # default: reverse cache order
     bias = masks.chunk_bias(positions, prior, heads // kv_heads, dtype, window or None)
     rows = kv_cache.CallRows.of(caches[0], seq_ids, positions)
     kv_cache.write(caches[0], rows, k)
@@ -52,6 +63,10 @@ CASES = {
     "first chunk, masked prior": dict(starts=[0], real=[8], t=8, prior=16, heads=4, kv_heads=2),
     "starts inside and at the bucket's end": dict(
         starts=[3, 16, 9], real=[8, 2, 7], t=8, prior=16, heads=4, kv_heads=2
+    ),
+    # A prompt's successive chunks in one call: each row's prior holds the rows before it, written by this call.
+    "successive chunks of one slot": dict(
+        starts=[0, 8, 16], real=[8, 8, 5], t=8, prior=16, heads=4, kv_heads=2, slots=[2, 2, 2]
     ),
     "one head per kv head": dict(starts=[5, 24], real=[4, 6], t=6, prior=24, heads=2, kv_heads=2),
     "one token": dict(starts=[11], real=[1], t=1, prior=16, heads=6, kv_heads=2),
