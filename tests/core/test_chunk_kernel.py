@@ -2,8 +2,8 @@
 (models/attention.py, masked_chunk_attention) within fp32 rounding: for rows with their own starts (a first chunk, a
 start inside the prior bucket, at its end), padded chunks, grouped and ungrouped heads, sliding windows shorter and
 longer than the prior, attention sinks, a cache of stale values past each start, priors and chunks over several key
-tiles and query blocks (ending inside one), head dims off the vector width, and bf16, successive chunks of one slot in one call. An FP8 cache takes the masked
-form. The exported programs call the op and replay it (every HF parity test of the core suite runs through it)."""
+tiles and query blocks (ending inside one), head dims off the vector width, bf16, and successive chunks of one slot in
+one call. An FP8 cache takes the masked form. The exported programs call the op and replay it (every HF parity test of the core suite runs through it)."""
 
 from __future__ import annotations
 
