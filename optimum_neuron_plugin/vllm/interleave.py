@@ -1,10 +1,11 @@
 """Interleaved prefill: which prompts get which slice in one engine step (pure policy, no vLLM).
 
 Rules (prefill_mode=interleaved; NeuronScheduler applies the plan through vLLM's scheduler):
-1. A slice is a whole number of compiled chunks, except the last slice of a prompt. Every slice
-   then starts a whole number of chunks after the prompt's first computed token (0, or its prefix
-   cache hit) and n tokens to prefill cost ceil(n / chunk) graph calls, as in serial mode (the
-   runtime pads only a prompt's last chunk).
+1. A slice is a whole number of compiled chunks, except the last slice of a prompt, and n tokens
+   to prefill cost ceil(n / chunk) graph calls, as in serial mode (the runtime pads only a
+   prompt's last chunk). Under a latency target below a decode plus a chunk call (step_time.py,
+   `narrow`), a slice may end with a piece of the tail graph's tokens where a whole chunk does
+   not fit: the runtime runs the slice's whole chunks, then that piece on the tail graph.
 2. The step's prefill budget is counted in graph calls, not tokens: the calls that fit the latency target
    (step_time.py: the measured seconds of each call against the target minus the step's decode; the first call
    always goes), or a fixed `chunk_budget`. Decodes are outside it: every decoding request gets its token each step.
@@ -70,6 +71,9 @@ def plan_slices(
             left = candidate.remaining - tokens
             piece = min(chunk, left)
             cost = 0.0 if time is None else time.chunk_seconds(candidate.start + tokens, left)
+            narrow = time is not None and cost > seconds_left and 0 < time.narrow < left
+            if narrow:  # the slice's last piece: the runtime runs whole chunks, then a rest that fits on the tail
+                piece, cost = time.narrow, time.chunk_seconds(candidate.start + tokens, time.narrow)
             first = not plan and not tokens  # the step's first call always goes
             # An explicit, small max_num_batched_tokens: whole chunks only.
             if piece > tokens_left or (cost > seconds_left and not first):
@@ -79,6 +83,8 @@ def plan_slices(
             tokens_left -= piece
             seconds_left -= cost
             calls_left -= 1
+            if narrow:
+                break
         if tokens:
             plan[candidate.req_id] = tokens
         if calls_left == 0:

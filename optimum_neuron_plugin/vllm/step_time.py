@@ -11,7 +11,10 @@ step always goes, so prompts progress whatever the target. The estimate bounds w
 carries the decode inside a chunk (chunk_and_decode) and several prompts' chunks in one call where it can.
 
 The target (ONP_PREFILL_TARGET_ITL_MS) defaults to a decode step of the full batch plus one chunk call, both at the
-smallest bucket: a stream never waits more than about one chunk call for a prompt.
+smallest bucket: a stream never waits more than about one chunk call for a prompt. A target below that default can
+only be met with calls narrower than a chunk: with tail graphs (prefill_tail_size T) the plan then cuts a prompt into
+pieces of T tokens where a whole chunk does not fit (`narrow`), each on the tail graph; more calls per prompt token,
+shorter steps.
 """
 
 from __future__ import annotations
@@ -32,10 +35,12 @@ def measured_kind(nc: NeuronConfig, name: str, rows: int) -> bool:
 
 @dataclass(frozen=True)
 class StepTime:
-    """One step's prefill allowance: `allowed` seconds of chunk calls, each costing chunk_seconds(start, left)."""
+    """One step's prefill allowance: `allowed` seconds of chunk calls, each costing chunk_seconds(start, left);
+    `narrow`: the tokens of a piece narrower than a chunk the plan may cut where a whole chunk does not fit (0: none)."""
 
     allowed: float
     model: StepTimeModel
+    narrow: int = 0
 
     def chunk_seconds(self, start: int, left: int) -> float:
         return self.model.chunk_seconds(start, left)
@@ -46,6 +51,8 @@ class StepTimeModel:
         self.nc = nc
         self.seconds = latencies.seconds
         self.target = target if target is not None else self.default_target()
+        below_default = target is not None and target < self.default_target()
+        self.narrow = nc.prefill_tail_size if below_default else 0
 
     def default_target(self) -> float:
         return self.decode_seconds([0] * self.nc.batch_size) + self.chunk_seconds(0, self.nc.prefill_length)
@@ -63,4 +70,4 @@ class StepTimeModel:
         return self.seconds[call_key(nc, nc.prefill_graph, 1, [start], [start], tail)]
 
     def step(self, decode_positions: Sequence[int]) -> StepTime:
-        return StepTime(self.target - self.decode_seconds(decode_positions), self)
+        return StepTime(self.target - self.decode_seconds(decode_positions), self, self.narrow)

@@ -21,6 +21,7 @@ from optimum_neuron_plugin.vllm.interleave import DEFAULT_MAX_PASSES
 from optimum_neuron_plugin.vllm.options import prefill_chunk_budget, prefill_target_itl
 from optimum_neuron_plugin.vllm.step_time import measured_kind
 
+TAIL = CHUNK // 2  # batched_dir's tail graphs
 _arrivals = count()
 
 
@@ -205,9 +206,9 @@ def test_prefill_chunk_budget_option(monkeypatch, chunked_dir):
 # ---- the latency target (step_time.py) ---------------------------------------------------------
 
 
-def latencies_of(model, decode: float, chunk) -> object:
+def latencies_of(model, decode: float, chunk, tail: float | None = None) -> object:
     """GraphLatencies for every graph the target reads: `decode` seconds per token_generation call, chunk(bucket)
-    seconds per one-row chunk call."""
+    seconds per one-row chunk call (`tail` seconds on a tail graph, when given)."""
     from optimum_neuron_plugin.artifact import load_neuron_config
     from optimum_neuron_plugin.graphs import TOKEN_GENERATION, graph_specs
     from optimum_neuron_plugin.runtime.graph_select import spec_key
@@ -216,7 +217,13 @@ def latencies_of(model, decode: float, chunk) -> object:
 
     nc = load_neuron_config(str(model))
     specs = [s for s in graph_specs(nc, vocab_size=256) if measured_kind(nc, s.name, s.rows)]
-    return GraphLatencies({spec_key(s): decode if s.name == TOKEN_GENERATION else chunk(s.bucket) for s in specs})
+
+    def seconds(spec) -> float:
+        if spec.name == TOKEN_GENERATION:
+            return decode
+        return tail if spec.tail and tail is not None else chunk(spec.bucket)
+
+    return GraphLatencies({spec_key(s): seconds(s) for s in specs})
 
 
 def start_decode(scheduler, latencies=None) -> None:
@@ -275,6 +282,35 @@ def test_the_default_target_is_a_decode_plus_one_chunk_call(chunked_dir):
     for _ in range(5):
         scheduled = step(scheduler)
         assert scheduled["d1"] == 1 and prefill_calls(scheduled) == 1
+
+
+def prompt_slices(scheduler, req_id: str) -> list[int]:
+    """The slices of req_id's prompt, step by step, until it is prefilled."""
+    slices = []
+    while scheduler.requests[req_id].num_output_tokens == 0:
+        scheduled = step(scheduler)
+        if req_id in scheduled:
+            slices.append(scheduled[req_id])
+    return slices
+
+
+@pytest.mark.parametrize(("target_ms", "expected"), [(30, [TAIL] * 6 + [2]), (None, [CHUNK] * 3 + [2])])
+def test_a_target_below_a_chunk_call_cuts_tail_pieces(batched_dir, target_ms, expected):
+    """10 ms decodes, 40 ms chunk calls, 15 ms tail calls: a 30 ms target leaves 20 ms next to the decode, where a
+    whole chunk does not fit and a tail piece does; the default target (50 ms) runs whole chunks."""
+    scheduler = make_scheduler(batched_dir, **({} if target_ms is None else {"prefill_target_itl_ms": target_ms}))
+    start_decode(scheduler, latencies_of(batched_dir, 0.010, lambda bucket: 0.040, tail=0.015))
+    assert scheduler.step_time.narrow == (TAIL if target_ms else 0)
+    add(scheduler, "long", 3 * CHUNK + 2)
+    assert prompt_slices(scheduler, "long") == expected
+
+
+def test_without_tail_graphs_a_target_below_a_chunk_call_runs_one_chunk_per_step(chunked_dir):
+    scheduler = make_scheduler(chunked_dir, prefill_target_itl_ms=30)
+    start_decode(scheduler, latencies_of(chunked_dir, 0.010, lambda bucket: 0.040))
+    add(scheduler, "long", 3 * CHUNK + 2)
+    assert scheduler.step_time.narrow == 0
+    assert prompt_slices(scheduler, "long") == [CHUNK] * 3 + [2]
 
 
 def test_a_fixed_budget_plans_that_many_calls(chunked_dir):

@@ -18,8 +18,12 @@ NEW_TOKENS = 6
 LENGTHS = [3 * CHUNK + 5, 7, 2 * CHUNK, CHUNK + 1, 40, 2]
 
 
-# The quick loop (-m "not slow") runs the serial mode; interleaved batches the same prompts through the scheduler.
-@pytest.mark.parametrize("mode", ["serial", pytest.param("interleaved", marks=pytest.mark.slow)])
+# The quick loop (-m "not slow") runs the serial mode; interleaved batches the same prompts through the scheduler;
+# "narrow": interleaved under a latency target below any chunk call, which cuts prompts into tail-graph pieces.
+MODES = ["serial", pytest.param("interleaved", marks=pytest.mark.slow), pytest.param("narrow", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_prompts_prefilled_together_equal_transformers(batched_dir, tokenizer, tiny_hf, vllm_root, mode):
     from vllm import SamplingParams
 
@@ -30,8 +34,9 @@ def test_prompts_prefilled_together_equal_transformers(batched_dir, tokenizer, t
         # Interleaved: a fixed 2 chunk calls per step. Under the latency target the step time estimate counts each
         # prompt's chunk as a call of its own (vllm/step_time.py), so whether two prompts share a step would depend on
         # the graphs' measured times.
-        extra = {"prefill_chunk_budget": 2} if mode == "interleaved" else {}
-        llm = make_llm(batched_dir, additional_config={"prefill_mode": mode, **extra})
+        extra = {"serial": {}, "interleaved": {"prefill_chunk_budget": 2}, "narrow": {"prefill_target_itl_ms": 0.001}}
+        prefill_mode = "serial" if mode == "serial" else "interleaved"
+        llm = make_llm(batched_dir, additional_config={"prefill_mode": prefill_mode, **extra[mode]})
         try:
             params = [
                 SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True, prompt_logprobs=logprobs)
@@ -44,6 +49,10 @@ def test_prompts_prefilled_together_equal_transformers(batched_dir, tokenizer, t
     assert_prompt_logprobs_are_hf(outputs[0], prompts[0], 2, tiny_hf)
     records = [json.loads(line) for line in stats.read_text().splitlines()]
     assert len(records) == len(prompts)
+    if mode == "narrow":  # once the runner's latencies arrive, a step prefills one tail piece of CHUNK // 2 tokens
+        longest = max(records, key=lambda r: r["prompt_tokens"])
+        assert longest["prefill_steps"] >= longest["prompt_tokens"] // (CHUNK // 2) - 1, longest
+        return
     # The first BATCH_SIZE prompts arrive together and are prefilled together.
     assert sum(r["batched"] for r in records) >= 2, records
 
