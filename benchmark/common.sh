@@ -32,6 +32,9 @@ PREFILL_BATCH_SIZE=${PREFILL_BATCH_SIZE:-$((BATCH_SIZE < 4 ? BATCH_SIZE : 4))}
 # Chunked configurations: tokens of the tail graphs (--prefill-tail-size: a prompt's last piece of at most that many
 # tokens runs on a graph of that width instead of a whole chunk); 0 = none.
 PREFILL_TAIL_SIZE=${PREFILL_TAIL_SIZE:-0}
+# chunked-interleaved: the latency target in milliseconds (ONP_PREFILL_TARGET_ITL_MS; below a decode plus a chunk call,
+# prompts are cut into PREFILL_TAIL_SIZE-token pieces where a whole chunk does not fit); "" = the plugin's default.
+PREFILL_TARGET_ITL_MS=${PREFILL_TARGET_ITL_MS:-}
 # Row counts token_generation is compiled for (--decode-batch-sizes of every plugin export), e.g. "4" for the batch
 # graph only. Default: the exporter's, 1 and the batch size.
 DECODE_BATCH_SIZES=${DECODE_BATCH_SIZES:-$([ "$BATCH_SIZE" = 1 ] && echo 1 || echo "1,$BATCH_SIZE")}
@@ -81,7 +84,7 @@ ARTIFACTS=${ARTIFACTS:-$RESULTS_ROOT/artifacts}
 # Where serve.sh / drive.sh put PID files, logs and raw results; matrix.sh sets a timestamped one.
 RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/manual}
 
-export PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE PREFILL_TAIL_SIZE DECODE_BATCH_SIZES CONTEXT_BUCKETS DECODE_BUCKETS TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
+export PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE PREFILL_TAIL_SIZE PREFILL_TARGET_ITL_MS DECODE_BATCH_SIZES CONTEXT_BUCKETS DECODE_BUCKETS TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
   NUM_WARMUPS SEED TEMPERATURE THREADS CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 

@@ -78,6 +78,8 @@ run = {
     "sequence_length": int(env["SEQUENCE_LENGTH"]),
     "chunk_size": int(env["CHUNK_SIZE"]),
     "prefill_batch_size": int(env["PREFILL_BATCH_SIZE"]),
+    "prefill_tail_size": int(env["PREFILL_TAIL_SIZE"]),
+    "prefill_target_itl_ms": env["PREFILL_TARGET_ITL_MS"] or "default",
     "decode_batch_sizes": env["DECODE_BATCH_SIZES"],
     "tp": int(env["TP"]),
     "threads": int(env["THREADS"]),

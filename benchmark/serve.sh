@@ -105,6 +105,9 @@ start_server() {
     dir=$(config_artifact "$name")
     read -r chunk ods mode <<<"$(config_settings "$name")"
     envs+=(ONP_PREFILL_MODE="$mode" ONP_STATS_FILE="$RUN_DIR/$name.stats.jsonl" OMP_NUM_THREADS="$THREADS")
+    if [ "$mode" = interleaved ] && [ -n "$PREFILL_TARGET_ITL_MS" ]; then
+      envs+=(ONP_PREFILL_TARGET_ITL_MS="$PREFILL_TARGET_ITL_MS")
+    fi
     # The CPU reference backend must be asked for; on a Neuron host the plugin activates by itself.
     if [ "$BACKEND" = cpu ]; then envs+=(ONP_BACKEND=cpu); fi
     : >"$RUN_DIR/$name.stats.jsonl"
@@ -128,7 +131,7 @@ start_server() {
   local start
   start=$(date +%s)
   # setsid: the server leads its own process group, which stop_server signals as a whole.
-  env -u ONP_BACKEND -u ONP_PREFILL_MODE -u ONP_STATS_FILE "${envs[@]}" setsid "${cmd[@]}" >"$logfile" 2>&1 &
+  env -u ONP_BACKEND -u ONP_PREFILL_MODE -u ONP_STATS_FILE -u ONP_PREFILL_TARGET_ITL_MS "${envs[@]}" setsid "${cmd[@]}" >"$logfile" 2>&1 &
   local pid=$!
   echo "$pid" >"$(pid_file "$name")"
   local waited=0
