@@ -4,8 +4,8 @@ call scattering the chunk's K/V into the prompt's cache slot.
 A partial last chunk is padded by repeating its last token and position (the actual-token mask, models/masks.py).
 With tail graphs (prefill_tail_size T), a last piece of at most T tokens runs alone on the T-token graph: a call
 costs about its tokens, so the question after a prefix-cache hit does not pay for a whole chunk. With prefill
-batch graphs (prefill_batch_size P), up to P whole chunks share a call, of several prompts or of one: a long prompt's
-linears then run on P x C rows at once, the rate of a single pass.
+batch graphs (prefill_batch_size P), up to P whole chunks share a call, of several prompts or of one: one pass over
+the weights and, on Neuron, one launch for P chunks.
 """
 
 from __future__ import annotations
