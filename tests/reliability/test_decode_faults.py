@@ -37,9 +37,13 @@ TRAP, BAD = 900, 1500
 BATCH_SIZE = 4
 MODES = ["serial", "interleaved"]
 # Two context buckets (9 graphs instead of the default ladder's 19; the tests are not about buckets): the requests
-# decode in bucket 16, the long one crosses into 128 only if the failure did not stop it.
-CONTEXT_BUCKETS = (16, 128)
-LONG_TOKENS = 120  # the prompt's 3 tokens and these fit the 128-token sequence
+# decode in bucket 16, the long one then in bucket 512.
+SEQUENCE_LENGTH = 512
+CONTEXT_BUCKETS = (16, SEQUENCE_LENGTH)
+# The long one's prompt (3 tokens) and these fit the sequence. Its ~480 decode steps after the short one is done are
+# the time the trapped one has to fail beside it: a few ms each on this tiny model, so the window must be wide for a
+# loaded host, where the client threads that send the trapped request may wait their turn.
+LONG_TOKENS = 500
 LIMIT = 3  # the serial server's ONP_MAX_GRAPH_FAILURES
 EXIT_TIMEOUT = 120  # seconds for vLLM's watchdog to shut the server down after the engine died
 
@@ -47,9 +51,13 @@ EXIT_TIMEOUT = 120  # seconds for vLLM's watchdog to shut the server down after 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory, tokenizer):
     root = tmp_path_factory.mktemp("decode-faults")
-    config = dict(batch_size=BATCH_SIZE, sequence_length=128, prefill_chunk_size=16, on_device_sampling=True)
+    config = dict(
+        batch_size=BATCH_SIZE, sequence_length=SEQUENCE_LENGTH, prefill_chunk_size=16, on_device_sampling=True
+    )
     config.update(context_buckets=CONTEXT_BUCKETS, prefill_buckets=(0, *CONTEXT_BUCKETS))
-    artifact, hf = export_chain_model(root / "artifact", tokenizer, EMBEDDING_ROWS, TRAP, BAD, **config)
+    artifact, hf = export_chain_model(
+        root / "artifact", tokenizer, EMBEDDING_ROWS, TRAP, BAD, positions=SEQUENCE_LENGTH, **config
+    )
     return artifact, hf, root
 
 

@@ -215,7 +215,7 @@ def _digest(source: Path) -> str:
 
 
 def export_chain_model(
-    directory: Path, tokenizer, embedding_rows: int, trap: int, bad: int, **neuron_config
+    directory: Path, tokenizer, embedding_rows: int, trap: int, bad: int, positions: int = 128, **neuron_config
 ) -> tuple[Path, PreTrainedModel]:
     """An export whose greedy next token is (t + 1) % embedding_rows after any token t but `trap`, after which
     it is `bad`: an id beyond its embedding table (embedding_rows rows; lm_head has len(tokenizer) rows).
@@ -225,13 +225,16 @@ def export_chain_model(
     `trap` samples `bad`, and the next graph call that embeds it (token_generation) raises IndexError: a real
     run-time failure of the decode graph, triggered by the prompt. Hugging Face cannot load a checkpoint
     whose tables differ in size, so the HF directory is whole and the embedding is cut on its way into the
-    export. Returns the artifact and the HF model (the reference: it agrees on every id below embedding_rows).
+    export. `positions`: the model's max_position_embeddings (the chain does not depend on positions). Returns the
+    artifact and the HF model (the reference: it agrees on every id below embedding_rows).
     """
     from unittest import mock
 
     from optimum_neuron_plugin import sources
 
-    model = tiny_model("llama", seed=7, tokenizer=tokenizer, tie_word_embeddings=False)
+    model = tiny_model(
+        "llama", seed=7, tokenizer=tokenizer, tie_word_embeddings=False, max_position_embeddings=positions
+    )
     with torch.no_grad():
         for layer in model.model.layers:
             layer.self_attn.o_proj.weight.zero_()
