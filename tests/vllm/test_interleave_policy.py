@@ -9,6 +9,7 @@ finished its prompt or decoded.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from itertools import count
 
@@ -305,9 +306,13 @@ def test_a_target_below_a_chunk_call_cuts_tail_pieces(batched_dir, target_ms, ex
     assert prompt_slices(scheduler, "long") == expected
 
 
-def test_without_tail_graphs_a_target_below_a_chunk_call_runs_one_chunk_per_step(chunked_dir):
+def test_without_tail_graphs_a_target_below_a_chunk_call_runs_one_chunk_per_step(chunked_dir, caplog):
+    """...and the scheduler says so when the latencies arrive, naming the export option that would help."""
     scheduler = make_scheduler(chunked_dir, prefill_target_itl_ms=30)
-    start_decode(scheduler, latencies_of(chunked_dir, 0.010, lambda bucket: 0.040))
+    with caplog.at_level(logging.WARNING):
+        start_decode(scheduler, latencies_of(chunked_dir, 0.010, lambda bucket: 0.040))
+    assert "ONP_PREFILL_TARGET_ITL_MS 30 ms is below a decode plus a chunk call (50 ms)" in caplog.text
+    assert "export with --prefill-tail-size" in caplog.text
     add(scheduler, "long", 3 * CHUNK + 2)
     assert scheduler.step_time.narrow == 0
     assert prompt_slices(scheduler, "long") == [CHUNK] * 3 + [2]
