@@ -194,20 +194,19 @@ class NeuronScheduler(Scheduler):
             self.neuron_config.batch_size, model.decode_seconds([0] * self.neuron_config.batch_size) * 1000,
             model.chunk_seconds(0, self.neuron_config.prefill_length) * 1000,
         )  # fmt: skip
-        if self._target_itl is None or self._target_itl >= model.default_target():
+        if not model.below_default:
             return
         if model.narrow:
             logger.info(
                 "interleaved prefill: the target is below a decode plus a chunk call (%.0f ms): where a whole chunk "
-                "does not fit, a step prefills a %d-token piece on the tail graph", model.default_target() * 1000,
-                model.narrow,
+                "does not fit, a step prefills a %d-token piece on the tail graph", model.default * 1000, model.narrow,
             )  # fmt: skip
             return
         logger.warning(
             "interleaved prefill: ONP_PREFILL_TARGET_ITL_MS %.0f ms is below a decode plus a chunk call (%.0f ms) and "
             "this export has no tail graphs, so each step still runs one whole chunk call: export with "
-            "--prefill-tail-size to let the target cut prompts into smaller pieces", self._target_itl * 1000,
-            model.default_target() * 1000,
+            "--prefill-tail-size to let the target cut prompts into smaller pieces", model.target * 1000,
+            model.default * 1000,
         )  # fmt: skip
 
     # ---- cache slots and prefix caching ---------------------------------------------------------

@@ -50,12 +50,10 @@ class StepTimeModel:
     def __init__(self, nc: NeuronConfig, latencies: GraphLatencies, target: float | None) -> None:
         self.nc = nc
         self.seconds = latencies.seconds
-        self.target = target if target is not None else self.default_target()
-        below_default = target is not None and target < self.default_target()
-        self.narrow = nc.prefill_tail_size if below_default else 0
-
-    def default_target(self) -> float:
-        return self.decode_seconds([0] * self.nc.batch_size) + self.chunk_seconds(0, self.nc.prefill_length)
+        self.default = self.decode_seconds([0] * nc.batch_size) + self.chunk_seconds(0, nc.prefill_length)
+        self.target = self.default if target is None else target
+        self.below_default = self.target < self.default
+        self.narrow = nc.prefill_tail_size if self.below_default else 0
 
     def decode_seconds(self, positions: Sequence[int]) -> float:
         """The decode call of requests feeding tokens at `positions` (0 when there are none)."""
