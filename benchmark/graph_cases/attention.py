@@ -20,12 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import add_out, default_model, prompt_ids
+from common import add_out, call_seconds, default_model, prompt_ids
 
 from optimum_neuron_plugin.config import default_context_buckets, default_prefill_buckets
 from optimum_neuron_plugin.models.masks import MASK_FILL
@@ -109,13 +108,7 @@ def decoder_forms(model: Path, prompt: int, chunk: int, context, prefill) -> dic
 
 
 def best(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return min(times)
+    return min(call_seconds(fn, repeats))
 
 
 def main() -> None:

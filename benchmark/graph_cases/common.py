@@ -118,6 +118,17 @@ def hf_model(model: Path):
     return AutoModelForCausalLM.from_pretrained(hf_directory(model), dtype=torch.float32).eval()
 
 
+def call_seconds(call, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls, after one warm-up call."""
+    call()
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - began)
+    return times
+
+
 def alternate(ours, theirs, repeats: int, names: tuple[str, str] = ("plugin", "hf")) -> dict:
     """Median seconds of each, timed in turns so both see the same machine load."""
     times = {name: [] for name in names}

@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import call_seconds
 
 ROOT = Path(__file__).resolve().parent
 ARTIFACTS = ROOT / "results" / "artifacts"
@@ -58,13 +59,7 @@ def layer_main(args) -> None:
     seq_ids = torch.zeros(1, dtype=torch.int64)
 
     def best(fn) -> float:
-        fn()
-        times = []
-        for _ in range(3):
-            began = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - began)
-        return min(times)
+        return min(call_seconds(fn, 3))
 
     rows = []
     for n in [int(x) for x in args.lengths.split(",")]:

@@ -17,20 +17,13 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from common import add_out, prompt_ids, write_json
+from common import add_out, call_seconds, prompt_ids, write_json
 
 
 def timed_p50(call, repeats: int) -> float:
-    call()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times) * 1e3
+    return statistics.median(call_seconds(call, repeats)) * 1e3
 
 
 def top_ops(profiler, count: int = 8) -> dict[str, float]:
