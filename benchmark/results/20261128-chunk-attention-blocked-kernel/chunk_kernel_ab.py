@@ -68,6 +68,19 @@ def vllm_call(q, keys, values, prior):
     return call
 
 
+def layer_inputs(prior: int) -> tuple:
+    """The op's inputs for one row of T queries after `prior` cached positions (cache row 1, its own K/V written)."""
+    generator = torch.Generator().manual_seed(prior)
+    q = torch.randn(1, T, HEADS, DIM, generator=generator)
+    k, v = (torch.randn(1, T, KV_HEADS, DIM, generator=generator) for _ in range(2))
+    caches = [torch.randn(2, KV_HEADS, prior + T, DIM, generator=generator) for _ in range(2)]
+    for cache, own in zip(caches, (k, v), strict=True):
+        cache[1, :, prior:] = own[0].transpose(0, 1)
+    positions = torch.arange(prior, prior + T, dtype=torch.int32)[None]
+    bias = masks.chunk_bias(positions, prior, HEADS // KV_HEADS, torch.float32)
+    return (q, k, v, *caches, torch.tensor([1]), positions, bias, 0, None, None)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=21)
@@ -79,15 +92,8 @@ def main():
     print("| prior | pairs (M) | blocked ms | flash x2 ms | vLLM CPU ms | blocked / flash x2 | blocked / vLLM CPU |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for prior in (int(p) for p in args.priors.split(",")):
-        generator = torch.Generator().manual_seed(prior)
-        q = torch.randn(1, T, HEADS, DIM, generator=generator)
-        k, v = (torch.randn(1, T, KV_HEADS, DIM, generator=generator) for _ in range(2))
-        caches = [torch.randn(2, KV_HEADS, prior + T, DIM, generator=generator) for _ in range(2)]
-        for cache, own in zip(caches, (k, v), strict=True):
-            cache[1, :, prior:] = own[0].transpose(0, 1)
-        positions = torch.arange(prior, prior + T, dtype=torch.int32)[None]
-        bias = masks.chunk_bias(positions, prior, HEADS // KV_HEADS, torch.float32)
-        inputs = (q, k, v, *caches, torch.tensor([1]), positions, bias, 0, None, None)
+        inputs = layer_inputs(prior)
+        q, caches = inputs[0], inputs[3:5]
         kernels = {
             "blocked": lambda inputs=inputs: new(*inputs),
             "flash": lambda inputs=inputs: old(*inputs),

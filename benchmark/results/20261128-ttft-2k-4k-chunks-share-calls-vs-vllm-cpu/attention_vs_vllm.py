@@ -13,10 +13,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "20261128-chunk-attention-blocked-kernel"))
-from chunk_kernel_ab import DIM, HEADS, KV_HEADS, T, vllm_call  # noqa: E402
+from chunk_kernel_ab import DIM, HEADS, T, layer_inputs, vllm_call  # noqa: E402
 
 from optimum_neuron_plugin.backends import cpu_kernels  # noqa: E402
-from optimum_neuron_plugin.models import masks  # noqa: E402
 
 
 def main() -> None:
@@ -24,15 +23,8 @@ def main() -> None:
     cpu_kernels.load()
     ours = torch.ops.onp.chunk_attention.default
     for prior in (0, 1000, 2000, 4000):
-        generator = torch.Generator().manual_seed(prior)
-        q = torch.randn(1, T, HEADS, DIM, generator=generator)
-        k, v = (torch.randn(1, T, KV_HEADS, DIM, generator=generator) for _ in range(2))
-        caches = [torch.randn(2, KV_HEADS, prior + T, DIM, generator=generator) for _ in range(2)]
-        for cache, own in zip(caches, (k, v), strict=True):
-            cache[1, :, prior:] = own[0].transpose(0, 1)
-        positions = torch.arange(prior, prior + T, dtype=torch.int32)[None]
-        bias = masks.chunk_bias(positions, prior, HEADS // KV_HEADS, torch.float32)
-        inputs = (q, k, v, *caches, torch.tensor([1]), positions, bias, 0, None, None)
+        inputs = layer_inputs(prior)
+        q, caches = inputs[0], inputs[3:5]
         kernels = {"ours": lambda inputs=inputs: ours(*inputs), "vllm": vllm_call(q, caches[0][1], caches[1][1], prior)}
         outputs = {name: call() for name, call in kernels.items()}
         torch.testing.assert_close(outputs["ours"], outputs["vllm"], atol=1e-4, rtol=1e-4)
