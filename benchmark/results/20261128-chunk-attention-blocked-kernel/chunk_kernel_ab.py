@@ -88,7 +88,7 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(2)
     cpu_kernels.load()
-    new, old = torch.ops.onp_cpu.chunk_attention.default, old_kernel()
+    new, old = torch.ops.onp.chunk_attention.default, old_kernel()
     print("| prior | pairs (M) | blocked ms | flash x2 ms | vLLM CPU ms | blocked / flash x2 | blocked / vLLM CPU |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for prior in (int(p) for p in args.priors.split(",")):
