@@ -27,12 +27,15 @@ def batched(zoo, request) -> helpers.Artifact:
     return zoo.artifact("llama", **helpers.CHUNKED_LIGHT, prefill_batch_size=request.param)
 
 
-def _greedy_after(model, prompts: list[list[int]], first: list[torch.Tensor]) -> list[list[int]]:
-    """Greedy tokens of every slot, decoded together after their prefill."""
+def _greedy_after(
+    model, prompts: list[list[int]], first: list[torch.Tensor], slots: list[int] | None = None
+) -> list[list[int]]:
+    """Greedy tokens of each prompt's slot (default: slot i for prompt i), decoded together after their prefill."""
     tokens, positions = [int(row.argmax()) for row in first], [len(p) for p in prompts]
+    slots = list(range(len(prompts))) if slots is None else slots
     out = [[t] for t in tokens]
     for _ in range(NEW_TOKENS - 1):
-        tokens = model.decode(list(range(len(prompts))), tokens, positions).tokens
+        tokens = model.decode(slots, tokens, positions).tokens
         positions = [p + 1 for p in positions]
         for row, token in zip(out, tokens, strict=True):
             row.append(token)
@@ -80,19 +83,10 @@ def test_a_long_prompts_chunks_share_calls(batched, llama_logits):
         logits = model.prefill(2, tokens)
     assert log.rows == ([2, 2, 2] if width == 2 else [3, 3])
     torch.testing.assert_close(logits, alone.prefill(2, tokens), rtol=1e-5, atol=1e-5)
+    s = model.neuron_config.sequence_length
     for together, one in zip(model.caches, alone.caches, strict=True):
-        s = model.neuron_config.sequence_length
         torch.testing.assert_close(helpers.slot_positions(together, 2, s), helpers.slot_positions(one, 2, s))
-    assert _greedy_after_one(model, tokens, logits) == hf_greedy(batched.hf, tokens, NEW_TOKENS)
-
-
-def _greedy_after_one(model, tokens: list[int], first: torch.Tensor) -> list[int]:
-    token, position, out = int(first.argmax()), len(tokens), []
-    for _ in range(NEW_TOKENS):
-        out.append(token)
-        token = model.decode([2], [token], [position]).tokens[0]
-        position += 1
-    return out
+    assert _greedy_after(model, [tokens], [logits], slots=[2]) == [hf_greedy(batched.hf, tokens, NEW_TOKENS)]
 
 
 def test_prefill_batch_refuses_shared_slots(batched):
