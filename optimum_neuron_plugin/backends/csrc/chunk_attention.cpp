@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "chunk_tiles.h"
+#include "work_queue.h"
 
 namespace {
 
@@ -170,19 +171,27 @@ void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
   }
 }
 
+// The keys a work item's queries attend, summed: its cost.
+int64_t item_cost(const Keys& keys, int64_t tokens, int64_t r0, int64_t rows) {
+  int64_t cost = 0;
+  for (int64_t r = r0; r < r0 + rows; ++r) cost += keys.prior + std::min(r % tokens, keys.real - 1) + 1;
+  return cost;
+}
+
 template <typename scalar_t>
 void attend_rows(const Inputs<scalar_t>& in, const std::vector<Keys>& rows) {
   const int64_t n = rows.size(), queries = in.groups * in.tokens, blocks = (queries + QB - 1) / QB;
-  const int64_t items = n * in.kv_heads * blocks;
-  at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
-    Scratch sc(in.dim, in.width);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t i = item / (in.kv_heads * blocks), h = item / blocks % in.kv_heads, j = item % blocks;
-      // Blocks from both ends in turn: a thread's contiguous range of items holds causal blocks of both costs.
-      const int64_t b = j % 2 ? blocks - 1 - j / 2 : j / 2;
-      attend_block(in, rows[i], i, h, b * QB, std::min(QB, queries - b * QB), sc);
-    }
-  });
+  std::vector<int64_t> costs(n * in.kv_heads * blocks);
+  for (int64_t item = 0; item < static_cast<int64_t>(costs.size()); ++item) {
+    const int64_t b = item % blocks;
+    costs[item] = item_cost(rows[item / (in.kv_heads * blocks)], in.tokens, b * QB, std::min(QB, queries - b * QB));
+  }
+  onp_work::costliest_first(
+      costs, [&] { return Scratch(in.dim, in.width); },
+      [&](Scratch& sc, int64_t item) {
+        const int64_t i = item / (in.kv_heads * blocks), h = item / blocks % in.kv_heads, b = item % blocks;
+        attend_block(in, rows[i], i, h, b * QB, std::min(QB, queries - b * QB), sc);
+      });
 }
 
 template <typename scalar_t>

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "vec8.h"
+#include "work_queue.h"
 
 namespace {
 
@@ -155,24 +156,30 @@ void attend_rows(const at::Tensor& q, const at::Tensor& bias, const at::Tensor& 
   const auto qs = q.strides(), bs = bias.strides(), ks = k_cache.strides(), vs = v_cache.strides();
   const int64_t longest = *std::max_element(lengths.begin(), lengths.end());
 
-  at::parallel_for(0, n * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> query(sh.queries * dim), acc(sh.queries * dim), scores(sh.queries * longest);
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t i = item / kv_heads, h = item % kv_heads, slot = seq_ids[i];
-      for (int64_t r = 0; r < sh.queries; ++r) {  // query r: group r / t, token r % t (the bias's row order)
-        const scalar_t* src = qp + i * qs[0] + (r % t) * qs[1] + (h * sh.groups + r / t) * qs[2];
-        for (int64_t d = 0; d < dim; ++d) query[r * dim + d] = static_cast<float>(src[d * qs[3]]) * scale;
-      }
-      const scalar_t* bias_rows = bp + (in_slot_order ? slot : i) * bs[0];
-      const float* item_sinks = sinks.empty() ? nullptr : sinks.data() + h * sh.groups;
-      attend_item(sh, query.data(), kp + slot * ks[0] + h * ks[1], vp + slot * vs[0] + h * vs[1], ks[2], vs[2],
-                  bias_rows, bs.data(), lengths[i], item_sinks, scores.data(), acc.data());
-      for (int64_t r = 0; r < sh.queries; ++r) {  // out [n, T, H * D]
-        scalar_t* dst = op + (i * t + r % t) * heads * dim + (h * sh.groups + r / t) * dim;
-        for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<scalar_t>(acc[r * dim + d]);
-      }
-    }
-  });
+  struct Scratch {
+    std::vector<float> query, acc, scores;
+  };
+  std::vector<int64_t> costs(n * kv_heads);
+  for (int64_t item = 0; item < n * kv_heads; ++item) costs[item] = lengths[item / kv_heads];
+  onp_work::costliest_first(
+      costs,
+      [&] { return Scratch{std::vector<float>(sh.queries * dim), std::vector<float>(sh.queries * dim),
+                           std::vector<float>(sh.queries * longest)}; },
+      [&](Scratch& sc, int64_t item) {
+        const int64_t i = item / kv_heads, h = item % kv_heads, slot = seq_ids[i];
+        for (int64_t r = 0; r < sh.queries; ++r) {  // query r: group r / t, token r % t (the bias's row order)
+          const scalar_t* src = qp + i * qs[0] + (r % t) * qs[1] + (h * sh.groups + r / t) * qs[2];
+          for (int64_t d = 0; d < dim; ++d) sc.query[r * dim + d] = static_cast<float>(src[d * qs[3]]) * scale;
+        }
+        const scalar_t* bias_rows = bp + (in_slot_order ? slot : i) * bs[0];
+        const float* item_sinks = sinks.empty() ? nullptr : sinks.data() + h * sh.groups;
+        attend_item(sh, sc.query.data(), kp + slot * ks[0] + h * ks[1], vp + slot * vs[0] + h * vs[1], ks[2], vs[2],
+                    bias_rows, bs.data(), lengths[i], item_sinks, sc.scores.data(), sc.acc.data());
+        for (int64_t r = 0; r < sh.queries; ++r) {  // out [n, T, H * D]
+          scalar_t* dst = op + (i * t + r % t) * heads * dim + (h * sh.groups + r / t) * dim;
+          for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<scalar_t>(sc.acc[r * dim + d]);
+        }
+      });
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& bias, const at::Tensor& k_cache,
