@@ -31,7 +31,9 @@ inline vf load(const float* p) {
 
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof(v)); }
 
-inline vf splat(float x) { return vf{} + x; }
+// x in every lane. x - 0 is x for every x, -0 too, so the compiler emits the broadcast alone (an FMA's broadcast
+// operand); 0 + x turns -0 into +0, so it costs a scalar add before each broadcast.
+inline vf splat(float x) { return x - vf{}; }
 
 // Horizontal max and sum, halving the vector each step.
 inline float reduce_max(vf v) {

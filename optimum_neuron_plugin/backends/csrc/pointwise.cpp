@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "vec8.h"
@@ -56,17 +57,20 @@ inline float rounded(float x) {  // x through the tensor's dtype, as a definitio
   return static_cast<float>(static_cast<scalar_t>(x));
 }
 
-// Offsets of the rows (all dimensions but the last) of a tensor with any strides.
+// Offsets of the rows (all dimensions but the last) of a tensor with any strides, row after row like an odometer.
 std::vector<int64_t> row_offsets(const at::Tensor& x) {
-  const int64_t rows = x.numel() / x.size(-1);
-  std::vector<int64_t> offsets(rows);
+  const int64_t dims = x.dim() - 1, rows = x.numel() / x.size(-1);
+  const auto sizes = x.sizes(), strides = x.strides();
+  std::vector<int64_t> offsets(rows), index(dims, 0);
+  int64_t offset = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    int64_t rest = r, offset = 0;
-    for (int64_t d = x.dim() - 2; d >= 0; --d) {
-      offset += (rest % x.size(d)) * x.stride(d);
-      rest /= x.size(d);
-    }
     offsets[r] = offset;
+    for (int64_t d = dims - 1; d >= 0; --d) {  // one step in the last dimension, carried into the ones before
+      offset += strides[d];
+      if (++index[d] < sizes[d]) break;
+      offset -= strides[d] * sizes[d];
+      index[d] = 0;
+    }
   }
   return offsets;
 }
@@ -103,28 +107,56 @@ void rms_norm_rows(const at::Tensor& x, const at::Tensor& weight, float eps, flo
   });
 }
 
-template <typename scalar_t>
-void gated_rows(const at::Tensor& gate, const at::Tensor& up, bool gelu, at::Tensor& out) {
+template <bool gelu>
+inline v8f act8(v8f x) {
+  return gelu ? gelu_tanh8(x) : silu8(x);
+}
+
+// act(gate) * up over a row: fp32 in one vector pass; bf16 with the activation rounded to bf16 before the product.
+template <bool gelu>
+inline void gated_row(const float* g, const float* u, int64_t dim, float* o, float*) {
+  int64_t j = 0;
+  for (; j + 8 <= dim; j += 8) store8(o + j, act8<gelu>(load8(g + j)) * load8(u + j));
+  for (; j < dim; ++j) o[j] = act8<gelu>(v8f{} + g[j])[0] * u[j];
+}
+
+template <bool gelu>
+inline void gated_row(const c10::BFloat16* gp, const c10::BFloat16* up, int64_t dim, c10::BFloat16* o,
+                      float* buffer) {
+  float* g = buffer;
+  float* u = buffer + dim;
+  float* acted = buffer + 2 * dim;
+  as_float(gp, dim, g);
+  as_float(up, dim, u);
+  int64_t j = 0;
+  for (; j + 8 <= dim; j += 8) store8(acted + j, act8<gelu>(load8(g + j)));
+  for (; j < dim; ++j) acted[j] = act8<gelu>(v8f{} + g[j])[0];
+  for (int64_t k = 0; k < dim; ++k) o[k] = static_cast<c10::BFloat16>(rounded<c10::BFloat16>(acted[k]) * u[k]);
+}
+
+template <typename scalar_t, bool gelu>
+void gated_rows(const at::Tensor& gate, const at::Tensor& up, at::Tensor& out) {
   const int64_t dim = gate.size(-1);
   const auto gate_offsets = row_offsets(gate), up_offsets = row_offsets(up);
   const scalar_t* gp = gate.data_ptr<scalar_t>();
   const scalar_t* up_p = up.data_ptr<scalar_t>();
   scalar_t* op = out.data_ptr<scalar_t>();
   at::parallel_for(0, static_cast<int64_t>(gate_offsets.size()), grain(dim), [&](int64_t begin, int64_t end) {
-    std::vector<float> g_buffer(dim), u_buffer(dim), acted(dim);
+    std::vector<float> buffer(3 * dim);
     for (int64_t r = begin; r < end; ++r) {
-      const float* g = as_float(gp + gate_offsets[r], dim, g_buffer.data());
-      const float* u = as_float(up_p + up_offsets[r], dim, u_buffer.data());
-      int64_t j = 0;
-      for (; j + 8 <= dim; j += 8) store8(acted.data() + j, gelu ? gelu_tanh8(load8(g + j)) : silu8(load8(g + j)));
-      for (; j < dim; ++j) {
-        const v8f one = v8f{} + g[j];
-        acted[j] = (gelu ? gelu_tanh8(one) : silu8(one))[0];
-      }
-      scalar_t* o = op + r * dim;
-      for (int64_t k = 0; k < dim; ++k) o[k] = static_cast<scalar_t>(rounded<scalar_t>(acted[k]) * u[k]);
+      gated_row<gelu>(gp + gate_offsets[r], up_p + up_offsets[r], dim, op + r * dim, buffer.data());
     }
   });
+}
+
+// An fp32 row of two halves of a multiple of 8: [x1 c1 - x2 s1, x2 c2 + x1 s2], eight lanes at a time.
+inline void rope_row(const float* x, const float* c, const float* s, int64_t half, float* o) {
+  for (int64_t j = 0; j < half; j += 8) {
+    const v8f x1 = load8(x + j), x2 = load8(x + half + j);
+    const v8f first = x1 * load8(c + j), second = x2 * load8(c + half + j);
+    store8(o + j, first - x2 * load8(s + j));
+    store8(o + half + j, second + x1 * load8(s + half + j));
+  }
 }
 
 template <typename scalar_t>
@@ -141,6 +173,12 @@ void rope_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin
       const scalar_t* c = cp + cos_offsets[r];
       const scalar_t* s = sp + sin_offsets[r];
       scalar_t* o = op + r * dim;
+      if constexpr (std::is_same_v<scalar_t, float>) {
+        if (half % 8 == 0) {
+          rope_row(v, c, s, half, o);
+          continue;
+        }
+      }
       for (int64_t j = 0; j < dim; ++j) {
         const float rotated = j < half ? -static_cast<float>(v[j + half]) : static_cast<float>(v[j - half]);
         const float a = rounded<scalar_t>(static_cast<float>(v[j]) * static_cast<float>(c[j]));
@@ -184,8 +222,12 @@ at::Tensor gated_activation(const at::Tensor& gate, const at::Tensor& up, const 
   auto out = at::empty(gate.sizes(), gate.options());
   const bool gelu = act == "gelu_pytorch_tanh";
   AT_DISPATCH_SWITCH(gate.scalar_type(), "gated_activation",
-                     AT_DISPATCH_CASE(at::kFloat, [&] { gated_rows<float>(gate, up, gelu, out); })
-                         AT_DISPATCH_CASE(at::kBFloat16, [&] { gated_rows<c10::BFloat16>(gate, up, gelu, out); }));
+                     AT_DISPATCH_CASE(at::kFloat, [&] {
+                       gelu ? gated_rows<float, true>(gate, up, out) : gated_rows<float, false>(gate, up, out);
+                     }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
+                       gelu ? gated_rows<c10::BFloat16, true>(gate, up, out)
+                            : gated_rows<c10::BFloat16, false>(gate, up, out);
+                     }));
   return out;
 }
 
