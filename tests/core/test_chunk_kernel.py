@@ -2,8 +2,10 @@
 (models/attention.py, masked_chunk_attention) within fp32 rounding: for rows with their own starts (a first chunk, a
 start inside the prior bucket, at its end), padded chunks, grouped and ungrouped heads, sliding windows shorter and
 longer than the prior, attention sinks, a cache of stale values past each start, priors and chunks over several key
-tiles and query blocks (ending inside one), head dims off the vector width, bf16, and successive chunks of one slot in
-one call. An FP8 cache takes the masked form. The exported programs call the op and replay it (every HF parity test of the core suite runs through it)."""
+tiles and query blocks (ending inside one), head dims off the vector width, bf16, successive chunks of one slot in
+one call, and padded tokens repeating the last real query (computed once, its output copied). An FP8 cache takes the
+masked form. The exported programs call the op and replay it (every HF parity test of the core suite runs through
+it)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ def _case(
     dim=DIM,
     sequence=SEQUENCE,
     slots=None,
+    repeat_padding=False,
 ):
     generator = torch.Generator().manual_seed(0)
     n = len(starts)
@@ -47,6 +50,9 @@ def _case(
         return torch.randn(*shape, generator=generator).to(dtype)
 
     q, k, v = rand(n, t, heads, dim), rand(n, t, kv_heads, dim), rand(n, t, kv_heads, dim)
+    if repeat_padding:  # as the chunk loop pads: the last real token again, so its query again
+        for i, r in enumerate(real):
+            q[i, r:] = q[i, r - 1]
     caches = [rand(n + 1, kv_heads, sequence, dim) * 3 for _ in range(2)]  # stale values everywhere
     positions = _positions(starts, real, t)
     seq_ids = torch.arange(n, 0, -1) if slots is None else torch.tensor(slots)  # default: reverse cache order
@@ -92,6 +98,18 @@ CASES = {
         dim=64,
         sequence=256,
     ),
+    # The kernel computes a padded query that repeats the last real one once and copies its output.
+    "padding repeating the last query, over query blocks": dict(
+        starts=[150, 9, 0],
+        real=[70, 33, 80],
+        t=80,
+        prior=160,
+        heads=6,
+        kv_heads=2,
+        dim=64,
+        sequence=256,
+        repeat_padding=True,
+    ),
     "head dim off the vector width": dict(starts=[37, 0], real=[5, 8], t=8, prior=48, heads=4, kv_heads=2, dim=20),
     "head dim past the vector width": dict(starts=[29], real=[7], t=9, prior=32, heads=2, kv_heads=1, dim=72),
 }
@@ -111,7 +129,11 @@ def test_the_kernel_computes_the_masked_definition(case):
     rounding = (masked_chunk_attention(*inputs).double() - exact).abs().max().item()
     assert 0 < rounding < 1e-4
     ulps = 8 * torch.finfo(torch.float32).eps * exact.abs().max().item()
-    assert (chunk_attention_cpu(*inputs).double() - exact).abs().max().item() <= max(2 * rounding, ulps)
+    out = chunk_attention_cpu(*inputs)
+    assert (out.double() - exact).abs().max().item() <= max(2 * rounding, ulps)
+    if CASES[case].get("repeat_padding"):  # a repeated query's output is the last real one's, bit for bit
+        for i, r in enumerate(CASES[case]["real"]):
+            assert torch.equal(out[i, r:], out[i, r - 1 : r].expand_as(out[i, r:]))
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,9 @@
 // upper triangle of the own block is never computed. In a sliding layer the scores also add the bias's columns for
 // those keys (the window inside the prior and the own block). A key the bias masks for every query weighs exactly 0
 // in the masked form (exp of the -1e9 fill underflows), so leaving it out changes the result by the rounding of a
-// different summation order only.
+// different summation order only. A padded query that repeats the last real one bit for bit (the chunk loop pads with
+// the last token and position) attends the same keys under the same mask: it is computed once and its output copied
+// (outside sliding layers, whose bias rows are not compared).
 //
 // Flash attention, register-blocked (csrc/chunk_tiles.h): one work item per (call row, KV head, block of QB of its
 // G*T queries, laid out as the bias's rows), its queries packed once, scaled and transposed ([D][QB], fp32). Its keys
@@ -26,6 +28,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -56,14 +59,18 @@ struct Inputs {
 // of the item's keys it attends.
 struct Scratch {
   std::vector<float> queries, values, scores, out, top, sum, limit, alpha;
+  std::vector<int64_t> columns;  // the query (of the head's G*T) of each column
   Scratch(int64_t dim, int64_t width)
       : queries(dim * QB), values(KT * width), scores(KT * QB), out(QB * width), top(QB), sum(QB), limit(QB),
-        alpha(QB) {}
+        alpha(QB) {
+    columns.reserve(QB);
+  }
 };
 
-// The keys of row i's work items: `prior` cache positions from `low`, then its own block's.
+// The keys of row i's work items: `prior` cache positions from `low`, then its own block's. Its queries: own tokens
+// [0, computed); a padded token past them has the last real token's query, keys and mask, so its output is copied.
 struct Keys {
-  int64_t low, prior, real;
+  int64_t low, prior, real, computed;
 };
 
 // Keys [k0, k0 + len) (all in the prior or all in the own block): the first one's row and the stride between rows.
@@ -78,16 +85,16 @@ std::pair<const scalar_t*, int64_t> key_rows(const Inputs<scalar_t>& in, const K
 // The tile's scores (its rows: keys, columns: queries) become weights: masked past each query's last key (and under
 // the bias in a sliding layer), folded into each query's running max and sum; alpha: each output's rescale.
 template <typename scalar_t>
-void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t r0, int64_t rows, int64_t k0,
-                  int64_t len, Scratch& sc) {
+void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t rows, int64_t k0, int64_t len,
+                  Scratch& sc) {
   float* s = sc.scores.data();
   const int64_t columns = (rows + W - 1) / W * W;
   if (in.window) {  // the bias's columns: [prior bucket | own block]
     for (int64_t j = 0; j < len; ++j) {
       const int64_t key = k0 + j;
       const int64_t column = key < keys.prior ? keys.low + key : in.prior + key - keys.prior;
-      const scalar_t* b = in.bias + i * in.bs[0] + r0 * in.bs[2] + column * in.bs[3];
-      for (int64_t x = 0; x < rows; ++x) s[j * QB + x] += static_cast<float>(b[x * in.bs[2]]);
+      const scalar_t* b = in.bias + i * in.bs[0] + column * in.bs[3];
+      for (int64_t x = 0; x < rows; ++x) s[j * QB + x] += static_cast<float>(b[sc.columns[x] * in.bs[2]]);
     }
   }
   const bool every_key = k0 + len <= *std::min_element(sc.limit.begin(), sc.limit.begin() + rows);
@@ -124,16 +131,22 @@ void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
   }
 }
 
-// Work item: row i, KV head h, queries [r0, r0 + rows) of the head's G*T.
+// Work item: row i, KV head h, the computed queries among [r0, r0 + queries) of the head's G*T.
 template <typename scalar_t>
-void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t h, int64_t r0, int64_t rows,
+void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t h, int64_t r0, int64_t queries,
                   Scratch& sc) {
-  const int64_t t = in.tokens, dim = in.dim, width = in.width, columns = (rows + W - 1) / W * W;
+  const int64_t t = in.tokens, dim = in.dim, width = in.width;
+  sc.columns.clear();
+  for (int64_t r = r0; r < r0 + queries; ++r) {
+    if (r % t < keys.computed) sc.columns.push_back(r);
+  }
+  const int64_t rows = static_cast<int64_t>(sc.columns.size()), columns = (rows + W - 1) / W * W;
+  if (rows == 0) return;
   std::fill(sc.queries.begin(), sc.queries.end(), 0.f);
   std::fill(sc.limit.begin(), sc.limit.end(), 0.f);
   int64_t total = 0;
   for (int64_t x = 0; x < rows; ++x) {  // query r = g T + u: group g, token u (the bias's row order)
-    const int64_t r = r0 + x, u = r % t, g = r / t;
+    const int64_t r = sc.columns[x], u = r % t, g = r / t;
     const scalar_t* src = in.q + i * in.qs[0] + u * in.qs[1] + (h * in.groups + g) * in.qs[2];
     for (int64_t d = 0; d < dim; ++d) sc.queries[d * QB + x] = static_cast<float>(src[d * in.qs[3]]) * in.scale;
     const int64_t limit = keys.prior + std::min(u, keys.real - 1) + 1;
@@ -150,7 +163,7 @@ void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
     int64_t j = 0;
     for (; j + RQ <= len; j += RQ) scores<RQ>(key + j * stride, stride, dim, queries, columns, &sc.scores[j * QB]);
     for (; j < len; ++j) scores<1>(key + j * stride, stride, dim, queries, columns, &sc.scores[j * QB]);
-    softmax_tile(in, keys, i, r0, rows, k0, len, sc);
+    softmax_tile(in, keys, i, rows, k0, len, sc);
     auto [value, vstride] = key_rows(in, keys, in.v_cache, in.vcs, in.v, in.vs, i, h, k0);
     for (j = 0; j < len; ++j) {
       float* dst = sc.values.data() + j * width;
@@ -162,7 +175,7 @@ void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
     k0 += len;
   }
   for (int64_t x = 0; x < rows; ++x) {  // out [n, T, H * D]
-    const int64_t r = r0 + x, u = r % t, head = h * in.groups + r / t;
+    const int64_t r = sc.columns[x], u = r % t, head = h * in.groups + r / t;
     float sum = sc.sum[x];
     if (in.sinks) sum += exp1(in.sinks[head] - sc.top[x]);
     const float inv = 1.f / sum;
@@ -174,7 +187,9 @@ void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
 // The keys a work item's queries attend, summed: its cost.
 int64_t item_cost(const Keys& keys, int64_t tokens, int64_t r0, int64_t rows) {
   int64_t cost = 0;
-  for (int64_t r = r0; r < r0 + rows; ++r) cost += keys.prior + std::min(r % tokens, keys.real - 1) + 1;
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    if (r % tokens < keys.computed) cost += keys.prior + std::min(r % tokens, keys.real - 1) + 1;
+  }
   return cost;
 }
 
@@ -194,10 +209,38 @@ void attend_rows(const Inputs<scalar_t>& in, const std::vector<Keys>& rows) {
       });
 }
 
+// Whether row i's padded tokens [real, T) all have the last real token's query, bit for bit: they repeat its token
+// and position (runtime/chunk_loop.py), so they do wherever the layers before computed rows alike.
+template <typename scalar_t>
+bool padding_repeats_last_query(const Inputs<scalar_t>& in, int64_t i, int64_t real) {
+  const scalar_t* q = in.q + i * in.qs[0];
+  for (int64_t u = real; u < in.tokens; ++u) {
+    for (int64_t head = 0; head < in.heads; ++head) {
+      for (int64_t d = 0; d < in.dim; ++d) {
+        const scalar_t* last = q + (real - 1) * in.qs[1] + head * in.qs[2] + d * in.qs[3];
+        if (std::memcmp(last, last + (u - real + 1) * in.qs[1], sizeof(scalar_t)) != 0) return false;
+      }
+    }
+  }
+  return true;
+}
+
+// A padded token whose query was not computed gets the last real token's output: the same query over the same keys.
+template <typename scalar_t>
+void copy_padded_outputs(const Inputs<scalar_t>& in, const std::vector<Keys>& rows) {
+  const int64_t span = in.heads * in.dim;
+  for (int64_t i = 0; i < static_cast<int64_t>(rows.size()); ++i) {
+    const scalar_t* last = in.out + (i * in.tokens + rows[i].real - 1) * span;
+    for (int64_t u = rows[i].computed; u < in.tokens; ++u) {
+      std::copy(last, last + span, in.out + (i * in.tokens + u) * span);
+    }
+  }
+}
+
 template <typename scalar_t>
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
          const at::Tensor& v_cache, const at::Tensor& bias, const at::Tensor& ids, int64_t window, float scale,
-         const float* sinks, const std::vector<Keys>& rows, at::Tensor& out) {
+         const float* sinks, std::vector<Keys> rows, at::Tensor& out) {
   const int64_t t = q.size(1), heads = q.size(2), dim = q.size(3), kv_heads = k.size(2);
   const Inputs<scalar_t> in{t,
                             heads,
@@ -223,7 +266,11 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at
                             sinks,
                             scale,
                             out.data_ptr<scalar_t>()};
+  for (int64_t i = 0; i < static_cast<int64_t>(rows.size()); ++i) {  // a sliding layer's bias rows are not compared
+    if (!window && padding_repeats_last_query(in, i, rows[i].real)) rows[i].computed = rows[i].real;
+  }
   attend_rows(in, rows);
+  copy_padded_outputs(in, rows);
 }
 
 at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
@@ -247,7 +294,7 @@ at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   for (int64_t i = 0; i < n; ++i) {
     const int64_t* p = pos.data_ptr<int64_t>() + i * t;
     const int64_t start = p[0], low = window ? std::max<int64_t>(0, start - window + 1) : 0;
-    rows[i] = {low, std::max<int64_t>(0, std::min(start, prior) - low), p[t - 1] - start + 1};
+    rows[i] = {low, std::max<int64_t>(0, std::min(start, prior) - low), p[t - 1] - start + 1, t};
   }
   std::vector<float> sink_logits;
   if (sinks.has_value()) {  // rounded like the definition's, through the bias dtype
