@@ -16,8 +16,9 @@
 // stream in tiles of KT (a tile ends where the prior does): the scores S [KT][QB] by a micro-kernel that broadcasts
 // key values read in place against vectors of queries, R keys x N vectors of accumulators in registers; the online
 // softmax in fp32, vectors across queries (each query's running max and sum; its output rescaled when the max
-// grows); the tile's values packed as fp32 rows padded to the vector width, then O += P V by a micro-kernel that
-// broadcasts weights against vectors of the head dim. An attention sink is one more term of the sum, with no value.
+// grows); the tile's values read in place (fp32 rows of whole vectors) or converted to such rows, then O += P V by a
+// micro-kernel that broadcasts weights against vectors of the head dim. An attention sink is one more term of the
+// sum, with no value.
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -31,6 +32,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -131,6 +133,21 @@ void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
   }
 }
 
+// A tile's `len` value rows as fp32 rows of a multiple of W, and their stride: read in place where they already are
+// (fp32 with a head dim of whole vectors), else converted into the scratch.
+template <typename scalar_t>
+std::pair<const float*, int64_t> value_rows(const scalar_t* value, int64_t stride, int64_t len, int64_t dim,
+                                            int64_t width, Scratch& sc) {
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    if (dim == width) return {value, stride};
+  }
+  for (int64_t j = 0; j < len; ++j) {
+    float* dst = sc.values.data() + j * width;
+    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<float>(value[j * stride + d]);
+  }
+  return {sc.values.data(), width};
+}
+
 // Work item: row i, KV head h, the computed queries among [r0, r0 + queries) of the head's G*T.
 template <typename scalar_t>
 void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t h, int64_t r0, int64_t queries,
@@ -165,13 +182,10 @@ void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
     for (; j < len; ++j) scores<1>(key + j * stride, stride, dim, queries, columns, &sc.scores[j * QB]);
     softmax_tile(in, keys, i, rows, k0, len, sc);
     auto [value, vstride] = key_rows(in, keys, in.v_cache, in.vcs, in.v, in.vs, i, h, k0);
-    for (j = 0; j < len; ++j) {
-      float* dst = sc.values.data() + j * width;
-      for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<float>(value[j * vstride + d]);
-    }
+    const auto [v, v_stride] = value_rows(value, vstride, len, dim, width, sc);
     int64_t x = 0;
-    for (; x + RQ <= rows; x += RQ) values<RQ>(&sc.scores[x], sc.values.data(), width, len, &sc.out[x * width]);
-    for (; x < rows; ++x) values<1>(&sc.scores[x], sc.values.data(), width, len, &sc.out[x * width]);
+    for (; x + RQ <= rows; x += RQ) values<RQ>(&sc.scores[x], v, v_stride, width, len, &sc.out[x * width]);
+    for (; x < rows; ++x) values<1>(&sc.scores[x], v, v_stride, width, len, &sc.out[x * width]);
     k0 += len;
   }
   for (int64_t x = 0; x < rows; ++x) {  // out [n, T, H * D]

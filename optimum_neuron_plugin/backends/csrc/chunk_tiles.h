@@ -105,10 +105,10 @@ inline void score_block(const scalar_t* key, int64_t stride, int64_t dim, const 
   }
 }
 
-// o[r][c..c + N W) += sum over j < keys of p[j][r] v[j][c..c + N W), for R queries (p rows of QB, o and v rows of
-// `width`): R x N accumulators in registers, each step broadcasts one weight per query.
+// o[r][c..c + N W) += sum over j < keys of p[j][r] v[j][c..c + N W), for R queries (p rows of QB, v rows of
+// `stride`, o rows of `width`): R x N accumulators in registers, each step broadcasts one weight per query.
 template <int R, int N>
-inline void value_block(const float* p, const float* v, int64_t width, int64_t keys, float* o) {
+inline void value_block(const float* p, const float* v, int64_t stride, int64_t width, int64_t keys, float* o) {
   vf acc[R][N];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -118,7 +118,7 @@ inline void value_block(const float* p, const float* v, int64_t width, int64_t k
   for (int64_t j = 0; j < keys; ++j) {
     vf x[N];
 #pragma GCC unroll 8
-    for (int n = 0; n < N; ++n) x[n] = load(v + j * width + n * W);
+    for (int n = 0; n < N; ++n) x[n] = load(v + j * stride + n * W);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const vf w = splat(p[j * QB + r]);
@@ -141,12 +141,13 @@ inline void scores(const scalar_t* key, int64_t stride, int64_t dim, const float
   for (; c < queries; c += W) score_block<R, 1>(key, stride, dim, qt + c, s + c);
 }
 
-// R queries' outputs (rows of `width`, a multiple of W) plus the tile's first `keys` weighted values.
+// R queries' outputs (rows of `width`, a multiple of W) plus the tile's first `keys` weighted values (rows of
+// `stride`, each `width` wide).
 template <int R>
-inline void values(const float* p, const float* v, int64_t width, int64_t keys, float* o) {
+inline void values(const float* p, const float* v, int64_t stride, int64_t width, int64_t keys, float* o) {
   int64_t c = 0;
-  for (; c + NV * W <= width; c += NV * W) value_block<R, NV>(p, v + c, width, keys, o + c);
-  for (; c < width; c += W) value_block<R, 1>(p, v + c, width, keys, o + c);
+  for (; c + NV * W <= width; c += NV * W) value_block<R, NV>(p, v + c, stride, width, keys, o + c);
+  for (; c < width; c += W) value_block<R, 1>(p, v + c, stride, width, keys, o + c);
 }
 
 }  // namespace onp_chunk
