@@ -75,6 +75,11 @@ struct Keys {
   int64_t low, prior, real, computed;
 };
 
+// How many keys of [prior | own] own token u's query attends: its prior and own keys [0, min(u, real - 1)].
+inline int64_t attended_keys(const Keys& keys, int64_t u) {
+  return keys.prior + std::min(u, keys.real - 1) + 1;
+}
+
 // Keys [k0, k0 + len) (all in the prior or all in the own block): the first one's row and the stride between rows.
 template <typename scalar_t>
 std::pair<const scalar_t*, int64_t> key_rows(const Inputs<scalar_t>& in, const Keys& keys, const scalar_t* cache,
@@ -166,7 +171,7 @@ void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
     const int64_t r = sc.columns[x], u = r % t, g = r / t;
     const scalar_t* src = in.q + i * in.qs[0] + u * in.qs[1] + (h * in.groups + g) * in.qs[2];
     for (int64_t d = 0; d < dim; ++d) sc.queries[d * QB + x] = static_cast<float>(src[d * in.qs[3]]) * in.scale;
-    const int64_t limit = keys.prior + std::min(u, keys.real - 1) + 1;
+    const int64_t limit = attended_keys(keys, u);
     sc.limit[x] = static_cast<float>(limit);
     total = std::max(total, limit);
   }
@@ -202,7 +207,7 @@ void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
 int64_t item_cost(const Keys& keys, int64_t tokens, int64_t r0, int64_t rows) {
   int64_t cost = 0;
   for (int64_t r = r0; r < r0 + rows; ++r) {
-    if (r % tokens < keys.computed) cost += keys.prior + std::min(r % tokens, keys.real - 1) + 1;
+    if (r % tokens < keys.computed) cost += attended_keys(keys, r % tokens);
   }
   return cost;
 }
