@@ -92,8 +92,8 @@ std::pair<const scalar_t*, int64_t> key_rows(const Inputs<scalar_t>& in, const K
 // The tile's scores (its rows: keys, columns: queries) become weights: masked past each query's last key (and under
 // the bias in a sliding layer), folded into each query's running max and sum; alpha: each output's rescale.
 template <typename scalar_t>
-void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t rows, int64_t k0, int64_t len,
-                  Scratch& sc) {
+void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t from, int64_t rows, int64_t k0,
+                  int64_t len, Scratch& sc) {
   float* s = sc.scores.data();
   const int64_t columns = (rows + W - 1) / W * W;
   if (in.window) {  // the bias's columns: [prior bucket | own block]
@@ -101,11 +101,11 @@ void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
       const int64_t key = k0 + j;
       const int64_t column = key < keys.prior ? keys.low + key : in.prior + key - keys.prior;
       const scalar_t* b = in.bias + i * in.bs[0] + column * in.bs[3];
-      for (int64_t x = 0; x < rows; ++x) s[j * QB + x] += static_cast<float>(b[sc.columns[x] * in.bs[2]]);
+      for (int64_t x = from; x < rows; ++x) s[j * QB + x] += static_cast<float>(b[sc.columns[x] * in.bs[2]]);
     }
   }
-  const bool every_key = k0 + len <= *std::min_element(sc.limit.begin(), sc.limit.begin() + rows);
-  for (int64_t c = 0; c < columns; c += W) {
+  const bool every_key = k0 + len <= *std::min_element(sc.limit.begin() + from, sc.limit.begin() + rows);
+  for (int64_t c = from; c < columns; c += W) {
     const vf limit = load(sc.limit.data() + c), old = load(sc.top.data() + c);
     vf top = old;
     for (int64_t j = 0; j < len; ++j) {
@@ -130,7 +130,7 @@ void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
     store(sc.sum.data() + c, load(sc.sum.data() + c) * alpha + sum);
     store(sc.top.data() + c, top);
   }
-  for (int64_t x = 0; x < rows; ++x) {
+  for (int64_t x = from; x < rows; ++x) {
     const float alpha = sc.alpha[x];
     if (alpha == 1.f) continue;
     float* o = sc.out.data() + x * in.width;
@@ -151,6 +151,48 @@ std::pair<const float*, int64_t> value_rows(const scalar_t* value, int64_t strid
     for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<float>(value[j * stride + d]);
   }
   return {sc.values.data(), width};
+}
+
+// The first of the item's columns whose query attends key k0: the columns before it skip the tile (every one of its
+// keys is masked for them; their max, sum and output stay as they are).
+inline int64_t first_attending(const Scratch& sc, int64_t rows, int64_t k0) {
+  int64_t x = 0;
+  while (x < rows && sc.limit[x] <= static_cast<float>(k0)) ++x;
+  return x;
+}
+
+// The tile's scores: key rows [k0, k0 + len) against the queries that attend them, in whole vectors from the first
+// that does; on a diagonal tile that first query moves right group of keys by group of keys. The entries left out
+// are past their query's last key: the softmax masks them.
+template <typename scalar_t>
+void score_tile(const scalar_t* key, int64_t stride, int64_t dim, int64_t rows, int64_t k0, int64_t len,
+                bool diagonal, Scratch& sc) {
+  const int64_t columns = (rows + W - 1) / W * W;
+  for (int64_t j = 0; j < len;) {
+    const int64_t from = diagonal ? first_attending(sc, rows, k0 + j) / W * W : 0;
+    const float* queries = sc.queries.data() + from;
+    float* s = sc.scores.data() + j * QB + from;
+    if (j + RQ <= len) {
+      scores<RQ>(key + j * stride, stride, dim, queries, columns - from, s);
+      j += RQ;
+    } else {
+      scores<1>(key + j * stride, stride, dim, queries, columns - from, s);
+      j += 1;
+    }
+  }
+}
+
+// Queries [x, x + R) add the tile's weighted values: on a diagonal tile only up to the last key one of them attends
+// (the weights past it are 0).
+template <int R>
+void value_tile(const float* v, int64_t stride, int64_t width, int64_t x, int64_t k0, int64_t len, bool diagonal,
+                Scratch& sc) {
+  int64_t keys = len;
+  if (diagonal) {
+    const float last = *std::max_element(sc.limit.begin() + x, sc.limit.begin() + x + R);
+    keys = std::clamp(static_cast<int64_t>(last) - k0, int64_t{0}, len);
+  }
+  if (keys > 0) values<R>(&sc.scores[x], v, stride, width, keys, &sc.out[x * width]);
 }
 
 // Work item: row i, KV head h, the computed queries among [r0, r0 + queries) of the head's G*T.
@@ -178,19 +220,19 @@ void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
   std::fill(sc.top.begin(), sc.top.end(), NEG_INF);
   std::fill(sc.sum.begin(), sc.sum.end(), 0.f);
   std::fill(sc.out.begin(), sc.out.begin() + rows * width, 0.f);
+  const int64_t whole = static_cast<int64_t>(*std::min_element(sc.limit.begin(), sc.limit.begin() + rows));
   for (int64_t k0 = 0; k0 < total;) {  // tiles end where the prior does
     const int64_t len = std::min(KT, (k0 < keys.prior ? keys.prior : total) - k0);
+    const bool diagonal = k0 + len > whole;  // some query's last key is inside the tile
     auto [key, stride] = key_rows(in, keys, in.k_cache, in.kcs, in.k, in.ks, i, h, k0);
-    const float* queries = sc.queries.data();
-    int64_t j = 0;
-    for (; j + RQ <= len; j += RQ) scores<RQ>(key + j * stride, stride, dim, queries, columns, &sc.scores[j * QB]);
-    for (; j < len; ++j) scores<1>(key + j * stride, stride, dim, queries, columns, &sc.scores[j * QB]);
-    softmax_tile(in, keys, i, rows, k0, len, sc);
+    score_tile(key, stride, dim, rows, k0, len, diagonal, sc);
+    const int64_t from = diagonal ? first_attending(sc, rows, k0) / W * W : 0;
+    softmax_tile(in, keys, i, from, rows, k0, len, sc);
     auto [value, vstride] = key_rows(in, keys, in.v_cache, in.vcs, in.v, in.vs, i, h, k0);
     const auto [v, v_stride] = value_rows(value, vstride, len, dim, width, sc);
-    int64_t x = 0;
-    for (; x + RQ <= rows; x += RQ) values<RQ>(&sc.scores[x], v, v_stride, width, len, &sc.out[x * width]);
-    for (; x < rows; ++x) values<1>(&sc.scores[x], v, v_stride, width, len, &sc.out[x * width]);
+    int64_t x = from;
+    for (; x + RQ <= rows; x += RQ) value_tile<RQ>(v, v_stride, width, x, k0, len, diagonal, sc);
+    for (; x < rows; ++x) value_tile<1>(v, v_stride, width, x, k0, len, diagonal, sc);
     k0 += len;
   }
   for (int64_t x = 0; x < rows; ++x) {  // out [n, T, H * D]
