@@ -89,6 +89,25 @@ std::pair<const scalar_t*, int64_t> key_rows(const Inputs<scalar_t>& in, const K
   return {own + i * os[0] + (k0 - keys.prior) * os[1] + h * os[2], os[1]};
 }
 
+// max(top, the column's first `len` scores (rows of QB)), in four independent chains of max ops: one would wait on
+// each op's latency.
+inline vf column_max(const float* s, int64_t len, vf top) {
+  vf part[4] = {top, top, top, top};
+  int64_t j = 0;
+  for (; j + 4 <= len; j += 4) {
+    for (int u = 0; u < 4; ++u) {
+      const vf y = load(s + (j + u) * QB);
+      part[u] = y > part[u] ? y : part[u];
+    }
+  }
+  for (; j < len; ++j) {
+    const vf y = load(s + j * QB);
+    part[0] = y > part[0] ? y : part[0];
+  }
+  for (int u = 1; u < 4; ++u) part[0] = part[u] > part[0] ? part[u] : part[0];
+  return part[0];
+}
+
 // The tile's scores (its rows: keys, columns: queries) become weights: masked past each query's last key (and under
 // the bias in a sliding layer), folded into each query's running max and sum; alpha: each output's rescale.
 template <typename scalar_t>
@@ -108,14 +127,15 @@ void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
   for (int64_t c = from; c < columns; c += W) {
     const vf limit = load(sc.limit.data() + c), old = load(sc.top.data() + c);
     vf top = old;
-    for (int64_t j = 0; j < len; ++j) {
-      float* row = s + j * QB + c;
-      vf y = load(row);
-      if (!every_key || c + W > rows) {  // keys past some query's last, or the block's padding lanes
-        y = limit > splat(float(k0 + j)) ? y : splat(NEG_INF);
+    if (every_key && c + W <= rows) {
+      top = column_max(s + c, len, top);
+    } else {  // keys past some query's last, or the block's padding lanes
+      for (int64_t j = 0; j < len; ++j) {
+        float* row = s + j * QB + c;
+        const vf y = limit > splat(float(k0 + j)) ? load(row) : splat(NEG_INF);
         store(row, y);
+        top = y > top ? y : top;
       }
-      top = y > top ? y : top;
     }
     const vf shift = top == splat(NEG_INF) ? vf{} : top;  // a query without a key yet: weights and rescale 0
     vf sum = {};

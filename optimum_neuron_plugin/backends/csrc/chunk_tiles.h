@@ -6,6 +6,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace onp_chunk {
 
 #if defined(__AVX512F__)
@@ -54,10 +58,27 @@ inline float reduce_sum(vf v) {
   return lanes[0];
 }
 
-// exp(x) in fp32 within 2 ulp (Cephes' expf, W wide): x = n ln2 + r with n the nearest integer to x / ln2 (added
-// to 1.5 * 2^23, which leaves n in the low mantissa bits) and |r| <= ln2 / 2, exp(r) by its degree-6 polynomial,
-// times 2^n built in the exponent bits. Below -87 (-inf, a masked key's -1e9 fill) it is exactly 0, as the
-// definition's exp underflows.
+// exp(x) in fp32 within 2 ulp (Cephes' expf, W wide): x = n ln2 + r with n the nearest integer to x / ln2 and
+// |r| <= ln2 / 2, exp(r) by its degree-6 polynomial, times 2^n. Below -87 (-inf, a masked key's -1e9 fill) it is
+// exactly 0, as the definition's exp underflows. With AVX-512, n is rounded by one roundscale and the product by 2^n
+// is one scalef that also zeroes the lanes below -87 (NaN stays NaN); else n is added to 1.5 * 2^23, which leaves it
+// in the low mantissa bits, and 2^n is built in the exponent bits.
+#if defined(__AVX512F__)
+inline vf vexp(vf x) {
+  const __mmask16 live = _mm512_cmp_ps_mask(__m512(x), __m512(splat(-87.f)), _CMP_NLT_UQ);
+  const vf c = x > 88.f ? splat(88.f) : x;
+  const __m512 scaled = __m512(c * 1.44269504088896341f);
+  const vf n = vf(_mm512_roundscale_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const vf r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return vf(_mm512_maskz_scalef_ps(live, __m512(p * r * r + r + 1.f), __m512(n)));
+}
+#else
 inline vf vexp(vf x) {
   const vf low = splat(-87.f);
   vf c = x < low ? low : x;
@@ -79,6 +100,7 @@ inline vf vexp(vf x) {
   const vf e = (p * r * r + r + 1.f) * two_n;
   return x < low ? vf{} : e;
 }
+#endif
 
 inline float exp1(float x) { return vexp(splat(x))[0]; }
 
