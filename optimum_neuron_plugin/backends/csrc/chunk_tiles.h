@@ -58,6 +58,19 @@ inline float reduce_sum(vf v) {
   return lanes[0];
 }
 
+// exp(c) / 2^n for n the nearest integer to c / ln2: r = c - n ln2 (ln2 in two parts, Cody-Waite), |r| <= ln2 / 2,
+// and exp(r) by its degree-6 polynomial.
+inline vf exp_reduced(vf c, vf n) {
+  const vf r = c - n * 0.693359375f + n * 2.12194440e-4f;
+  vf p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  return p * r * r + r + 1.f;
+}
+
 // exp(x) in fp32 within 2 ulp (Cephes' expf, W wide): x = n ln2 + r with n the nearest integer to x / ln2 and
 // |r| <= ln2 / 2, exp(r) by its degree-6 polynomial, times 2^n. Below -87 (-inf, a masked key's -1e9 fill) it is
 // exactly 0, as the definition's exp underflows. With AVX-512, n is rounded by one roundscale and the product by 2^n
@@ -69,14 +82,7 @@ inline vf vexp(vf x) {
   const vf c = x > 88.f ? splat(88.f) : x;
   const __m512 scaled = __m512(c * 1.44269504088896341f);
   const vf n = vf(_mm512_roundscale_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  const vf r = c - n * 0.693359375f + n * 2.12194440e-4f;
-  vf p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  return vf(_mm512_maskz_scalef_ps(live, __m512(p * r * r + r + 1.f), __m512(n)));
+  return vf(_mm512_maskz_scalef_ps(live, __m512(exp_reduced(c, n)), __m512(n)));
 }
 #else
 inline vf vexp(vf x) {
@@ -84,20 +90,12 @@ inline vf vexp(vf x) {
   vf c = x < low ? low : x;
   c = c > 88.f ? splat(88.f) : c;
   const vf shifted = c * 1.44269504088896341f + 12582912.f;  // 1.5 * 2^23 + n
-  const vf nf = shifted - 12582912.f;
-  const vf r = c - nf * 0.693359375f + nf * 2.12194440e-4f;
-  vf p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
   vi bits;
   std::memcpy(&bits, &shifted, sizeof(bits));
   bits = (bits - 0x4B400000 + 127) << 23;  // 0x4B400000: the bits of 1.5 * 2^23
   vf two_n;
   std::memcpy(&two_n, &bits, sizeof(two_n));
-  const vf e = (p * r * r + r + 1.f) * two_n;
+  const vf e = exp_reduced(c, shifted - 12582912.f) * two_n;
   return x < low ? vf{} : e;
 }
 #endif
