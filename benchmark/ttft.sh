@@ -5,9 +5,15 @@
 #
 #   benchmark/ttft.sh     # chunked-hybrid, ce-ods, vllm-cpu; 2048- and 4000-token prompts; sequence length 4096
 #
+#   TTFT_PAIRED=1 TTFT_CONFIGS="chunked-hybrid vllm-cpu" benchmark/ttft.sh
+#                         # the two configurations served at once (PORT, PORT + 1) taking turns request by request,
+#                         # TTFT_ROUNDS (4) rounds per length (served.py paired-long-prompt): on a shared host the
+#                         # rounds' ratios compare both under the same load
+#
 # benchmark/graphs.py prefill measures the same prefill as graph calls (no server) against HF eager. Knobs: those of
 # benchmark/common.sh; defaults here: SEQUENCE_LENGTH 4096, CHUNK_SIZE 512, BATCH_SIZE 1, NUM_PROMPTS 2.
-# Results: benchmark/results/ttft-<timestamp>/len<L>/ (drive.sh files) and ttft.md (the table).
+# Results: benchmark/results/ttft-<timestamp>/len<L>/ (drive.sh files) and ttft.md (the table); paired:
+# paired-<first>.json and ttft.md.
 set -euo pipefail
 export SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-4096} CHUNK_SIZE=${CHUNK_SIZE:-512} BATCH_SIZE=${BATCH_SIZE:-1}
 export NUM_PROMPTS=${NUM_PROMPTS:-2} OUTPUT_LEN=1 CONCURRENCY=1 DRIVE_CASE=long-prompt
@@ -24,6 +30,31 @@ current=""
 trap '[ -z "$current" ] || RUN_DIR=$OUT "$BENCH_DIR/serve.sh" --stop "$current" || true' EXIT
 mkdir -p "$OUT"
 "$PYTHON" "$BENCH_DIR/record.py" "$OUT" -- "$0" "$@" >/dev/null
+
+if [ "${TTFT_PAIRED:-0}" = 1 ]; then
+  read -ra pair <<<"$TTFT_CONFIGS"
+  [ "${#pair[@]}" = 2 ] || die "TTFT_PAIRED=1 takes two TTFT_CONFIGS (this side, the other side), got: $TTFT_CONFIGS"
+  current="${pair[*]}"
+  trap 'for name in $current; do RUN_DIR=$OUT "$BENCH_DIR/serve.sh" --stop "$name" || true; done' EXIT
+  RUN_DIR=$OUT PORT=$PORT "$BENCH_DIR/serve.sh" "${pair[0]}"
+  RUN_DIR=$OUT PORT=$((PORT + 1)) "$BENCH_DIR/serve.sh" "${pair[1]}"
+  "$PYTHON" "$BENCH_DIR/served.py" paired-long-prompt --url "http://$HOST:$PORT" --model-dir "$(served_dir "${pair[0]}")" \
+    --out "$OUT" --name "${pair[0]}" --seed "$SEED" -- --against-url "http://$HOST:$((PORT + 1))" \
+    --against-name "${pair[1]}" --lengths "$TTFT_LENGTHS" --rounds "${TTFT_ROUNDS:-4}" ||
+    die "served.py paired-long-prompt failed"
+  "$PYTHON" - "$OUT/paired-${pair[0]}.json" <<'PY' | tee "$OUT/ttft.md"
+import json, sys
+
+run = json.loads(open(sys.argv[1]).read())
+ours, theirs = run["name"], run["against"]
+print(f"| prompt tokens | rounds | {ours} TTFT p50 ms | {theirs} TTFT p50 ms | {ours} / {theirs}, median of the rounds |")
+print("|---:|---:|---:|---:|---:|")
+for r in run["lengths"]:
+    print(f"| {r['prompt_tokens']} | {r['rounds']} | {r['median_ttft_ms']:.0f} | {r['against_median_ttft_ms']:.0f} | "
+          f"{r['median_round_ratio']:.2f} |")
+PY
+  exit 0
+fi
 for name in $TTFT_CONFIGS; do
   current=$name
   RUN_DIR=$OUT "$BENCH_DIR/serve.sh" "$name"

@@ -124,6 +124,9 @@ SERVED = {
     "long-prompt": (["--input-len", "150", "--num-prompts", "1"], ["tiny-c1.json"]),
     "interleave": (["--", "--rounds", "1", "--long-len", "130", "--short-len", "8", "--decoders", "2"],
                    ["interleave-tiny.json"]),
+    # The other side is the same server here ({url}): the case's shape, not a comparison.
+    "paired-long-prompt": (["--", "--against-url", "{url}", "--against-name", "tiny-again", "--lengths", "150 60",
+                            "--rounds", "3"], ["paired-tiny.json"]),
     "shared-prefix": (["--prefix-len", "64", "--question-len", "8", "--output-len", "4", "--num-prompts", "3",
                        "--concurrency", "2"], ["tiny.json"]),
     "multi-turn": (["--conversations", "2", "--turns", "2", "--first-len", "40", "--question-len", "8",
@@ -140,6 +143,7 @@ def test_every_served_case_has_a_smoke_check():
 def test_served_case(case, tiny_server, tiny_artifact, tmp_path, monkeypatch):
     """served.py's main in this process, `vllm bench serve` in it too: vLLM's client imported once for every case."""
     options, outputs = SERVED[case]
+    options = [option.replace("{url}", tiny_server.url) for option in options]
     out = tmp_path / case
     stats = tiny_server.log.parent / "stats.jsonl"
     for name in [name for name in os.environ if name.startswith("VLLM_")]:
@@ -149,6 +153,15 @@ def test_served_case(case, tiny_server, tiny_artifact, tmp_path, monkeypatch):
     for name in outputs:
         result = json.loads((out / name).read_text())
         assert result, name
+    if case == "paired-long-prompt":
+        paired = json.loads((out / "paired-tiny.json").read_text())
+        assert (paired["name"], paired["against"]) == ("tiny", "tiny-again")
+        assert [r["prompt_tokens"] for r in paired["lengths"]] == [150, 60]
+        for r in paired["lengths"]:
+            assert r["rounds"] == 3 and len(r["ttft_ms"]) == len(r["against_ttft_ms"]) == 3
+            assert all(ms > 0 for ms in r["ttft_ms"] + r["against_ttft_ms"])
+            ratios = [a / b for a, b in zip(r["ttft_ms"], r["against_ttft_ms"], strict=True)]
+            assert r["median_round_ratio"] == sorted(ratios)[1]
     if case in ("random", "long-prompt"):
         for name in outputs:
             figures = json.loads((out / name).read_text())
