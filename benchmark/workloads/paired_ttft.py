@@ -7,7 +7,10 @@
 On a shared host the load changes from one minute to the next, so two servers measured one after the other compare
 two different hosts. Here both run at once and take turns: each round sends one prompt (token ids, exact length, one
 output token, greedy) to one server, waits for it, then sends the same prompt to the other; the order flips every
-round. Only one server computes at any time. Each round's ratio (this server's TTFT over the other's) compares the
+round. Only one server computes at any time, and each request waits `--settle` seconds first: a vLLM server's
+worker keeps busy-looping on its message queue for a second after each step (SpinCondition's busy_loop_s in
+vllm/distributed/device_communicators/shm_broadcast.py), which would take a core from the other side's next
+request. Each round's ratio (this server's TTFT over the other's) compares the
 two under the same minute of the host; the result reports both sides' medians and the median of those ratios.
 A warm-up request per length and server comes first. Prefix caching must be off on both: the same prompt is sent
 twice.
@@ -70,6 +73,7 @@ async def scenario(args: argparse.Namespace) -> list[dict]:
                 order = (0, 1) if index % 2 == 0 else (1, 0)
                 seconds = [0.0, 0.0]
                 for side in order:
+                    await asyncio.sleep(args.settle)
                     seconds[side] = await first_token_seconds(session, urls[side], models[side], prompt)
                 rounds.append((seconds[0], seconds[1]))
                 print(
@@ -91,12 +95,13 @@ def main() -> None:
     parser.add_argument("--model-dir", required=True, type=Path, help="a served model directory (its config.json)")
     parser.add_argument("--lengths", default="2000 4000", help='prompt lengths in tokens, e.g. "2000 4000"')
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--settle", type=float, default=3.0, help="seconds of quiet before each measured request")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--out", required=True, type=Path)
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error("--rounds must be at least 1")
+    if args.rounds < 1 or args.settle < 0:
+        parser.error("--rounds must be at least 1 and --settle at least 0")
     args.lengths = [int(x) for x in args.lengths.replace(",", " ").split()]
     config = json.loads((args.model_dir / "config.json").read_text())
     args.vocab_high = min(int(config["vocab_size"]), 30000)

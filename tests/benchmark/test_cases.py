@@ -126,7 +126,7 @@ SERVED = {
                    ["interleave-tiny.json"]),
     # The other side is the same server here ({url}): the case's shape, not a comparison.
     "paired-long-prompt": (["--", "--against-url", "{url}", "--against-name", "tiny-again", "--lengths", "150 60",
-                            "--rounds", "3"], ["paired-tiny.json"]),
+                            "--rounds", "3", "--settle", "0"], ["paired-tiny.json"]),
     "shared-prefix": (["--prefix-len", "64", "--question-len", "8", "--output-len", "4", "--num-prompts", "3",
                        "--concurrency", "2"], ["tiny.json"]),
     "multi-turn": (["--conversations", "2", "--turns", "2", "--first-len", "40", "--question-len", "8",
