@@ -3,8 +3,9 @@
 // Call row i (cache row seq_ids[i], its chunk starting at s, `real` real tokens) attends, in one pass over its keys,
 // its prior, cache positions [low, end) read in place (end = min(s, prior bucket), low = max(0, s - window + 1), 0
 // without a window), followed by its own block's keys from k/v: own query t sees own keys [0, min(t, real - 1)], a
-// padded query every real own key, as the mask has it. Each query's keys are thus a prefix of [prior | own], and the
-// upper triangle of the own block is never computed. In a sliding layer the scores also add the bias's columns for
+// padded query every real own key, as the mask has it. Each query's keys are thus a prefix of [prior | own], and of
+// the own block's upper triangle only what shares a vector of queries with attended pairs is computed (then masked).
+// In a sliding layer the scores also add the bias's columns for
 // those keys (the window inside the prior and the own block). A key the bias masks for every query weighs exactly 0
 // in the masked form (exp of the -1e9 fill underflows), so leaving it out changes the result by the rounding of a
 // different summation order only. A padded query that repeats the last real one bit for bit (the chunk loop pads with
@@ -114,7 +115,7 @@ template <typename scalar_t>
 void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64_t from, int64_t rows, int64_t k0,
                   int64_t len, Scratch& sc) {
   float* s = sc.scores.data();
-  const int64_t columns = (rows + W - 1) / W * W;
+  const int64_t columns = whole_vectors(rows);
   if (in.window) {  // the bias's columns: [prior bucket | own block]
     for (int64_t j = 0; j < len; ++j) {
       const int64_t key = k0 + j;
@@ -183,13 +184,16 @@ inline int64_t first_attending(const Scratch& sc, int64_t rows, int64_t k0) {
 
 // The tile's scores: key rows [k0, k0 + len) against the queries that attend them, in whole vectors from the first
 // that does; on a diagonal tile that first query moves right group of keys by group of keys. The entries left out
-// are past their query's last key: the softmax masks them.
+// are past their query's last key: the softmax masks them. Returns the first column scored (for key k0, the
+// leftmost).
 template <typename scalar_t>
-void score_tile(const scalar_t* key, int64_t stride, int64_t dim, int64_t rows, int64_t k0, int64_t len,
-                bool diagonal, Scratch& sc) {
-  const int64_t columns = (rows + W - 1) / W * W;
+int64_t score_tile(const scalar_t* key, int64_t stride, int64_t dim, int64_t rows, int64_t k0, int64_t len,
+                   bool diagonal, Scratch& sc) {
+  const int64_t columns = whole_vectors(rows);
+  int64_t first = 0;
   for (int64_t j = 0; j < len;) {
     const int64_t from = diagonal ? first_attending(sc, rows, k0 + j) / W * W : 0;
+    if (j == 0) first = from;
     const float* queries = sc.queries.data() + from;
     float* s = sc.scores.data() + j * QB + from;
     if (j + RQ <= len) {
@@ -200,6 +204,7 @@ void score_tile(const scalar_t* key, int64_t stride, int64_t dim, int64_t rows, 
       j += 1;
     }
   }
+  return first;
 }
 
 // Queries [x, x + R) add the tile's weighted values: on a diagonal tile only up to the last key one of them attends
@@ -224,7 +229,7 @@ void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
   for (int64_t r = r0; r < r0 + queries; ++r) {
     if (r % t < keys.computed) sc.columns.push_back(r);
   }
-  const int64_t rows = static_cast<int64_t>(sc.columns.size()), columns = (rows + W - 1) / W * W;
+  const int64_t rows = static_cast<int64_t>(sc.columns.size());
   if (rows == 0) return;
   std::fill(sc.queries.begin(), sc.queries.end(), 0.f);
   std::fill(sc.limit.begin(), sc.limit.end(), 0.f);
@@ -245,8 +250,7 @@ void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
     const int64_t len = std::min(KT, (k0 < keys.prior ? keys.prior : total) - k0);
     const bool diagonal = k0 + len > whole;  // some query's last key is inside the tile
     auto [key, stride] = key_rows(in, keys, in.k_cache, in.kcs, in.k, in.ks, i, h, k0);
-    score_tile(key, stride, dim, rows, k0, len, diagonal, sc);
-    const int64_t from = diagonal ? first_attending(sc, rows, k0) / W * W : 0;
+    const int64_t from = score_tile(key, stride, dim, rows, k0, len, diagonal, sc);
     softmax_tile(in, keys, i, from, rows, k0, len, sc);
     auto [value, vstride] = key_rows(in, keys, in.v_cache, in.vcs, in.v, in.vs, i, h, k0);
     const auto [v, v_stride] = value_rows(value, vstride, len, dim, width, sc);
@@ -328,7 +332,7 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at
                             kv_heads,
                             heads / kv_heads,
                             dim,
-                            (dim + W - 1) / W * W,
+                            whole_vectors(dim),
                             bias.size(-1) - t,
                             window,
                             q.data_ptr<scalar_t>(),

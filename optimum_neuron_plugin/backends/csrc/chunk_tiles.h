@@ -25,6 +25,9 @@ constexpr int RQ = 4;        // keys or queries per micro-kernel call
 constexpr int NV = ACC / RQ;
 
 typedef float vf __attribute__((vector_size(W * 4)));
+
+// n rounded up to whole vectors.
+inline int64_t whole_vectors(int64_t n) { return (n + W - 1) / W * W; }
 typedef int32_t vi __attribute__((vector_size(W * 4)));
 
 inline vf load(const float* p) {
