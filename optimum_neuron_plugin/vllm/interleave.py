@@ -12,6 +12,9 @@ Rules (prefill_mode=interleaved; NeuronScheduler applies the plan through vLLM's
 3. Shortest remaining prompt first, so a short prompt overtakes a long one in progress. Aging: a
    prompt passed over in `max_passes` steps that prefilled others goes first (most passed first,
    then arrival order).
+4. A lone prompt: when nothing decodes and no other prompt waits, the target has no stream's gap and no prompt's
+   wait to bound. The step runs what one prefill batch call holds (`batch_chunks`, the export's prefill_batch_size)
+   of the prompt's chunks, as the serial mode's chunk loop would call them: a long prompt alone costs serial's calls.
 
 The bound: with at most B prompts competing (B = max_num_seqs: candidates are prompts in a slot
 plus the waiting ones that free slots can take), a prompt is passed over at most
@@ -34,6 +37,7 @@ class InterleavePolicy:
     chunk: int  # tokens per compiled prefill call (neuron_config.prefill_length)
     chunk_budget: int  # prefill graph calls per engine step at most (the fixed budget, or the token budget's room)
     max_passes: int = DEFAULT_MAX_PASSES  # aging: steps a prompt may be passed over before it goes first
+    batch_chunks: int = 1  # a lone prompt's chunks per step (rule 4): the chunks one prefill batch call holds
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,8 @@ def plan_slices(
     """
     chunk = policy.chunk
     calls_left, tokens_left = policy.chunk_budget, token_budget
+    if time is not None and not time.decoding and len(candidates) == 1:  # rule 4
+        time, calls_left = None, min(calls_left, policy.batch_chunks)
     seconds_left = float("inf") if time is None else time.allowed
     plan: dict[str, int] = {}
     for candidate in sorted(candidates, key=lambda c: priority(c, policy)):

@@ -110,7 +110,9 @@ class NeuronScheduler(Scheduler):
             self._fixed_budget = prefill_chunk_budget(vllm_config.additional_config)
             chunk = neuron_config.prefill_length
             self.interleave = InterleavePolicy(
-                chunk=chunk, chunk_budget=self._fixed_budget or -(-self.max_num_scheduled_tokens // chunk)
+                chunk=chunk,
+                chunk_budget=self._fixed_budget or -(-self.max_num_scheduled_tokens // chunk),
+                batch_chunks=neuron_config.prefill_batch_size,
             )
         self._passes: dict[str, int] = {}  # aging: prefilling steps that passed a request over
         self._slices: dict[str, int] | None = None  # this step's plan while super().schedule() runs

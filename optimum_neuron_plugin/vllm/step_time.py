@@ -36,11 +36,13 @@ def measured_kind(nc: NeuronConfig, name: str, rows: int) -> bool:
 @dataclass(frozen=True)
 class StepTime:
     """One step's prefill allowance: `allowed` seconds of chunk calls, each costing chunk_seconds(start, left);
-    `narrow`: the tokens of a piece narrower than a chunk the plan may cut where a whole chunk does not fit (0: none)."""
+    `narrow`: the tokens of a piece narrower than a chunk the plan may cut where a whole chunk does not fit (0: none);
+    `decoding`: whether the step also decodes running streams."""
 
     allowed: float
     model: StepTimeModel
     narrow: int = 0
+    decoding: bool = True
 
     def chunk_seconds(self, start: int, left: int) -> float:
         return self.model.chunk_seconds(start, left)
@@ -68,4 +70,5 @@ class StepTimeModel:
         return self.seconds[call_key(nc, nc.prefill_graph, 1, [start], [start], tail)]
 
     def step(self, decode_positions: Sequence[int]) -> StepTime:
-        return StepTime(self.target - self.decode_seconds(decode_positions), self, self.narrow)
+        allowed = self.target - self.decode_seconds(decode_positions)
+        return StepTime(allowed, self, self.narrow, decoding=bool(decode_positions))

@@ -285,6 +285,20 @@ def test_the_default_target_is_a_decode_plus_one_chunk_call(chunked_dir):
         assert scheduled["d1"] == 1 and prefill_calls(scheduled) == 1
 
 
+def test_a_lone_prompt_runs_a_prefill_batch_call_per_step(batched_dir):
+    """Nothing decodes and no other prompt waits: the target bounds nobody's wait, so a step takes the chunks one
+    prefill batch call holds (BATCH_SIZE here), as the serial chunk loop would; a second prompt brings the target
+    back (one 40 ms chunk call in its default 50 ms), the shorter prompt first."""
+    scheduler = make_scheduler(batched_dir)
+    step(scheduler, latencies_of(batched_dir, 0.010, lambda bucket: 0.040, tail=0.015))  # an idle step
+    add(scheduler, "long", SEQUENCE_LENGTH - 8)
+    assert step(scheduler) == {"long": BATCH_SIZE * CHUNK}
+    add(scheduler, "short", 2 * CHUNK, max_tokens=1)
+    assert step(scheduler) == {"short": CHUNK}
+    assert step(scheduler) == {"short": CHUNK}  # its first token, its last
+    assert step(scheduler) == {"long": SEQUENCE_LENGTH - 8 - BATCH_SIZE * CHUNK}  # alone again: the rest at once
+
+
 def prompt_slices(scheduler, req_id: str) -> list[int]:
     """The slices of req_id's prompt, step by step, until it is prefilled."""
     slices = []
