@@ -30,10 +30,12 @@ from .limits import ServingLimits
 from .log import get_logger
 from .options import (
     DATA_PARALLEL_SIZE_KEY,
+    PREFILL_MODE_KEY,
     PREFIX_CACHING_KEY,
     PrefillMode,
+    asked_prefill_mode,
+    default_prefill_mode,
     prefill_chunk_budget,
-    prefill_mode,
 )
 from .refusals import SCHEDULER_CLS, WORKER_CLS, Asked
 from .speculation import num_speculative_tokens
@@ -59,8 +61,11 @@ def fit_to_artifact(vllm_config: VllmConfig) -> ServingLimits:
 
 
 def fit(vllm_config: VllmConfig, artifact: NeuronConfig) -> Fitted:
-    mode = prefill_mode(vllm_config.additional_config)
-    asked = Asked(vllm_config, artifact, UserOptions.of(vllm_config.additional_config), mode)
+    user = UserOptions.of(vllm_config.additional_config)
+    mode = asked_prefill_mode(vllm_config.additional_config) or default_prefill_mode(
+        artifact.chunked, user.enable_chunked_prefill, vllm_config.speculative_config is not None
+    )
+    asked = Asked(vllm_config, artifact, user, mode)
     model_config, scheduler, cache = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.cache_config
     tp = artifact.tp_degree
     max_model_len = min(model_config.max_model_len, artifact.sequence_length)
@@ -72,7 +77,7 @@ def fit(vllm_config: VllmConfig, artifact: NeuronConfig) -> Fitted:
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=tokens,
-        enable_chunked_prefill=mode is PrefillMode.INTERLEAVED,
+        prefill_mode=mode,
         tensor_parallel_size=tp,
         executor="uni" if tp == 1 else "mp",
         data_parallel_size=local_engines(vllm_config.parallel_config),
@@ -105,7 +110,7 @@ def apply(fitted: Fitted, vllm_config: VllmConfig) -> None:
         }
     scheduler.max_num_seqs = fitted.max_num_seqs
     scheduler.max_num_batched_tokens = fitted.max_num_batched_tokens
-    scheduler.enable_chunked_prefill = fitted.enable_chunked_prefill
+    scheduler.enable_chunked_prefill = fitted.prefill_mode is PrefillMode.INTERLEAVED
     scheduler.async_scheduling = False
     scheduler.scheduler_cls = SCHEDULER_CLS
     scheduler.verify_max_model_len(fitted.max_model_len)
@@ -113,6 +118,7 @@ def apply(fitted: Fitted, vllm_config: VllmConfig) -> None:
     parallel.world_size = fitted.tensor_parallel_size
     parallel.distributed_executor_backend = fitted.executor
     parallel.worker_cls = WORKER_CLS
+    vllm_config.additional_config[PREFILL_MODE_KEY] = fitted.prefill_mode.value  # the scheduler and runner read it
     vllm_config.additional_config[DATA_PARALLEL_SIZE_KEY] = fitted.data_parallel_size
     vllm_config.additional_config[PREFIX_CACHING_KEY] = fitted.prefix_caching
     cache.enable_prefix_caching = False  # the plugin's prefix cache does the caching; vLLM's blocks are bookkeeping

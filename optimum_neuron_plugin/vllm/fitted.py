@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .limits import ServingLimits
+from .options import PrefillMode
 
 
 class ConfigMismatchError(ValueError):
@@ -20,7 +21,7 @@ class Fitted:
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    enable_chunked_prefill: bool
+    prefill_mode: PrefillMode  # interleaved: vLLM's scheduler chunks prompts (enable_chunked_prefill)
     tensor_parallel_size: int
     executor: str  # vLLM's distributed_executor_backend
     data_parallel_size: int

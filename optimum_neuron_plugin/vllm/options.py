@@ -7,8 +7,10 @@ with `VLLM_`, so the plugin never uses that prefix.
   exported with the CPU reference backend; `neuron` activates it unconditionally; `off` never
   activates it. Unset (or `auto`): active only when Neuron devices (/dev/neuron<N>, devices.py) are present.
   Any other value is refused at startup with the valid ones.
-- `ONP_PREFILL_MODE`: `serial` (default) or `interleaved`, see `PrefillMode`. vLLM's
-  `--additional-config '{"prefill_mode": "interleaved"}'` takes precedence over the variable.
+- `ONP_PREFILL_MODE`: `interleaved` or `serial`, see `PrefillMode`. vLLM's
+  `--additional-config '{"prefill_mode": "serial"}'` takes precedence over the variable. Unset: `default_prefill_mode`,
+  interleaved unless the artifact has no prefill chunks, `--no-enable-chunked-prefill` is given or speculative
+  decoding is on (it runs in the serial mode).
 - `ONP_CPU_THREADS`: intra-op threads of the CPU backend's graphs, per engine rank (default: the
   server's threads, OMP_NUM_THREADS if set, else every core it may run on, split evenly between the
   data-parallel x tensor-parallel ranks, placement.py).
@@ -84,8 +86,12 @@ def plugin_enabled() -> bool:
     return requested in ("cpu", "neuron") or (requested == "auto" and neuron_devices_present())
 
 
-def prefill_mode(additional_config: object = None) -> PrefillMode:
-    value = _additional(additional_config, PREFILL_MODE_KEY, PREFILL_MODE_ENV) or PrefillMode.SERIAL.value
+def asked_prefill_mode(additional_config: object = None) -> PrefillMode | None:
+    """The prefill mode set in additional_config (where engine_config also records the mode it decided), else by
+    ONP_PREFILL_MODE; None when neither is."""
+    value = _additional(additional_config, PREFILL_MODE_KEY, PREFILL_MODE_ENV)
+    if value is None:
+        return None
     try:
         return PrefillMode(str(value).strip().lower())
     except ValueError:
@@ -94,6 +100,25 @@ def prefill_mode(additional_config: object = None) -> PrefillMode:
             f"prefill mode {value!r} is not allowed: set {PREFILL_MODE_ENV} (or additional_config "
             f"{PREFILL_MODE_KEY!r}) to one of {allowed}"
         ) from None
+
+
+def default_prefill_mode(chunked: bool, chunked_prefill: bool | None, speculative: bool) -> PrefillMode:
+    """The mode of an engine whose prefill mode is not set: interleaved (a long prompt does not stall the running
+    streams, and prompts that arrive together share steps), serial where interleaving cannot run or the user turned
+    vLLM's prompt chunking off: an artifact without prefill chunks (every slice would cost a full-length call),
+    `--no-enable-chunked-prefill` (chunked_prefill False), speculative decoding."""
+    if not chunked or chunked_prefill is False or speculative:
+        return PrefillMode.SERIAL
+    return PrefillMode.INTERLEAVED
+
+
+def prefill_mode(additional_config: object = None) -> PrefillMode:
+    """The mode the engine runs, recorded by engine_config.apply (which decides it from the asked mode or the
+    default)."""
+    mode = asked_prefill_mode(additional_config)
+    if mode is None:
+        raise RuntimeError(f"no prefill mode in additional_config: engine_config.apply records {PREFILL_MODE_KEY!r}")
+    return mode
 
 
 def cpu_threads(rank: Rank | None = None) -> int:

@@ -10,7 +10,7 @@ from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH
 
 from optimum_neuron_plugin.devices import neuron_devices_present
 from optimum_neuron_plugin.vllm import PLATFORM, register
-from optimum_neuron_plugin.vllm.options import PrefillMode, backend_requested, prefill_mode
+from optimum_neuron_plugin.vllm.options import PrefillMode, asked_prefill_mode, backend_requested
 
 
 def engine_config(model, usage="LLM_CLASS", **kwargs):
@@ -65,12 +65,36 @@ def test_the_plugin_is_the_current_platform():
 
 def test_prefill_mode_option(monkeypatch):
     monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
-    assert prefill_mode({}) is PrefillMode.SERIAL
-    monkeypatch.setenv("ONP_PREFILL_MODE", "interleaved")
-    assert prefill_mode(None) is PrefillMode.INTERLEAVED
-    assert prefill_mode({"prefill_mode": "serial"}) is PrefillMode.SERIAL  # additional_config wins
+    assert asked_prefill_mode({}) is None
+    monkeypatch.setenv("ONP_PREFILL_MODE", "serial")
+    assert asked_prefill_mode(None) is PrefillMode.SERIAL
+    assert asked_prefill_mode({"prefill_mode": "interleaved"}) is PrefillMode.INTERLEAVED  # additional_config wins
     with pytest.raises(ValueError, match="ONP_PREFILL_MODE"):
-        prefill_mode({"prefill_mode": "sideways"})
+        asked_prefill_mode({"prefill_mode": "sideways"})
+
+
+@pytest.mark.parametrize(
+    ("artifact", "kwargs", "mode"),
+    [
+        ("chunked_dir", {}, "interleaved"),
+        ("chunked_dir", dict(enable_chunked_prefill=True), "interleaved"),
+        ("chunked_dir", dict(enable_chunked_prefill=False), "serial"),  # vLLM's switch for prompt chunking
+        ("chunked_dir", dict(additional_config={"prefill_mode": "serial"}), "serial"),
+        ("full_host_dir", {}, "serial"),  # no prefill chunks: a slice would cost a full-length call
+        (
+            "spec_dir",
+            dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}),
+            "serial",  # speculative decoding runs in the serial mode
+        ),
+    ],
+)
+def test_the_prefill_mode_by_default(request, monkeypatch, artifact, kwargs, mode):
+    """Unset, the mode is interleaved wherever it can run and the user did not turn prompt chunking off; the engine
+    records the mode it runs in additional_config, which its scheduler and runner read."""
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    config = engine_config(request.getfixturevalue(artifact), **kwargs)
+    assert config.additional_config["prefill_mode"] == mode
+    assert config.scheduler_config.enable_chunked_prefill is (mode == "interleaved")
 
 
 @pytest.mark.parametrize("usage", ["LLM_CLASS", "OPENAI_API_SERVER"])
@@ -79,9 +103,10 @@ def test_defaults_come_from_the_artifact(chunked_dir, usage, monkeypatch):
     config = engine_config(chunked_dir, usage)
     assert config.scheduler_config.max_num_seqs == BATCH_SIZE
     assert config.model_config.max_model_len == SEQUENCE_LENGTH
-    # Serial mode: whole prompts, and room for a full-length one next to every decode.
-    assert config.scheduler_config.enable_chunked_prefill is False
-    assert config.scheduler_config.max_num_batched_tokens >= SEQUENCE_LENGTH + BATCH_SIZE
+    # Interleaved mode: room for a full-length prompt's chunks next to every decode; the latency target decides
+    # how much of it a step runs.
+    assert config.scheduler_config.enable_chunked_prefill is True
+    assert config.scheduler_config.max_num_batched_tokens == -(-SEQUENCE_LENGTH // CHUNK) * CHUNK + BATCH_SIZE
     assert config.scheduler_config.async_scheduling is False
     assert config.cache_config.enable_prefix_caching is False  # vLLM's block caching; the plugin's is on:
     assert config.additional_config["prefix_caching"] is True
@@ -99,13 +124,17 @@ def test_explicit_smaller_limits_are_kept(chunked_dir):
     assert config.model_config.max_model_len == 64
 
 
+def test_serial_mode_schedules_whole_prompts(chunked_dir):
+    config = engine_config(chunked_dir, additional_config={"prefill_mode": "serial"})
+    scheduler = config.scheduler_config
+    assert scheduler.enable_chunked_prefill is False
+    # Whole prompts, and room for a full-length one next to every decode.
+    assert scheduler.max_num_batched_tokens >= SEQUENCE_LENGTH + BATCH_SIZE
+
+
 def test_interleaved_mode_lets_the_scheduler_chunk(chunked_dir):
     config = engine_config(chunked_dir, additional_config={"prefill_mode": "interleaved"})
-    scheduler = config.scheduler_config
-    assert scheduler.enable_chunked_prefill is True
-    # A full-length prompt next to every decode: the latency target decides how much of it a step runs.
-    assert scheduler.max_num_batched_tokens == -(-SEQUENCE_LENGTH // CHUNK) * CHUNK + BATCH_SIZE
-    assert scheduler.long_prefill_token_threshold == 0  # NeuronScheduler plans the slices
+    assert config.scheduler_config.long_prefill_token_threshold == 0  # NeuronScheduler plans the slices
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ def engine_config(model, usage="OPENAI_API_SERVER", **kwargs):
 
 
 INTERLEAVED = {"additional_config": {"prefill_mode": "interleaved"}}
+SERIAL = {"prefill_mode": "serial"}
 
 REFUSED = {
     "speculative": (
@@ -34,7 +35,7 @@ REFUSED = {
     ),
     "async-scheduling": (dict(async_scheduling=True), "async scheduling is not supported"),
     "chunked-prefill-serial": (
-        dict(enable_chunked_prefill=True),
+        dict(enable_chunked_prefill=True, additional_config=SERIAL),
         "--enable-chunked-prefill needs ONP_PREFILL_MODE=interleaved",
     ),
     "no-chunked-prefill-interleaved": (
@@ -42,7 +43,7 @@ REFUSED = {
         "--no-enable-chunked-prefill contradicts ONP_PREFILL_MODE=interleaved",
     ),
     "target-itl-serial": (
-        dict(additional_config={"prefill_target_itl_ms": 200}),
+        dict(additional_config={"prefill_target_itl_ms": 200, **SERIAL}),
         "ONP_PREFILL_TARGET_ITL_MS size interleaved prefill's steps, but the prefill mode is serial",
     ),
     "target-itl-and-chunk-budget": (
@@ -53,7 +54,7 @@ REFUSED = {
         "calls (ONP_PREFILL_CHUNK_BUDGET / 'prefill_chunk_budget'), not both",
     ),
     "batched-tokens-serial": (
-        dict(max_num_batched_tokens=64),
+        dict(max_num_batched_tokens=64, additional_config=SERIAL),
         f"max_num_batched_tokens=64 cannot hold a full-length prompt (max_model_len={SEQUENCE_LENGTH})",
     ),
     "max-num-seqs-256": (
