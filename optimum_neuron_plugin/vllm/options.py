@@ -104,7 +104,7 @@ def asked_prefill_mode(additional_config: object = None) -> PrefillMode | None:
 
 def default_prefill_mode(chunked: bool, chunked_prefill: bool | None, speculative: bool) -> PrefillMode:
     """The mode of an engine whose prefill mode is not set: interleaved (a long prompt does not stall the running
-    streams, and prompts that arrive together share steps), serial where interleaving cannot run or the user turned
+    streams, and a short prompt does not wait for a long one's whole prefill), serial where interleaving cannot run or the user turned
     vLLM's prompt chunking off: an artifact without prefill chunks (every slice would cost a full-length call),
     `--no-enable-chunked-prefill` (chunked_prefill False), speculative decoding."""
     if not chunked or chunked_prefill is False or speculative:

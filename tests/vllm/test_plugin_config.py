@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 from support.engine import serve_config
-from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH
+from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, SPECULATIVE_TOKENS
 
 from optimum_neuron_plugin.devices import neuron_devices_present
 from optimum_neuron_plugin.vllm import PLATFORM, register
@@ -83,7 +83,7 @@ def test_prefill_mode_option(monkeypatch):
         ("full_host_dir", {}, "serial"),  # no prefill chunks: a slice would cost a full-length call
         (
             "spec_dir",
-            dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}),
+            dict(speculative_config={"method": "ngram", "num_speculative_tokens": SPECULATIVE_TOKENS}),
             "serial",  # speculative decoding runs in the serial mode
         ),
     ],

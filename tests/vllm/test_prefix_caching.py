@@ -18,6 +18,7 @@ from support.served import BATCH_SIZE, CHUNK, prompt_of
 pytestmark = pytest.mark.slow  # an in-process vLLM engine
 
 NEW_TOKENS = 6
+SERIAL = {"prefill_mode": "serial"}
 
 
 def greedy(max_tokens: int = NEW_TOKENS, **kwargs):
@@ -72,7 +73,8 @@ class Engine:
 
 @pytest.fixture(scope="module")
 def engine(chunked_dir, vllm_root):
-    served = Engine(chunked_dir, vllm_root / "prefix-caching-stats.jsonl")
+    # The serial prefill mode: a step admits the requests that arrive together and prefills each whole.
+    served = Engine(chunked_dir, vllm_root / "prefix-caching-stats.jsonl", additional_config=SERIAL)
     yield served
     served.close()
 
@@ -262,7 +264,7 @@ def test_a_hit_prefills_next_to_decoding_requests(interleaved, tokenizer, tiny_h
 def test_hits_prefilled_together(batched_dir, vllm_root, tokenizer, tiny_hf):
     """prefill_batch_size > 1: the prompts of a step start their chunk loops at their own hits in one call, the hits
     copied from a busy slot included."""
-    served = Engine(batched_dir, vllm_root / "prefix-batched.jsonl")
+    served = Engine(batched_dir, vllm_root / "prefix-batched.jsonl", additional_config=SERIAL)
     try:
         system = prompt_of(3 * CHUNK + 9, tokenizer, offset=13)
         served.generate([system + prompt_of(4, tokenizer, offset=12)])  # leaves the system prompt in a free slot
