@@ -167,7 +167,12 @@ class NeuronModelRunner:
         self.speculation.warm_up()
         if self.measures_latencies:
             nc = self.model.neuron_config
+            measuring = time.perf_counter()
             self.latencies = self.model.measure_latencies(lambda spec: measured_kind(nc, spec.name, spec.rows))
+            logger.info(
+                "interleaved prefill's latency target: measured %d graphs in %.1f s",
+                len(self.latencies.seconds), time.perf_counter() - measuring,
+            )  # fmt: skip
         return time.perf_counter() - began
 
     def shutdown(self) -> None:
