@@ -2,7 +2,7 @@
 ratios in one run.
 
     .venv/bin/python benchmark/graph_cases/prefill.py [--sequence-length 4096] [--chunk 512] [--lengths 2048,4096]
-        [--no-context-encoding] [--out DIR]
+        [--prefill-batch-size 1] [--prefill-tail-size 0] [--no-context-encoding] [--out DIR]
     .venv/bin/python benchmark/graph_cases/prefill.py --profile 8192 [--sequence-length 8192] [--out DIR]
 
 Exports the model twice (chunked and context_encoding, cached under benchmark/results/artifacts/; with
@@ -34,13 +34,17 @@ from common import ARTIFACTS, add_out, default_model, hf_model, prompt_ids, slug
 HF = "hf:"  # a measurement target naming the model HF eager runs, not an artifact
 
 
-def export(model: str, out: Path, sequence_length: int, chunk: int) -> None:
+def export(model: str, out: Path, sequence_length: int, chunk: int, prefill_batch: int = 1, tail: int = 0) -> None:
+    """A batch of prefill_batch slots (1 for a context-encoding export), its chunks prefilled prefill_batch at a time
+    and a last piece of at most `tail` tokens on the tail graph: the served artifact's shape."""
     if (out / "neuron_config.json").is_file():
         return
     print(f"[prefill] exporting {out.name}", flush=True)
+    batched = ["--prefill-batch-size", str(prefill_batch), "--prefill-tail-size", str(tail)] if chunk else []
     subprocess.run(
-        [sys.executable, "-m", "exporter", "--model", model, "--batch-size", "1", "--sequence-length",
-         str(sequence_length), "--prefill-chunk-size", str(chunk), "--backend", "cpu", "--overwrite", str(out)],
+        [sys.executable, "-m", "exporter", "--model", model, "--batch-size", str(prefill_batch if chunk else 1),
+         "--sequence-length", str(sequence_length), "--prefill-chunk-size", str(chunk), *batched, "--backend", "cpu",
+         "--overwrite", str(out)],
         check=True,
     )  # fmt: skip
 
@@ -84,11 +88,12 @@ def measure_hf(gguf: str, length: int, repeats: int) -> dict:
 
 
 OP_KINDS = {
-    "attention": ("scaled_dot_product", "flash_attention"),
+    "attention": ("scaled_dot_product", "flash_attention", "onp::chunk_attention", "onp::decode_attention"),
     "matmul": ("linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "cpu_linear", "_weight_int"),
     "copy / gather / cat": ("copy_", "index", "cat", "gather", "clone", "contiguous", "select", "slice"),
     "norm / rope / activation / elementwise": ("mul", "add", "silu", "rsqrt", "pow", "mean", "neg", "sub", "div",
-                                               "cos", "sin", "where", "softmax", "to", "exp"),
+                                               "cos", "sin", "where", "softmax", "to", "exp", "onp::rms_norm",
+                                               "onp::rope", "onp::gated_activation", "fill", "masked_fill"),
 }  # fmt: skip
 
 
@@ -174,6 +179,8 @@ def main() -> None:
     parser.add_argument("--sequence-length", type=int, default=int(os.environ.get("SEQUENCE_LENGTH", 4096)))
     parser.add_argument("--chunk", type=int, default=int(os.environ.get("CHUNK_SIZE", 512)))
     parser.add_argument("--lengths", default=os.environ.get("PROMPT_LENGTHS", "2048,4096"))
+    parser.add_argument("--prefill-batch-size", type=int, default=1, help="chunks per prefill call (and batch size)")
+    parser.add_argument("--prefill-tail-size", type=int, default=0, help="tail graphs of this many tokens (0: none)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--no-context-encoding", action="store_true", help="measure chunked and HF only")
     parser.add_argument("--profile", type=int, metavar="LENGTH", help="profile one prefill of LENGTH tokens")
@@ -191,8 +198,13 @@ def main() -> None:
         return
     model = str(args.model or default_model())
     name = f"prefill-{slug(Path(model))}-s{args.sequence_length}"
-    chunked, full = ARTIFACTS / f"{name}-c{args.chunk}", ARTIFACTS / f"{name}-c0"
-    export(model, chunked, args.sequence_length, args.chunk)
+    batched = (
+        f"-p{args.prefill_batch_size}-t{args.prefill_tail_size}"
+        if args.prefill_batch_size > 1 or args.prefill_tail_size
+        else ""
+    )
+    chunked, full = ARTIFACTS / f"{name}-c{args.chunk}{batched}", ARTIFACTS / f"{name}-c0"
+    export(model, chunked, args.sequence_length, args.chunk, args.prefill_batch_size, args.prefill_tail_size)
     if args.profile:
         run_profile(model, chunked, args.profile, args.out)
         return
