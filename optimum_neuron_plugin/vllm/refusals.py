@@ -268,6 +268,20 @@ def batched_tokens_hold_a_prompt(asked: Asked, fitted: Fitted) -> str | None:
     return None
 
 
+def batched_tokens_hold_a_chunk(asked: Asked, fitted: Fitted) -> str | None:
+    """Interleaved prefill hands out whole chunks (interleave.py): a budget without room for one next to every decode
+    would never schedule a prompt longer than what is left."""
+    tokens, seqs = fitted.max_num_batched_tokens, fitted.max_num_seqs
+    needed = min(asked.artifact.prefill_length, fitted.max_model_len) + seqs
+    if asked.mode is PrefillMode.INTERLEAVED and tokens < needed:
+        return (
+            f"max_num_batched_tokens={tokens} cannot hold a prefill chunk ({needed - seqs} tokens) next to a decode "
+            f"for each of max_num_seqs={seqs} requests in the interleaved prefill mode, which schedules whole chunks: "
+            f"pass --max-num-batched-tokens {needed} or more (or omit it)"
+        )
+    return None
+
+
 def batched_tokens_hold_the_decodes(asked: Asked, fitted: Fitted) -> str | None:
     tokens, seqs = fitted.max_num_batched_tokens, fitted.max_num_seqs
     if tokens < seqs:
@@ -304,6 +318,7 @@ RULES: tuple[Rule, ...] = (
     dtype,
     max_logprobs,
     batched_tokens_hold_a_prompt,
+    batched_tokens_hold_a_chunk,
     batched_tokens_hold_the_decodes,
 )
 

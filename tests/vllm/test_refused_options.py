@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from support.engine import serve_config
-from support.served import BATCH_SIZE, SEQUENCE_LENGTH
+from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH
 
 
 def engine_config(model, usage="OPENAI_API_SERVER", **kwargs):
@@ -56,6 +56,12 @@ REFUSED = {
     "batched-tokens-serial": (
         dict(max_num_batched_tokens=64, additional_config=SERIAL),
         f"max_num_batched_tokens=64 cannot hold a full-length prompt (max_model_len={SEQUENCE_LENGTH})",
+    ),
+    "batched-tokens-interleaved": (
+        dict(max_num_batched_tokens=CHUNK + BATCH_SIZE - 1),
+        f"max_num_batched_tokens={CHUNK + BATCH_SIZE - 1} cannot hold a prefill chunk ({CHUNK} tokens) next to a decode "
+        f"for each of max_num_seqs={BATCH_SIZE} requests in the interleaved prefill mode, which schedules whole "
+        f"chunks: pass --max-num-batched-tokens {CHUNK + BATCH_SIZE} or more",
     ),
     "max-num-seqs-256": (
         dict(max_num_seqs=256),
@@ -132,6 +138,9 @@ def test_explicit_values_that_fit_are_kept(chunked_dir, monkeypatch):
     assert config.cache_config.enable_prefix_caching is False  # vLLM's blocks stay bookkeeping
     interleaved = engine_config(chunked_dir, enable_chunked_prefill=True, max_num_batched_tokens=40, **INTERLEAVED)
     assert interleaved.scheduler_config.max_num_batched_tokens == 40
+    chunk_and_decodes = CHUNK + BATCH_SIZE  # the smallest budget interleaved prefill can schedule a chunk in
+    config = engine_config(chunked_dir, max_num_batched_tokens=chunk_and_decodes)
+    assert config.scheduler_config.max_num_batched_tokens == chunk_and_decodes
 
 
 def test_the_refused_options_of_one_command_line_are_reported_at_once(chunked_dir, monkeypatch):
