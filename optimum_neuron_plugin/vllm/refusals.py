@@ -17,7 +17,13 @@ from vllm.config import VllmConfig
 from ..config import NeuronConfig
 from .data_parallel import data_parallel_problems
 from .fitted import Fitted
-from .options import PREFILL_MODE_ENV, PrefillMode, interleave_budget_options, prefill_target_itl
+from .options import (
+    PREFILL_MODE_ENV,
+    PrefillMode,
+    asked_prefill_mode,
+    interleave_budget_options,
+    prefill_target_itl,
+)
 from .speculation import speculation_problems
 from .user_args import UserOptions
 
@@ -107,9 +113,11 @@ def interleave_budget(asked: Asked, fitted: Fitted) -> str | None:
     extra = asked.vllm_config.additional_config
     given = interleave_budget_options(extra)
     if asked.mode is PrefillMode.SERIAL and given:
+        options = " and ".join(given)
+        why, change = _why_serial(asked)
         return (
-            f"{' and '.join(given)} size interleaved prefill's steps, but the prefill mode is serial (whole prompts "
-            f"per step): set {PREFILL_MODE_ENV}=interleaved, or unset {' and '.join(given)}"
+            f"{options} size interleaved prefill's steps, but the prefill mode is serial (whole prompts per step; "
+            f"{why}): {change}, or unset {options}"
         )
     try:
         prefill_target_itl(extra)  # a target that is not a step time, or one set with a fixed budget
@@ -266,6 +274,18 @@ def batched_tokens_hold_a_prompt(asked: Asked, fitted: Fitted) -> str | None:
             f"{length + fitted.max_num_seqs} (or omit it), lower --max-model-len, or set {PREFILL_MODE_ENV}=interleaved"
         )
     return None
+
+
+def _why_serial(asked: Asked) -> tuple[str, str]:
+    """Why the mode is serial (options.default_prefill_mode's reasons, or the user's setting) and what would
+    interleave."""
+    if asked_prefill_mode(asked.vllm_config.additional_config) is not None:
+        return f"set by {PREFILL_MODE_ENV}", f"set {PREFILL_MODE_ENV}=interleaved"
+    if not asked.artifact.chunked:
+        return "the default for an export without prefill chunks", "export with --prefill-chunk-size"
+    if asked.user.enable_chunked_prefill is False:
+        return "the default with --no-enable-chunked-prefill", "remove --no-enable-chunked-prefill"
+    return "speculative decoding runs in the serial mode", "remove --speculative-config"
 
 
 def batched_tokens_hold_a_chunk(asked: Asked, fitted: Fitted) -> str | None:

@@ -44,7 +44,21 @@ REFUSED = {
     ),
     "target-itl-serial": (
         dict(additional_config={"prefill_target_itl_ms": 200, **SERIAL}),
-        "ONP_PREFILL_TARGET_ITL_MS size interleaved prefill's steps, but the prefill mode is serial",
+        "ONP_PREFILL_TARGET_ITL_MS size interleaved prefill's steps, but the prefill mode is serial (whole prompts per "
+        "step; set by ONP_PREFILL_MODE): set ONP_PREFILL_MODE=interleaved, or unset ONP_PREFILL_TARGET_ITL_MS",
+    ),
+    "target-itl-speculative": (
+        dict(
+            speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2},
+            additional_config={"prefill_target_itl_ms": 200},
+        ),
+        "the prefill mode is serial (whole prompts per step; speculative decoding runs in the serial mode): remove "
+        "--speculative-config, or unset ONP_PREFILL_TARGET_ITL_MS",
+    ),
+    "chunk-budget-without-chunked-prefill": (
+        dict(enable_chunked_prefill=False, additional_config={"prefill_chunk_budget": 2}),
+        "the prefill mode is serial (whole prompts per step; the default with --no-enable-chunked-prefill): remove "
+        "--no-enable-chunked-prefill, or unset ONP_PREFILL_CHUNK_BUDGET",
     ),
     "target-itl-and-chunk-budget": (
         dict(
@@ -98,6 +112,16 @@ def test_an_option_the_plugin_cannot_honour_is_refused(chunked_dir, monkeypatch,
     with pytest.raises(ValueError) as error:
         engine_config(chunked_dir, **kwargs)
     assert message in str(error.value)
+
+
+def test_an_interleave_budget_on_an_export_without_chunks_says_to_export_with_them(full_host_dir, monkeypatch):
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    with pytest.raises(ValueError) as error:
+        engine_config(full_host_dir, additional_config={"prefill_target_itl_ms": 200})
+    assert (
+        "the prefill mode is serial (whole prompts per step; the default for an export without prefill chunks): "
+        "export with --prefill-chunk-size, or unset ONP_PREFILL_TARGET_ITL_MS"
+    ) in str(error.value)
 
 
 @pytest.mark.parametrize("usage", ["LLM_CLASS", "OPENAI_API_SERVER"])
