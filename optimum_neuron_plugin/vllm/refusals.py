@@ -97,9 +97,10 @@ def async_scheduling(asked: Asked, fitted: Fitted) -> str | None:
 def chunked_prefill(asked: Asked, fitted: Fitted) -> str | None:
     explicit = asked.user.enable_chunked_prefill
     if asked.mode is PrefillMode.SERIAL and explicit:
+        why, change = _why_serial(asked)
         return (
-            f"--enable-chunked-prefill needs {PREFILL_MODE_ENV}=interleaved (the serial mode schedules whole prompts "
-            f"and chunks them in the runner): remove it, or set {PREFILL_MODE_ENV}=interleaved"
+            f"--enable-chunked-prefill asks vLLM's scheduler to chunk prompts, but the prefill mode is serial (whole "
+            f"prompts per step, chunked by the runner; {why}): remove it, or {change}"
         )
     if asked.mode is PrefillMode.INTERLEAVED and explicit is False:
         return (

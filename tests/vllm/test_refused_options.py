@@ -36,7 +36,16 @@ REFUSED = {
     "async-scheduling": (dict(async_scheduling=True), "async scheduling is not supported"),
     "chunked-prefill-serial": (
         dict(enable_chunked_prefill=True, additional_config=SERIAL),
-        "--enable-chunked-prefill needs ONP_PREFILL_MODE=interleaved",
+        "--enable-chunked-prefill asks vLLM's scheduler to chunk prompts, but the prefill mode is serial (whole prompts "
+        "per step, chunked by the runner; set by ONP_PREFILL_MODE): remove it, or set ONP_PREFILL_MODE=interleaved",
+    ),
+    "chunked-prefill-speculative": (
+        dict(
+            enable_chunked_prefill=True,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2},
+        ),
+        "(whole prompts per step, chunked by the runner; speculative decoding runs in the serial mode): remove it, or "
+        "remove --speculative-config",
     ),
     "no-chunked-prefill-interleaved": (
         dict(enable_chunked_prefill=False, **INTERLEAVED),
