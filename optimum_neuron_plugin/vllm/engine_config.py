@@ -63,7 +63,7 @@ def fit_to_artifact(vllm_config: VllmConfig) -> ServingLimits:
 def fit(vllm_config: VllmConfig, artifact: NeuronConfig) -> Fitted:
     user = UserOptions.of(vllm_config.additional_config)
     mode = asked_prefill_mode(vllm_config.additional_config) or default_prefill_mode(
-        artifact.chunked, user.enable_chunked_prefill, vllm_config.speculative_config is not None
+        artifact.chunked, _chunked_prefill_asked(vllm_config, user), vllm_config.speculative_config is not None
     )
     asked = Asked(vllm_config, artifact, user, mode)
     model_config, scheduler, cache = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.cache_config
@@ -137,6 +137,14 @@ def refuse_tensor_parallel_size(model: Path, tp: int) -> None:
         problem = refusals.tensor_parallel_problem(tp, load_neuron_config(str(model)))
         if problem:
             raise ConfigMismatchError(problem)
+
+
+def _chunked_prefill_asked(vllm_config: VllmConfig, user: UserOptions) -> bool | None:
+    """--[no-]enable-chunked-prefill as given (None: unset). Through the Python API no parser records it, but vLLM
+    resolves an unset flag to True for a generative model, so a False there is the caller's."""
+    if user.enable_chunked_prefill is None and vllm_config.scheduler_config.enable_chunked_prefill is False:
+        return False
+    return user.enable_chunked_prefill
 
 
 def _token_budget(asked: Asked, max_model_len: int, max_num_seqs: int) -> tuple[int, list[str]]:

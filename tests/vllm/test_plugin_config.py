@@ -124,6 +124,18 @@ def test_explicit_smaller_limits_are_kept(chunked_dir):
     assert config.model_config.max_model_len == 64
 
 
+def test_the_python_api_turns_prompt_chunking_off_too(chunked_dir, monkeypatch):
+    """vllm.LLM(..., enable_chunked_prefill=False) runs no parser that records it: the fit reads vLLM's resolved
+    value, which is False only when the caller said so."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    for asked, mode in ((False, "serial"), (None, "interleaved")):
+        args = EngineArgs(model=str(chunked_dir), enable_chunked_prefill=asked)
+        assert args.create_engine_config(UsageContext.LLM_CLASS).additional_config["prefill_mode"] == mode
+
+
 def test_serial_mode_schedules_whole_prompts(chunked_dir):
     config = engine_config(chunked_dir, additional_config={"prefill_mode": "serial"})
     scheduler = config.scheduler_config
