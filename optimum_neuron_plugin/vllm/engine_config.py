@@ -15,6 +15,7 @@ graphs. vLLM must never schedule beyond them. Fitting is two steps:
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -62,8 +63,9 @@ def fit_to_artifact(vllm_config: VllmConfig) -> ServingLimits:
 
 def fit(vllm_config: VllmConfig, artifact: NeuronConfig) -> Fitted:
     user = UserOptions.of(vllm_config.additional_config)
+    user = replace(user, enable_chunked_prefill=_chunked_prefill_asked(vllm_config, user))
     mode = asked_prefill_mode(vllm_config.additional_config) or default_prefill_mode(
-        artifact.chunked, _chunked_prefill_asked(vllm_config, user), vllm_config.speculative_config is not None
+        artifact.chunked, user.enable_chunked_prefill, vllm_config.speculative_config is not None
     )
     asked = Asked(vllm_config, artifact, user, mode)
     model_config, scheduler, cache = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.cache_config

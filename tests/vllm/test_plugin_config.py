@@ -134,6 +134,11 @@ def test_the_python_api_turns_prompt_chunking_off_too(chunked_dir, monkeypatch):
     for asked, mode in ((False, "serial"), (None, "interleaved")):
         args = EngineArgs(model=str(chunked_dir), enable_chunked_prefill=asked)
         assert args.create_engine_config(UsageContext.LLM_CLASS).additional_config["prefill_mode"] == mode
+    contradiction = EngineArgs(
+        model=str(chunked_dir), enable_chunked_prefill=False, additional_config={"prefill_mode": "interleaved"}
+    )
+    with pytest.raises(ValueError, match="--no-enable-chunked-prefill contradicts ONP_PREFILL_MODE=interleaved"):
+        contradiction.create_engine_config(UsageContext.LLM_CLASS)
 
 
 def test_serial_mode_schedules_whole_prompts(chunked_dir):
