@@ -102,12 +102,30 @@ def asked_prefill_mode(additional_config: object = None) -> PrefillMode | None:
         ) from None
 
 
+class SerialReason(Enum):
+    """Why an engine whose prefill mode is not set runs serially (options.default_prefill_mode)."""
+
+    NO_CHUNKS = "an export without prefill chunks: every slice would cost a full-length call"
+    NO_CHUNKED_PREFILL = "--no-enable-chunked-prefill: the user turned vLLM's prompt chunking off"
+    SPECULATIVE = "speculative decoding: it runs in the serial mode"
+
+
+def serial_reason(chunked: bool, chunked_prefill: bool | None, speculative: bool) -> SerialReason | None:
+    """What keeps an engine whose prefill mode is not set serial (chunked_prefill: --[no-]enable-chunked-prefill as
+    given, None unset); None: nothing, it interleaves."""
+    if not chunked:
+        return SerialReason.NO_CHUNKS
+    if chunked_prefill is False:
+        return SerialReason.NO_CHUNKED_PREFILL
+    if speculative:
+        return SerialReason.SPECULATIVE
+    return None
+
+
 def default_prefill_mode(chunked: bool, chunked_prefill: bool | None, speculative: bool) -> PrefillMode:
     """The mode of an engine whose prefill mode is not set: interleaved (a long prompt does not stall the running
-    streams, and a short prompt does not wait for a long one's whole prefill), serial where interleaving cannot run or the user turned
-    vLLM's prompt chunking off: an artifact without prefill chunks (every slice would cost a full-length call),
-    `--no-enable-chunked-prefill` (chunked_prefill False), speculative decoding."""
-    if not chunked or chunked_prefill is False or speculative:
+    streams, and a short prompt does not wait for a long one's whole prefill), serial where a SerialReason holds."""
+    if serial_reason(chunked, chunked_prefill, speculative) is not None:
         return PrefillMode.SERIAL
     return PrefillMode.INTERLEAVED
 

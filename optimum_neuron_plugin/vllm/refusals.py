@@ -20,9 +20,11 @@ from .fitted import Fitted
 from .options import (
     PREFILL_MODE_ENV,
     PrefillMode,
+    SerialReason,
     asked_prefill_mode,
     interleave_budget_options,
     prefill_target_itl,
+    serial_reason,
 )
 from .speculation import speculation_problems
 from .user_args import UserOptions
@@ -277,16 +279,24 @@ def batched_tokens_hold_a_prompt(asked: Asked, fitted: Fitted) -> str | None:
     return None
 
 
+SERIAL_DEFAULTS = {  # each reason the mode defaults to serial: how to say it, what would interleave
+    SerialReason.NO_CHUNKS: ("the default for an export without prefill chunks", "export with --prefill-chunk-size"),
+    SerialReason.NO_CHUNKED_PREFILL: (
+        "the default with --no-enable-chunked-prefill",
+        "remove --no-enable-chunked-prefill",
+    ),
+    SerialReason.SPECULATIVE: ("speculative decoding runs in the serial mode", "remove --speculative-config"),
+}
+
+
 def _why_serial(asked: Asked) -> tuple[str, str]:
-    """Why the mode is serial (options.default_prefill_mode's reasons, or the user's setting) and what would
-    interleave."""
-    if asked_prefill_mode(asked.vllm_config.additional_config) is not None:
+    """Why the mode is serial (the user's setting, or options.serial_reason) and what would interleave."""
+    reason = serial_reason(
+        asked.artifact.chunked, asked.user.enable_chunked_prefill, asked.vllm_config.speculative_config is not None
+    )
+    if asked_prefill_mode(asked.vllm_config.additional_config) is not None or reason is None:
         return f"set by {PREFILL_MODE_ENV}", f"set {PREFILL_MODE_ENV}=interleaved"
-    if not asked.artifact.chunked:
-        return "the default for an export without prefill chunks", "export with --prefill-chunk-size"
-    if asked.user.enable_chunked_prefill is False:
-        return "the default with --no-enable-chunked-prefill", "remove --no-enable-chunked-prefill"
-    return "speculative decoding runs in the serial mode", "remove --speculative-config"
+    return SERIAL_DEFAULTS[reason]
 
 
 def batched_tokens_hold_a_chunk(asked: Asked, fitted: Fitted) -> str | None:
