@@ -5,7 +5,7 @@ padded with its last token, as runtime/chunk_loop.py pads) through this tree's k
 vllm/v1/attention/backends/cpu_attn.py calls it: block size 128, causal). The three alternate call by call; medians.
 
     PYTHONPATH=$PWD flock /tmp/heavy.lock nice -n 5 .venv/bin/python \\
-        benchmark/results/20261129-s8192-ttft-diagonal-tiles-vs-vllm-cpu/attention_whole_prompt.py [TOKENS...]
+        benchmark/results/20261129-s8192-ttft-attention-vs-vllm-cpu/attention_whole_prompt.py [TOKENS...]
 """
 
 import statistics
