@@ -29,7 +29,7 @@ weights and the KV cache.
 - verify           : n sequences x (k + 1) tokens -> logits [n, k + 1, V] of every position (speculative decoding,
                      k = speculative_tokens): each row's last sampled token and its k draft tokens, written at the
                      row's own positions and attended causally; the host accepts drafts from the logits
-                     (speculative.py). For every n in decode_batch_sizes; a row with fewer drafts repeats its last
+                     (draft_acceptance.py). For every n in decode_batch_sizes; a row with fewer drafts repeats its last
                      real token and position (the actual-token mask)
 - copy_prefix      : source slot [1], destination slot [1] -> positions [0, L) of every layer's K and V rows of the
                      source written onto the destination's, in place (prefix caching: a prefix held by a busy slot

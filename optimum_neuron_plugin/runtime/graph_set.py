@@ -14,18 +14,18 @@ from ..graph_inputs import GraphInputs, flat
 from ..graphs import CHUNK_AND_DECODE, COPY_PREFIX, GraphSpec
 from .graph_select import GraphSelector
 
-GraphCall = Callable[..., torch.Tensor]  # graphs(spec, *inputs): runs the compiled graph of spec
+RunGraph = Callable[..., torch.Tensor]  # graphs(spec, *inputs): runs the compiled graph of spec
 
 
 class LoadedOnFirstCall:
     """The graphs of a fresh export, loaded when first used: an export that is only saved (the CLI) never reads
     its programs back, which costs about as much as tracing them."""
 
-    def __init__(self, load: Callable[[], GraphCall]) -> None:
+    def __init__(self, load: Callable[[], RunGraph]) -> None:
         self._load, self._graphs = load, None
 
     @property
-    def loaded(self) -> GraphCall:
+    def loaded(self) -> RunGraph:
         if self._graphs is None:
             self._graphs = self._load()
         return self._graphs
@@ -41,7 +41,7 @@ class LoadedOnFirstCall:
 class GraphSet:
     neuron_config: NeuronConfig
     specs: list[GraphSpec]
-    graphs: GraphCall
+    graphs: RunGraph
     group: dist.ProcessGroup | None = None
     vocab_size: int = 0  # the model's: logit_bias ids are checked against it
     selector: GraphSelector = field(init=False, repr=False)  # selector.select(kind, rows, starts, lasts)

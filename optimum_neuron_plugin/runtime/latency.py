@@ -1,6 +1,6 @@
 """Graph latencies measured on the serving host: what each compiled graph call costs, for step planning.
 
-The interleaved scheduler fits a step's prompt chunks into a latency target (vllm/step_time.py) from these figures.
+The interleaved scheduler fits a step's prompt chunks into a latency target (vllm/scheduler/step_budget.py) from these figures.
 Each graph is timed on its example inputs (slot 0, rewritten by the next request that uses it) after warm-up, the
 fastest of `repeats` calls: the first call of a graph pays one-time costs (program load, the CPU backend's profiling
 run) that no step pays.

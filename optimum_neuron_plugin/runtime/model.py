@@ -29,7 +29,7 @@ from . import decode as decode_step
 from . import generate as hf_generate
 from . import verify as verify_step
 from .decode import DecodeResult
-from .graph_set import GraphCall, GraphSet, LoadedOnFirstCall
+from .graph_set import GraphSet, LoadedOnFirstCall, RunGraph
 from .ranks import NoRanks, tp_group
 
 
@@ -81,12 +81,12 @@ class NeuronModelForCausalLM:
         self.graphs = LoadedOnFirstCall(load) if load_graphs_on_first_call else load()
 
     @property
-    def graphs(self) -> GraphCall:
+    def graphs(self) -> RunGraph:
         """graphs(spec, *inputs) runs the compiled graph of spec."""
         return self.graph_set.graphs
 
     @graphs.setter
-    def graphs(self, graphs: GraphCall) -> None:
+    def graphs(self, graphs: RunGraph) -> None:
         self.graph_set.graphs = graphs
 
     @property

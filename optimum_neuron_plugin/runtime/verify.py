@@ -2,7 +2,7 @@
 
 Row i feeds its last sampled token and its draft tokens at positions start_i, start_i + 1, ...; the graph writes
 their K/V into the row's slot and returns the logits of every position, from which the host accepts drafts
-(speculative.py). A row with fewer than k drafts repeats its last real token and position, and missing rows repeat
+(draft_acceptance.py). A row with fewer than k drafts repeats its last real token and position, and missing rows repeat
 row 0: identical inputs write identical K/V to the same place (the actual-token mask, models/masks.py).
 
 Rejected drafts need no rollback: their K/V sits at positions after the row's last accepted token, and the row's

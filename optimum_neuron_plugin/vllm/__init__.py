@@ -6,7 +6,7 @@ process it starts. It must stay cheap and must not import vLLM or torch.
 
 from __future__ import annotations
 
-from .options import plugin_enabled
+from .engine.options import plugin_enabled
 
 PLATFORM = "optimum_neuron_plugin.vllm.platform.NeuronPlatform"
 

@@ -13,12 +13,12 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from ..backends.neuron import neuron_core_count
-from .options import backend_requested, serves_on_neuron
+from .engine.options import backend_requested, serves_on_neuron
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-    from .limits import ServingLimits
+    from .engine.limits import ServingLimits
 
 # vllm.config imports this module while it resolves the platform: modules that import vllm.config
 # (engine_config, request_checks) are imported inside the methods that need them; neither imports this one.
@@ -101,9 +101,9 @@ class NeuronPlatform(Platform):
         """With the CLI parser (`vllm serve`, before it parses): record which options the command line sets, and
         check the requests' bodies where SamplingParams cannot tell what the client asked (http_checks.py)."""
         if parser is not None:
-            from .engine_config import refuse_tensor_parallel_size
-            from .http_checks import add_http_checks
-            from .user_args import record_user_options
+            from .engine.fit import refuse_tensor_parallel_size
+            from .engine.http_checks import add_http_checks
+            from .engine.user_args import record_user_options
 
             record_user_options(parser, refuse_tensor_parallel_size)
             add_http_checks(parser)
@@ -118,14 +118,14 @@ class NeuronPlatform(Platform):
             )
         if vllm_config.model_config is None:
             return
-        from .engine_config import fit_to_artifact
+        from .engine.fit import fit_to_artifact
 
         cls.serving_limits = fit_to_artifact(vllm_config)
 
     @classmethod
     def validate_request(cls, processed_inputs, params) -> None:
         if cls.serving_limits is not None:
-            from .request_checks import check_request
+            from .engine.request_checks import check_request
 
             check_request(cls.serving_limits, processed_inputs, params)
 
@@ -133,7 +133,7 @@ class NeuronPlatform(Platform):
         # The OpenAI server calls this before it caps max_tokens to max_model_len - prompt_len: a prompt
         # that fills the whole sequence gets the plugin's message instead of "max_tokens must be at least 1, got 0".
         if self.serving_limits is not None and prompt_len > 0:
-            from .request_checks import check_prompt_length
+            from .engine.request_checks import check_prompt_length
 
             check_prompt_length(self.serving_limits, prompt_len)
         return super().get_max_output_tokens(prompt_len)

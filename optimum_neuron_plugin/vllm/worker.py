@@ -34,11 +34,11 @@ from ..backends.neuron import pin_cores
 from ..placement import Rank
 from ..runtime import NeuronModelForCausalLM
 from ..runtime.dummy_step import dummy_step
-from .health import fatal
-from .kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
+from .engine.kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
+from .engine.options import CPU_THREADS_ENV, cpu_threads, data_parallel_size, serves_on_neuron
 from .log import get_logger
-from .model_runner import NeuronModelRunner
-from .options import CPU_THREADS_ENV, cpu_threads, data_parallel_size, serves_on_neuron
+from .runner.health import fatal
+from .runner.model_runner import NeuronModelRunner
 
 logger = get_logger(__name__)
 

@@ -8,8 +8,8 @@ import torch
 from support.distributions import Params, compare
 from support.references import hf_last_logits
 
+from optimum_neuron_plugin.draft_acceptance import accept
 from optimum_neuron_plugin.sampling import GREEDY, SamplingParams
-from optimum_neuron_plugin.speculative import accept
 
 from .helpers import CHUNKED_LOGITS_LIGHT, prompt
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from optimum_neuron_plugin.vllm.data_parallel import data_parallel_problems
+from optimum_neuron_plugin.vllm.engine.data_parallel import data_parallel_problems
 from optimum_neuron_plugin.vllm.worker import NeuronWorker
 
 

@@ -23,8 +23,8 @@ def sample_on_rank(rank: int, out: Path) -> None:
     from vllm import SamplingParams
     from vllm.config import VllmConfig
 
-    from optimum_neuron_plugin.vllm.host_sampling import HostSampler
-    from optimum_neuron_plugin.vllm.requests import RequestState
+    from optimum_neuron_plugin.vllm.runner.request_state import RequestState
+    from optimum_neuron_plugin.vllm.sampling.host_sampling import HostSampler
 
     sampler = HostSampler(VllmConfig(), None, dist.group.WORLD)
     states = [
@@ -41,8 +41,8 @@ def test_every_rank_records_rank_0s_host_sampled_tokens(tmp_path):
     # Imported here and forked: the ranks do not import vLLM again (seconds of CPU each).
     import vllm.config  # noqa: F401
 
-    import optimum_neuron_plugin.vllm.host_sampling  # noqa: F401
-    import optimum_neuron_plugin.vllm.requests  # noqa: F401
+    import optimum_neuron_plugin.vllm.runner.request_state  # noqa: F401
+    import optimum_neuron_plugin.vllm.sampling.host_sampling  # noqa: F401
 
     run_ranks(sample_on_rank, RANKS, tmp_path, start_method="fork")
     tokens = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(RANKS)]

@@ -18,9 +18,9 @@ from support.engine import close_llm, make_llm
 from support.references import hf_greedy
 from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
 
-from optimum_neuron_plugin.vllm.interleave import DEFAULT_MAX_PASSES
-from optimum_neuron_plugin.vllm.options import prefill_chunk_budget, prefill_target_itl
-from optimum_neuron_plugin.vllm.step_time import measured_kind
+from optimum_neuron_plugin.vllm.engine.options import prefill_chunk_budget, prefill_target_itl
+from optimum_neuron_plugin.vllm.scheduler.interleave import DEFAULT_MAX_PASSES
+from optimum_neuron_plugin.vllm.scheduler.step_budget import measured_kind
 
 TAIL = CHUNK // 2  # batched_dir's tail graphs
 _arrivals = count()
@@ -38,7 +38,7 @@ def make_scheduler(model, **additional):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    from optimum_neuron_plugin.vllm.kv_spec import layer_names
+    from optimum_neuron_plugin.vllm.engine.kv_spec import layer_names
 
     config = interleaved_config(model, **additional)
     cache = config.cache_config
@@ -72,7 +72,7 @@ def add(scheduler, req_id: str, prompt_len: int, max_tokens: int = 4) -> None:
 def step(scheduler, latencies=None) -> dict[str, int]:
     """One engine step: tokens scheduled per request; requests whose prompt is complete sample token 7. latencies:
     the graph latencies the runner reports (with its first output)."""
-    from optimum_neuron_plugin.vllm.scheduler import NeuronRunnerOutput
+    from optimum_neuron_plugin.vllm.contract import NeuronRunnerOutput
 
     output = scheduler.schedule()
     scheduled = dict(output.num_scheduled_tokens)
@@ -103,7 +103,7 @@ def scheduler(chunked_dir):
 def test_the_plugin_configures_its_scheduler(chunked_dir):
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from optimum_neuron_plugin.vllm.scheduler import NeuronScheduler
+    from optimum_neuron_plugin.vllm.scheduler.scheduler import NeuronScheduler
 
     scheduler = make_scheduler(chunked_dir)
     assert isinstance(scheduler, NeuronScheduler) and isinstance(scheduler, Scheduler)
@@ -204,7 +204,7 @@ def test_prefill_chunk_budget_option(monkeypatch, chunked_dir):
     assert config.scheduler_config.max_num_batched_tokens == 3 * CHUNK + BATCH_SIZE
 
 
-# ---- the latency target (step_time.py) ---------------------------------------------------------
+# ---- the latency target (scheduler/step_budget.py) ---------------------------------------------------------
 
 
 def latencies_of(model, decode: float, chunk, tail: float | None = None) -> object:
@@ -214,7 +214,7 @@ def latencies_of(model, decode: float, chunk, tail: float | None = None) -> obje
     from optimum_neuron_plugin.graphs import TOKEN_GENERATION, graph_specs
     from optimum_neuron_plugin.runtime.graph_select import spec_key
     from optimum_neuron_plugin.runtime.latency import GraphLatencies
-    from optimum_neuron_plugin.vllm.step_time import measured_kind
+    from optimum_neuron_plugin.vllm.scheduler.step_budget import measured_kind
 
     nc = load_neuron_config(str(model))
     specs = [s for s in graph_specs(nc, vocab_size=256) if measured_kind(nc, s.name, s.rows)]

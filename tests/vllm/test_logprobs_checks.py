@@ -7,8 +7,8 @@ import pytest
 
 
 def limits(device_logprobs: int | None, device_logit_bias: int | None = 32):
-    from optimum_neuron_plugin.vllm.limits import ServingLimits
-    from optimum_neuron_plugin.vllm.options import PrefillMode
+    from optimum_neuron_plugin.vllm.engine.limits import ServingLimits
+    from optimum_neuron_plugin.vllm.engine.options import PrefillMode
 
     on_device = device_logprobs is not None
     return ServingLimits(
@@ -30,7 +30,7 @@ def test_a_request_beyond_the_compiled_logprobs_is_refused(compiled, asked, mess
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
 
-    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+    from optimum_neuron_plugin.vllm.engine.request_checks import check_sampling
 
     with pytest.raises(VLLMValidationError) as error:
         check_sampling(limits(compiled), SamplingParams(logprobs=asked))
@@ -40,7 +40,7 @@ def test_a_request_beyond_the_compiled_logprobs_is_refused(compiled, asked, mess
 def test_logprobs_within_the_limit_or_on_host_are_served():
     from vllm.sampling_params import SamplingParams
 
-    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+    from optimum_neuron_plugin.vllm.engine.request_checks import check_sampling
 
     for asked in (0, 3, 5):
         check_sampling(limits(5), SamplingParams(logprobs=asked))
@@ -52,7 +52,7 @@ def test_chosen_ids_logprobs_are_refused_saying_why():
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
 
-    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+    from optimum_neuron_plugin.vllm.engine.request_checks import check_sampling
 
     for params, why in (
         (
@@ -75,7 +75,7 @@ def test_prompt_logprobs_need_the_prompt_logits_graphs():
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
 
-    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+    from optimum_neuron_plugin.vllm.engine.request_checks import check_sampling
 
     without, with_graphs = limits(20), dataclasses.replace(limits(20), prompt_logprobs=True)
     with pytest.raises(VLLMValidationError, match="export the model again with --prompt-logprobs"):
@@ -93,7 +93,7 @@ def test_logit_bias_beyond_the_compiled_pairs_is_refused_naming_the_limit():
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
 
-    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+    from optimum_neuron_plugin.vllm.engine.request_checks import check_sampling
 
     bias = {token: 1.0 for token in range(9)}
     check_sampling(limits(5, 9), SamplingParams(logit_bias=bias, min_p=0.1))

@@ -10,7 +10,7 @@ from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, SPECULATIVE_TOKEN
 
 from optimum_neuron_plugin.devices import neuron_devices_present
 from optimum_neuron_plugin.vllm import PLATFORM, register
-from optimum_neuron_plugin.vllm.options import PrefillMode, asked_prefill_mode, backend_requested
+from optimum_neuron_plugin.vllm.engine.options import PrefillMode, asked_prefill_mode, backend_requested
 
 
 def engine_config(model, usage="LLM_CLASS", **kwargs):
@@ -205,7 +205,7 @@ def test_vllm_serve_checks_prompt_logprobs_in_the_request_body(chunked_dir):
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from optimum_neuron_plugin.vllm.http_checks import MIDDLEWARE
+    from optimum_neuron_plugin.vllm.engine.http_checks import MIDDLEWARE
 
     parser = make_arg_parser(FlexibleArgumentParser())
     assert parser.parse_args([str(chunked_dir)]).middleware == [MIDDLEWARE]

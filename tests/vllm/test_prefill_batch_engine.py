@@ -32,7 +32,7 @@ def test_prompts_prefilled_together_equal_transformers(batched_dir, tokenizer, t
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ONP_STATS_FILE", str(stats))
         # Interleaved: a fixed 2 chunk calls per step. Under the latency target the step time estimate counts each
-        # prompt's chunk as a call of its own (vllm/step_time.py), so whether two prompts share a step would depend on
+        # prompt's chunk as a call of its own (vllm/scheduler/step_budget.py), so whether two prompts share a step would depend on
         # the graphs' measured times.
         extra = {"serial": {}, "interleaved": {"prefill_chunk_budget": 2}, "narrow": {"prefill_target_itl_ms": 0.001}}
         prefill_mode = "serial" if mode == "serial" else "interleaved"

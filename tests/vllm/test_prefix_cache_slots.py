@@ -9,7 +9,7 @@ import random
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import hash_block_tokens, init_none_hash
 
-from optimum_neuron_plugin.vllm.prefix_cache import Prefix, PrefixCache
+from optimum_neuron_plugin.vllm.scheduler.prefix_cache import Prefix, PrefixCache
 
 BLOCK = 4
 init_none_hash(sha256)

@@ -7,7 +7,7 @@ from __future__ import annotations
 def request(prompt: list[int]):
     from vllm.sampling_params import SamplingParams
 
-    from optimum_neuron_plugin.vllm.requests import RequestState
+    from optimum_neuron_plugin.vllm.runner.request_state import RequestState
 
     return RequestState.create("r", prompt, SamplingParams(temperature=0.0))
 

@@ -20,8 +20,8 @@ from support.served import SEQUENCE_LENGTH, SPECULATIVE_TOKENS, prompt_of
 from optimum_neuron_plugin.graphs import TOKEN_GENERATION, VERIFY
 from optimum_neuron_plugin.runtime.graph_select import spec_key
 from optimum_neuron_plugin.runtime.latency import GraphLatencies
-from optimum_neuron_plugin.vllm.draft_gate import MIN_ACCEPTANCE_ENV, DraftGate
-from optimum_neuron_plugin.vllm.verify_cost import NextRow, PooledRate, VerifyCosts
+from optimum_neuron_plugin.vllm.spec_decode.draft_gate import MIN_ACCEPTANCE_ENV, DraftGate
+from optimum_neuron_plugin.vllm.spec_decode.verify_cost import NextRow, PooledRate, VerifyCosts
 
 pytestmark = pytest.mark.slow  # an in-process vLLM engine
 
@@ -201,7 +201,7 @@ class GraphCallLog:
 
 
 def test_a_steps_graph_calls_run_in_the_documented_order(llm, tokenizer, tiny_hf, monkeypatch):
-    """One step holding every kind of work (step_calls.py): a prefix copy for a request whose prefix a decoding
+    """One step holding every kind of work (runner/call_plan.py): a prefix copy for a request whose prefix a decoding
     request holds, the verify call of the request with drafts, the decode of a request that may not speculate (it
     asks for logprobs) riding in the first prompt slice's chunk, then the other prompt slice. Every request gets
     transformers' greedy tokens."""

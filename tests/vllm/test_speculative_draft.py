@@ -1,4 +1,4 @@
-"""Speculative decoding with a draft model (vllm/draft_model.py): the proposer's drafts are the draft model's greedy
+"""Speculative decoding with a draft model (vllm/spec_decode/draft_model.py): the proposer's drafts are the draft model's greedy
 tokens (transformers) whatever its slots held before; served greedy tokens equal greedy decoding without drafts
 with a draft that always agrees (the target's own weights: every draft accepted) and with one that rarely does (a
 1-layer model of other random weights); sampled tokens follow the target's distribution; unusable drafts are
@@ -66,7 +66,7 @@ def runner(llm):
 @pytest.fixture
 def other_draft(llm, other_dir):
     """The same engine proposing with the 1-layer draft (its runner's proposer swapped for this test)."""
-    from optimum_neuron_plugin.vllm.draft_model import DraftModelDrafts
+    from optimum_neuron_plugin.vllm.spec_decode.draft_model import DraftModelDrafts
 
     run = runner(llm)
     mine, run.speculation.drafter = run.speculation.drafter, DraftModelDrafts(str(other_dir), K, SEQUENCE_LENGTH)
@@ -96,7 +96,7 @@ def test_the_proposer_drafts_the_draft_models_greedy_tokens(other_dir, other_hf_
     """Whatever its slots hold (nothing, a request that ran on, drafts of which some were rejected, another request
     sharing a prefix), each proposal is the draft model's greedy continuation of the request's tokens (HF), and
     none passes max_model_len."""
-    from optimum_neuron_plugin.vllm.draft_model import DraftModelDrafts
+    from optimum_neuron_plugin.vllm.spec_decode.draft_model import DraftModelDrafts
 
     hf = LlamaForCausalLM.from_pretrained(other_hf_dir, dtype=torch.float32).eval()
     drafter = DraftModelDrafts(str(other_dir), K, SEQUENCE_LENGTH)

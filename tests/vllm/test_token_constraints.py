@@ -15,7 +15,7 @@ WORDS = 4  # ceil(100 / 32)
 def state(output_token_ids: list[int], **params):
     from vllm.sampling_params import SamplingParams
 
-    from optimum_neuron_plugin.vllm.requests import RequestState
+    from optimum_neuron_plugin.vllm.runner.request_state import RequestState
 
     bad_words = params.pop("bad_words_token_ids", None)
     sampling = SamplingParams(**params)
@@ -44,13 +44,13 @@ def vllm_allowed(request) -> np.ndarray:
 
 
 def device_allowed(bitmask: torch.Tensor, row: int) -> np.ndarray:
-    from optimum_neuron_plugin.vllm.token_constraints import unpack
+    from optimum_neuron_plugin.vllm.sampling.token_constraints import unpack
 
     return unpack(bitmask[row])[:VOCAB]
 
 
 def test_constraint_rows_allow_what_vllm_leaves_finite():
-    from optimum_neuron_plugin.vllm.token_constraints import constrained_bitmask
+    from optimum_neuron_plugin.vllm.sampling.token_constraints import constrained_bitmask
 
     requests = [
         state([], max_tokens=5),  # unconstrained: all ones
@@ -71,7 +71,7 @@ def test_constraint_rows_allow_what_vllm_leaves_finite():
 
 
 def test_a_grammar_row_is_anded_and_min_tokens_yields_when_only_stops_remain():
-    from optimum_neuron_plugin.vllm.token_constraints import constrained_bitmask, pack
+    from optimum_neuron_plugin.vllm.sampling.token_constraints import constrained_bitmask, pack
 
     grammar = np.zeros(WORDS * 32, dtype=bool)
     grammar[[2, 7, 40]] = True
@@ -91,9 +91,9 @@ def test_an_on_device_artifact_without_the_bitmask_refuses_structured_outputs(on
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams, StructuredOutputsParams
 
-    from optimum_neuron_plugin.vllm.limits import ServingLimits
-    from optimum_neuron_plugin.vllm.options import PrefillMode
-    from optimum_neuron_plugin.vllm.request_checks import check_sampling
+    from optimum_neuron_plugin.vllm.engine.limits import ServingLimits
+    from optimum_neuron_plugin.vllm.engine.options import PrefillMode
+    from optimum_neuron_plugin.vllm.engine.request_checks import check_sampling
 
     limits = ServingLimits(
         128, 128, 4, on_device_sampling, 256, PrefillMode.SERIAL, structured_outputs=not on_device_sampling

@@ -28,12 +28,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import artifact
-from ..config import NeuronConfig
-from ..errors import ArtifactError
-from ..runtime import NeuronModelForCausalLM
-from ..sampling import GREEDY
-from .log import WarmUpLog, get_logger
+from ... import artifact
+from ...config import NeuronConfig
+from ...errors import ArtifactError
+from ...runtime import NeuronModelForCausalLM
+from ...sampling import GREEDY
+from ..log import WarmUpLog, get_logger
 
 logger = get_logger(__name__)
 

@@ -14,7 +14,8 @@ from importlib.metadata import entry_points
 import vllm.envs as envs
 from vllm.config import VllmConfig
 
-from ..config import NeuronConfig
+from ...config import NeuronConfig
+from ..spec_decode.methods import speculation_problems
 from .data_parallel import data_parallel_problems
 from .fitted import Fitted
 from .options import (
@@ -26,11 +27,15 @@ from .options import (
     prefill_target_itl,
     serial_reason,
 )
-from .speculation import speculation_problems
 from .user_args import UserOptions
 
+
+class ConfigMismatchError(ValueError):
+    """The vLLM configuration asks for more than the artifact was compiled for."""
+
+
 WORKER_CLS = "optimum_neuron_plugin.vllm.worker.NeuronWorker"
-SCHEDULER_CLS = "optimum_neuron_plugin.vllm.scheduler.NeuronScheduler"
+SCHEDULER_CLS = "optimum_neuron_plugin.vllm.scheduler.scheduler.NeuronScheduler"
 
 
 @dataclass(frozen=True)

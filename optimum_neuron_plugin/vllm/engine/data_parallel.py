@@ -31,8 +31,8 @@ import os
 
 from vllm.config import ParallelConfig
 
-from ..backends.neuron import neuron_core_count
-from ..placement import Rank, neuron_core
+from ...backends.neuron import neuron_core_count
+from ...placement import Rank, neuron_core
 from .options import serves_on_neuron
 
 

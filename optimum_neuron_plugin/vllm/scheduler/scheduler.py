@@ -9,7 +9,7 @@ other request keeps running and later requests are served. Without this, vLLM 0.
 worker exception as a dead engine: every in-flight request fails and `vllm serve` exits with status 0.
 
 Interleaved prefill (prefill_mode=interleaved): before each step the scheduler plans which prompts
-get which slice (interleave.py: whole chunks, as many chunk calls as fit the latency target (step_time.py, from the
+get which slice (interleave.py: whole chunks, as many chunk calls as fit the latency target (scheduler/step_budget.py, from the
 graph latencies the runner measures at warm-up and reports with its first output) or a fixed number, shortest
 remaining first with aging), then lets vLLM's own schedule() run with two nudges: planned waiting requests move
 to the front of the FCFS queue, and every prefilling request's slice is capped to its plan in
@@ -21,7 +21,7 @@ plan (engine_config sets max_num_batched_tokens), so decodes are never cut.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import replace
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue
@@ -30,59 +30,17 @@ from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
-from ..artifact import load_neuron_config
-from ..runtime.latency import GraphLatencies
+from ...artifact import load_neuron_config
+from ...runtime.latency import GraphLatencies
+from ..contract import NeuronSchedulerOutput, admitted_ids, is_decode, prompt_tokens_left, rejected_drafts
+from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode, prefill_target_itl, prefix_caching
+from ..log import get_logger
 from .interleave import Candidate, InterleavePolicy, plan_slices
 from .kv_events import block_hasher, hash_blocks, prefix_of, publish
-from .log import get_logger
-from .options import PrefillMode, prefill_chunk_budget, prefill_mode, prefill_target_itl, prefix_caching
 from .prefix_cache import PrefixCache, PrefixCopy
-from .step_time import StepTimeModel
+from .step_budget import StepTimeModel
 
 logger = get_logger(__name__)
-
-
-@dataclass
-class NeuronRunnerOutput(ModelRunnerOutput):
-    """vLLM's step output plus the requests whose graph call raised (they sampled nothing), and with the first step
-    of an interleaved engine the graph latencies measured at warm-up (step_time.py)."""
-
-    failed_req_ids: list[str] = field(default_factory=list)
-    graph_latencies: GraphLatencies | None = None
-
-
-@dataclass
-class NeuronSchedulerOutput(SchedulerOutput):
-    """vLLM's step output plus the cache slot of every request admitted (new or resumed) this step, and the prefix
-    copies the runner makes before the step's other graph calls, in claim order (prefix_cache.py)."""
-
-    slots: dict[str, int] = field(default_factory=dict)
-    copies: list[PrefixCopy] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, output: SchedulerOutput, slots: dict[str, int], copies: list[PrefixCopy]) -> NeuronSchedulerOutput:
-        return cls(**{f.name: getattr(output, f.name) for f in fields(SchedulerOutput)}, slots=slots, copies=copies)
-
-
-def admitted_ids(output: SchedulerOutput) -> set[str]:
-    """Requests admitted this step: new ones and ones resuming after preemption."""
-    return {new.req_id for new in output.scheduled_new_reqs} | set(output.scheduled_cached_reqs.resumed_req_ids)
-
-
-def prompt_tokens_left(request: Request) -> int:
-    """Tokens still to prefill; 0 for a decoding request (one sampled token to feed)."""
-    left = request.num_tokens - request.num_computed_tokens
-    return 0 if left == 1 and request.num_output_tokens > 0 else left
-
-
-def rejected_drafts(scheduler_output: SchedulerOutput, output: ModelRunnerOutput, req_id: str) -> int:
-    """Draft tokens of req_id rejected this step: vLLM rolls num_computed_tokens back by them in update_from_output.
-    Their K/V is in the slot (overwritten by the request's next call), so the prefix cache must not count them."""
-    drafts = scheduler_output.scheduled_spec_decode_tokens.get(req_id)
-    if not drafts:
-        return 0
-    sampled = output.sampled_token_ids[output.req_id_to_index[req_id]] if output.sampled_token_ids else []
-    return len(drafts) - max(len(sampled) - 1, 0)
 
 
 class NeuronScheduler(Scheduler):
@@ -181,8 +139,8 @@ class NeuronScheduler(Scheduler):
         num_new_tokens = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
         if self._slices is None:
             return num_new_tokens  # serial mode
-        if request.num_tokens - num_computed_tokens == 1 and request.num_output_tokens > 0:
-            return num_new_tokens  # a decode
+        if is_decode(request.num_tokens, num_computed_tokens, request.num_output_tokens):
+            return num_new_tokens
         # A prefill the plan did not choose (e.g. a request that became ready during this step) waits.
         return min(num_new_tokens, self._slices.get(request.request_id, 0))
 

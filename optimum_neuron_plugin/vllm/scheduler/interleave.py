@@ -3,11 +3,11 @@
 Rules (prefill_mode=interleaved; NeuronScheduler applies the plan through vLLM's scheduler):
 1. A slice is a whole number of compiled chunks, except the last slice of a prompt, and n tokens
    to prefill cost ceil(n / chunk) graph calls, as in serial mode (the runtime pads only a
-   prompt's last chunk). Under a latency target below a decode plus a chunk call (step_time.py,
+   prompt's last chunk). Under a latency target below a decode plus a chunk call (scheduler/step_budget.py,
    `narrow`), a slice may end with a piece of the tail graph's tokens where a whole chunk does
    not fit: the runtime runs the slice's whole chunks, then that piece on the tail graph.
 2. The step's prefill budget is counted in graph calls, not tokens: the calls that fit the latency target
-   (step_time.py: the measured seconds of each call against the target minus the step's decode; the first call
+   (scheduler/step_budget.py: the measured seconds of each call against the target minus the step's decode; the first call
    always goes), or a fixed `chunk_budget`. Decodes are outside it: every decoding request gets its token each step.
 3. Shortest remaining prompt first, so a short prompt overtakes a long one in progress. Aging: a
    prompt passed over in `max_passes` steps that prefilled others goes first (most passed first,
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .step_time import StepTime
+from .step_budget import StepTime
 
 DEFAULT_MAX_PASSES = 4
 

@@ -4,7 +4,7 @@ vLLM 0.32 (v1/engine/core.py step) calls execute_model, then computes the gramma
 that sample this step (scheduler.get_grammar_bitmask: xgrammar's packed int32 rows, bit j of word i allowing token
 32 * i + j, one row per id of structured_output_request_ids), then calls sample_tokens(grammar_output). The worker
 runs a step holding such requests in sample_tokens (worker.py), so the bitmask exists before any graph call samples.
-Structured requests get no speculative drafts (speculation.py), so every structured request has exactly one row.
+Structured requests get no speculative drafts (spec_decode/methods.py), so every structured request has exactly one row.
 """
 
 from __future__ import annotations

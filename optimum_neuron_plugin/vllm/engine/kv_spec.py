@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 
-from ..artifact import cache_dtype
-from ..runtime import NeuronModelForCausalLM
+from ...artifact import cache_dtype
+from ...runtime import NeuronModelForCausalLM
 
 # Any layout: vLLM allocates nothing for us. NHD order, the usual default.
 SUPPORTED_LAYOUTS = ["LBNHC"]

@@ -1,16 +1,16 @@
 """NeuronModelRunner: turns each vLLM step into graph calls on the runtime.
 
-A step is data: the runner reads vLLM's SchedulerOutput into a StepPlan (step.py: the decoding requests and the
+A step is data: the runner reads vLLM's SchedulerOutput into a StepPlan (runner/step_input.py: the decoding requests and the
 prompt slices), turns it into an ordered list of graph calls (step_calls.plan_calls, where the order is written
 down: prefix copies, verify, the decode batch (riding in a prompt chunk when it can), the prompt slices, the prompt
 logprobs slices), each naming its requests and its fallback, and runs the list in one guarded loop
-(guarded_calls.py) that owns failure isolation, the engine's health and the requests' generators. One call is
-graph_calls.py's; the step's tokens, logprobs and failed requests come back in one StepResult, from which the runner
-builds vLLM's output. After the step, speculative decoding proposes the next drafts (speculative_decoding.py).
+(runner/call_loop.py) that owns failure isolation, the engine's health and the requests' generators. One call is
+runner/call_executor.py's; the step's tokens, logprobs and failed requests come back in one StepResult, from which the runner
+builds vLLM's output. After the step, speculative decoding proposes the next drafts (spec_decode/bookkeeping.py).
 
 The same code serves both prefill modes: in serial mode vLLM schedules whole prompts, in interleaved mode vLLM's
 scheduler hands out slices, fitted to a latency target from the graph latencies the runner measures at warm-up and
-reports with its first output (step_time.py). Prefix caching (prefix_cache.py): the scheduler names the slot of
+reports with its first output (scheduler/step_budget.py). Prefix caching (prefix_cache.py): the scheduler names the slot of
 each request and the prefix copies of the step.
 """
 
@@ -22,24 +22,24 @@ from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
-from ..runtime import NeuronModelForCausalLM
-from ..runtime.latency import GraphLatencies
-from ..sampling import host_topk
-from .grammar import StepGrammar
-from .graph_calls import CallExecutor
-from .guarded_calls import GuardedCalls
+from ...runtime import NeuronModelForCausalLM
+from ...runtime.latency import GraphLatencies
+from ...sampling import host_topk
+from ..contract import NeuronRunnerOutput, is_decode
+from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode
+from ..log import WarmUpLog, get_logger
+from ..sampling.grammar import StepGrammar
+from ..sampling.host_sampling import HostSampler, logprobs_lists
+from ..scheduler.step_budget import measured_kind
+from ..spec_decode.bookkeeping import SpeculativeDecoding
+from .call_executor import CallExecutor
+from .call_loop import GuardedCalls
+from .call_plan import GraphCall, StepResult, plan_calls
 from .health import GraphHealth
-from .host_sampling import HostSampler, logprobs_lists
-from .log import WarmUpLog, get_logger
-from .options import PrefillMode, prefill_chunk_budget, prefill_mode
 from .prompt_logprobs import wants_prompt_logprobs
-from .requests import RequestState, SeedSource
-from .scheduler import NeuronRunnerOutput
-from .speculative_decoding import SpeculativeDecoding
+from .request_state import RequestState, SeedSource
 from .stats import StatsSink
-from .step import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids, scheduled_drafts
-from .step_calls import GraphCall, StepResult, plan_calls
-from .step_time import measured_kind
+from .step_input import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids, scheduled_drafts
 
 logger = get_logger(__name__)
 
@@ -58,7 +58,7 @@ class NeuronModelRunner:
         self.executor = CallExecutor(model, self.requests, self.host_sampler, self.speculation)
         self.calls = GuardedCalls(self.executor, self.requests, self.health, self._graph_files)
         extra = vllm_config.additional_config
-        # The interleaved scheduler's latency target needs the graphs' latencies (step_time.py).
+        # The interleaved scheduler's latency target needs the graphs' latencies (scheduler/step_budget.py).
         self.measures_latencies = prefill_mode(extra) is PrefillMode.INTERLEAVED and prefill_chunk_budget(extra) is None
         self.latencies: GraphLatencies | None = None  # measured at warm-up, reported with the first output
 
@@ -114,8 +114,8 @@ class NeuronModelRunner:
                     f"request {req_id}: {work.count} known tokens scheduled from position {work.start} but only "
                     f"{state.num_tokens} are known"
                 )
-            is_decode = state.output_token_ids and work.count == 1 and work.start == state.num_tokens - 1
-            (plan.decodes if is_decode else plan.prefills).append(work)
+            decoding = work.count == 1 and is_decode(state.num_tokens, work.start, len(state.output_token_ids))
+            (plan.decodes if decoding else plan.prefills).append(work)
         return plan
 
     def graph_calls(self, plan: StepPlan, scheduler_output: SchedulerOutput) -> list[GraphCall]:

@@ -29,10 +29,10 @@ from vllm.v1.sample.logits_processor import BatchUpdate, build_logitsprocs
 from vllm.v1.sample.metadata import SamplingMetadata
 from vllm.v1.sample.sampler import Sampler
 
-from ..runtime.decode import SampledLogprobs
-from ..runtime.ranks import from_rank0
-from ..sampling import sample_on_host
-from .requests import RequestState
+from ...runtime.decode import SampledLogprobs
+from ...runtime.ranks import from_rank0
+from ...sampling import sample_on_host
+from ..runner.request_state import RequestState
 
 
 class HostSampler:

@@ -1,6 +1,6 @@
 """Speculative decoding through vLLM's `--speculative-config`: n-gram (prompt lookup) drafts from vLLM's own
 NgramProposer, or greedy drafts of a second export (draft_model.py), verified by the artifact's verify graph
-(runtime/verify.py), accepted on the host (speculative.py).
+(runtime/verify.py), accepted on the host (draft_acceptance.py).
 
 vLLM 0.32's protocol (v1/core/sched/scheduler.py, v1/engine/core.py): after each step the engine asks the worker
 for drafts (take_draft_token_ids) and stores them on the requests (spec_token_ids); the next schedule() gives a
@@ -18,10 +18,10 @@ from collections.abc import Sequence
 import numpy as np
 from vllm.config import VllmConfig
 
-from ..config import NeuronConfig
+from ...config import NeuronConfig
+from ..engine.options import PREFILL_MODE_ENV, PrefillMode
 from .draft_gate import min_acceptance
 from .draft_model import DRAFT_MODEL, DraftModelDrafts, draft_problems
-from .options import PREFILL_MODE_ENV, PrefillMode
 
 NGRAM = "ngram"
 METHODS = (NGRAM, DRAFT_MODEL)

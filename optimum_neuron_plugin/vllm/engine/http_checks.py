@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-MIDDLEWARE = "optimum_neuron_plugin.vllm.http_checks.PromptLogprobsCheck"
+MIDDLEWARE = "optimum_neuron_plugin.vllm.engine.http_checks.PromptLogprobsCheck"
 PATHS = ("/v1/completions", "/v1/chat/completions")
 
 

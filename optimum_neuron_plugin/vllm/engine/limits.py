@@ -1,4 +1,4 @@
-"""ServingLimits: what an artifact allows, fixed when the engine config is fitted to it (engine_config.py) and read by
+"""ServingLimits: what an artifact allows, fixed when the engine config is fitted to it (engine/fit.py) and read by
 every request check (request_checks.py)."""
 
 from __future__ import annotations

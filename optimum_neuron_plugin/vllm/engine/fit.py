@@ -22,13 +22,14 @@ import torch
 from vllm.config import CompilationMode, VllmConfig
 from vllm.config.compilation import CUDAGraphMode
 
-from ..artifact import load_neuron_config
-from ..config import NEURON_CONFIG_FILE, NeuronConfig
+from ...artifact import load_neuron_config
+from ...config import NEURON_CONFIG_FILE, NeuronConfig
+from ..log import get_logger
+from ..spec_decode.methods import num_speculative_tokens
 from . import refusals
 from .data_parallel import local_engines
-from .fitted import ConfigMismatchError, Fitted
+from .fitted import Fitted
 from .limits import ServingLimits
-from .log import get_logger
 from .options import (
     DATA_PARALLEL_SIZE_KEY,
     PREFILL_MODE_KEY,
@@ -38,8 +39,7 @@ from .options import (
     default_prefill_mode,
     prefill_chunk_budget,
 )
-from .refusals import SCHEDULER_CLS, WORKER_CLS, Asked
-from .speculation import num_speculative_tokens
+from .refusals import SCHEDULER_CLS, WORKER_CLS, Asked, ConfigMismatchError
 from .user_args import UserOptions
 
 logger = get_logger(__name__)
@@ -238,7 +238,7 @@ def _kv_blocks(vllm_config: VllmConfig, max_num_seqs: int, max_model_len: int) -
 
 def _artifact_dtype(artifact: NeuronConfig) -> torch.dtype:
     """The graphs were compiled for one dtype; vLLM's own guess (e.g. downcasting fp32) does not apply."""
-    from ..artifact import torch_dtype
+    from ...artifact import torch_dtype
 
     return torch_dtype(artifact)
 

@@ -14,8 +14,8 @@ import torch
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.outputs import LogprobsTensors
 
-from ..sampling import GREEDY, SamplingParams, make_generator
-from .draft_gate import DraftGate
+from ...sampling import GREEDY, SamplingParams, make_generator
+from ..spec_decode.draft_gate import DraftGate
 
 _GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy
 

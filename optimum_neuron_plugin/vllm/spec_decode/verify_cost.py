@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..graphs import TOKEN_GENERATION, VERIFY
-from ..runtime import NeuronModelForCausalLM
-from ..runtime.latency import GraphLatencies
+from ...graphs import TOKEN_GENERATION, VERIFY
+from ...runtime import NeuronModelForCausalLM
+from ...runtime.latency import GraphLatencies
 
 
 @dataclass

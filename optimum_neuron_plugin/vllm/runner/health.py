@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .log import get_logger
+from ..log import get_logger
 
 MAX_GRAPH_FAILURES_ENV = "ONP_MAX_GRAPH_FAILURES"
 DEFAULT_MAX_GRAPH_FAILURES = 16

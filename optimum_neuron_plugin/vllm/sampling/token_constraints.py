@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .requests import RequestState
+from ..runner.request_state import RequestState
 
 
 def constrained_bitmask(grammar: torch.Tensor | None, states: list[RequestState], words: int) -> torch.Tensor | None:

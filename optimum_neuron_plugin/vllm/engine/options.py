@@ -15,7 +15,7 @@ with `VLLM_`, so the plugin never uses that prefix.
   server's threads, OMP_NUM_THREADS if set, else every core it may run on, split evenly between the
   data-parallel x tensor-parallel ranks, placement.py).
 - `ONP_PREFILL_TARGET_ITL_MS`: interleaved mode only, the step time (inter-token latency of the running streams) the
-  scheduler fits each step's prefill chunk calls into, from the graph latencies measured at warm-up (step_time.py).
+  scheduler fits each step's prefill chunk calls into, from the graph latencies measured at warm-up (scheduler/step_budget.py).
   Default: a decode step plus one chunk call. additional_config key `prefill_target_itl_ms`.
 - `ONP_PREFILL_CHUNK_BUDGET`: interleaved mode only, a fixed number of prefill graph calls (compiled chunks) per
   engine step instead of the latency target; additional_config key `prefill_chunk_budget`.
@@ -30,9 +30,9 @@ from enum import Enum
 
 from vllm.utils.torch_utils import OMP_NUM_THREADS_SET_BY_VLLM
 
-from .. import placement
-from ..devices import neuron_devices_present
-from ..placement import Rank
+from ... import placement
+from ...devices import neuron_devices_present
+from ...placement import Rank
 
 BACKEND_ENV = "ONP_BACKEND"
 PREFILL_MODE_ENV = "ONP_PREFILL_MODE"
@@ -197,7 +197,7 @@ def prefill_chunk_budget(additional_config: object = None) -> int | None:
 
 
 def prefill_target_itl(additional_config: object = None) -> float | None:
-    """Interleaved mode: the step time in seconds the prefill calls are fitted into (step_time.py); None: unset, the
+    """Interleaved mode: the step time in seconds the prefill calls are fitted into (scheduler/step_budget.py); None: unset, the
     default (a decode step plus one chunk call)."""
     value = _additional(additional_config, PREFILL_TARGET_ITL_KEY, PREFILL_TARGET_ITL_ENV)
     if value is None:

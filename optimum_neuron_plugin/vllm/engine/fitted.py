@@ -1,4 +1,4 @@
-"""What fitting the engine to an artifact decides (engine_config.fit), and the error it raises when it cannot."""
+"""What fitting the engine to an artifact decides (fit.py)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,6 @@ import torch
 
 from .limits import ServingLimits
 from .options import PrefillMode
-
-
-class ConfigMismatchError(ValueError):
-    """The vLLM configuration asks for more than the artifact was compiled for."""
 
 
 @dataclass(frozen=True)

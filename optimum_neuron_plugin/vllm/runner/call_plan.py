@@ -4,7 +4,7 @@ plan_calls orders them (the one place the order is decided):
 
 1. copy_prefix, one call per prefix copy, in claim order (prefix_cache.py), before any other call reads or writes
    the cache: a source's rows [0, length) are still what its owner committed.
-2. verify: the decoding requests that may speculate, when one of them has drafts (speculative_decoding.py).
+2. verify: the decoding requests that may speculate, when one of them has drafts (spec_decode/bookkeeping.py).
 3. the other decoding requests (token_generation), riding in the first prompt slice's chunk (chunk_and_decode) when
    the artifact fuses and the step's prompt slices are not prefilled together; falling back to the decode batch and
    the slice apart, so that a bad prompt fails alone.
@@ -12,7 +12,7 @@ plan_calls orders them (the one place the order is decided):
    batch graphs and there is more than one slice, else one call each (the chunk loop).
 5. the slices of requests asking for prompt logprobs, one call each on the prompt_logits graphs.
 
-The runner runs the list in one guarded loop (guarded_calls.py); a request that failed in a call is left out of the
+The runner runs the list in one guarded loop (runner/call_loop.py); a request that failed in a call is left out of the
 calls after it. Each call's tokens, logprobs and prefill figures go into a StepResult of its own, merged into the
 step's only when the call succeeded.
 """
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field, replace
 
 from vllm.v1.outputs import LogprobsTensors
 
-from .host_sampling import TokenLogprobs
-from .prefix_cache import PrefixCopy
-from .step import ScheduledSlice
+from ..sampling.host_sampling import TokenLogprobs
+from ..scheduler.prefix_cache import PrefixCopy
+from .step_input import ScheduledSlice
 
 
 class CallKind(enum.Enum):

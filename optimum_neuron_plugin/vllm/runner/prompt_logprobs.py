@@ -9,7 +9,7 @@ import torch
 from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.sample.sampler import Sampler
 
-from .requests import RequestState
+from .request_state import RequestState
 
 
 def wants_prompt_logprobs(state: RequestState) -> bool:

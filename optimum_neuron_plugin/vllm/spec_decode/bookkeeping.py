@@ -1,4 +1,4 @@
-"""Speculative decoding's bookkeeping from step to step (the proposers and what is refused: speculation.py).
+"""Speculative decoding's bookkeeping from step to step (the proposers and what is refused: spec_decode/methods.py).
 
 Which decoding requests go in the verify call (split_verifies), what each keeps of its drafts (accept: the accepted
 drafts and one more token, speculative.accept), each request's and all requests' acceptance (draft_gate.py,
@@ -15,14 +15,14 @@ import torch
 from vllm.config import VllmConfig
 from vllm.v1.outputs import DraftTokenIds
 
-from ..runtime import NeuronModelForCausalLM
-from ..sampling import host_topk
-from ..speculative import accept
+from ...draft_acceptance import accept
+from ...runtime import NeuronModelForCausalLM
+from ...sampling import host_topk
+from ..log import get_logger
+from ..runner.request_state import RequestState
+from ..runner.step_input import ScheduledSlice
 from .draft_gate import DraftGate, min_acceptance
-from .log import get_logger
-from .requests import RequestState
-from .speculation import make_drafter
-from .step import ScheduledSlice
+from .methods import make_drafter
 from .verify_cost import NextRow, PooledRate, VerifyCosts
 
 logger = get_logger(__name__)

@@ -16,7 +16,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from .requests import RequestState
+from .request_state import RequestState
 
 STATS_FILE_ENV = "ONP_STATS_FILE"
 

@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..config import NeuronConfig
-from ..graphs import TOKEN_GENERATION
-from ..runtime.graph_select import call_key, chunk_tokens
-from ..runtime.latency import GraphLatencies
+from ...config import NeuronConfig
+from ...graphs import TOKEN_GENERATION
+from ...runtime.graph_select import call_key, chunk_tokens
+from ...runtime.latency import GraphLatencies
 
 
 def measured_kind(nc: NeuronConfig, name: str, rows: int) -> bool:

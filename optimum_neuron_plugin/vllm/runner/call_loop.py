@@ -1,7 +1,7 @@
-"""The one loop that runs a step's graph calls (step_calls.py): failure isolation, health and generator state.
+"""The one loop that runs a step's graph calls (runner/call_plan.py): failure isolation, health and generator state.
 
 For each call, less the requests that failed earlier in the step:
-- the generators of its requests are saved, and the call runs into a StepResult of its own (graph_calls.py);
+- the generators of its requests are saved, and the call runs into a StepResult of its own (runner/call_executor.py);
 - when it succeeds, health's count of failed calls in a row resets, and its result is committed (tokens appended to
   the requests, prefill figures added) and merged into the step's;
 - when it raises, its requests' generators are restored and its result dropped, so nothing of the failed call
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .graph_calls import CallExecutor
+from ..log import get_logger
+from .call_executor import CallExecutor
+from .call_plan import GraphCall, StepResult
 from .health import GraphHealth
-from .log import get_logger
-from .requests import RequestState
-from .step_calls import GraphCall, StepResult
+from .request_state import RequestState
 
 logger = get_logger(__name__)
 

@@ -1,6 +1,6 @@
-"""One graph call of a step (step_calls.py) on the runtime, and what it yields: a StepResult of its own.
+"""One graph call of a step (runner/call_plan.py) on the runtime, and what it yields: a StepResult of its own.
 
-A call changes no request's tokens: the guarded loop (guarded_calls.py) appends them once the call has succeeded.
+A call changes no request's tokens: the guarded loop (runner/call_loop.py) appends them once the call has succeeded.
 A complete prompt samples its first token on the host from the prefill logits; decode tokens are sampled on the
 device, or on the host when the artifact returns logits or a row's logits need processing (penalties). Structured
 outputs (grammar.py): host sampling masks its logits with vLLM's bitmask; on-device sampling passes the bitmask to the
@@ -13,18 +13,18 @@ import time
 
 from vllm.v1.core.sched.output import SchedulerOutput
 
-from ..graphs import CHUNK_AND_DECODE, COPY_PREFIX, PROMPT_LOGITS, TOKEN_GENERATION, VERIFY
-from ..models.sampling import bitmask_words
-from ..runtime import NeuronModelForCausalLM
-from ..sampling import GREEDY
-from .grammar import StepGrammar
-from .host_sampling import HostSampler, device_token_logprobs, token_logprobs
+from ...graphs import CHUNK_AND_DECODE, COPY_PREFIX, PROMPT_LOGITS, TOKEN_GENERATION, VERIFY
+from ...models.sampling import bitmask_words
+from ...runtime import NeuronModelForCausalLM
+from ...sampling import GREEDY
+from ..sampling.grammar import StepGrammar
+from ..sampling.host_sampling import HostSampler, device_token_logprobs, token_logprobs
+from ..sampling.token_constraints import constrained_bitmask
+from ..spec_decode.bookkeeping import SpeculativeDecoding
+from .call_plan import CallKind, GraphCall, PrefillRecord, StepResult
 from .prompt_logprobs import record_prompt_logprobs
-from .requests import RequestState
-from .speculative_decoding import SpeculativeDecoding
-from .step import ScheduledSlice
-from .step_calls import CallKind, GraphCall, PrefillRecord, StepResult
-from .token_constraints import constrained_bitmask
+from .request_state import RequestState
+from .step_input import ScheduledSlice
 
 
 class CallExecutor:
@@ -65,7 +65,7 @@ class CallExecutor:
         self.requests[copy.req_id].stats.copied = True
 
     def _verify(self, call: GraphCall, result: StepResult) -> None:
-        """Each row keeps its accepted drafts and one more token (speculative_decoding.py)."""
+        """Each row keeps its accepted drafts and one more token (spec_decode/bookkeeping.py)."""
         work = call.decodes
         states = [self.requests[w.req_id] for w in work]
         logits = self.model.verify(

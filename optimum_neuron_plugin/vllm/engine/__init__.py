@@ -1,0 +1,1 @@
+"""Fitting vLLM's engine to an artifact: options, limits, refusals, request checks."""

@@ -1,0 +1,1 @@
+"""Host sampling and token constraints (logits processing, grammar bitmasks)."""

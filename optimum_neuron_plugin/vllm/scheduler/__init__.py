@@ -1,0 +1,1 @@
+"""The scheduler and its policies: interleaved prefill, the prefix cache, KV events."""

@@ -1,0 +1,1 @@
+"""Speculative decoding: methods, proposers, the draft gate, acceptance bookkeeping."""
