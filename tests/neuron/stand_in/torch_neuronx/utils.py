@@ -2,9 +2,11 @@
 
 import os
 
+TARGET_ENV = "ONP_TEST_PLATFORM_TARGET"  # the stand-in instance's type (default trn2)
+
 
 def get_platform_target() -> str:
-    return "trn2"
+    return os.environ.get(TARGET_ENV, "trn2")
 
 
 def get_logical_neuron_cores() -> str:
