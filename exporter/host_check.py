@@ -8,6 +8,7 @@ without it; see docs/neuron.md, "Who starts the runtime").
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from importlib import metadata
@@ -56,7 +57,7 @@ def check_host() -> tuple[list[str], list[str]]:
 
 
 def _device_lines(lines: list[str], problems: list[str]) -> None:
-    from optimum_neuron_plugin.backends import neuron_devices_present
+    from optimum_neuron_plugin.devices import neuron_devices_present
 
     if not neuron_devices_present():
         problems.append(
@@ -64,8 +65,8 @@ def _device_lines(lines: list[str], problems: list[str]) -> None:
             "(docs/neuron.md, step 1)"
         )
         return
-    if _version("torch-neuronx") is None:
-        return
+    if importlib.util.find_spec("torch_neuronx") is None:
+        return  # reported with the versions
     from optimum_neuron_plugin.devices import HostQueryError, host_instance_type
 
     try:
