@@ -45,8 +45,8 @@ class Chip:
     def core_bytes(self, lnc: int) -> int:
         """One logical NeuronCore's fair share of the chip's HBM: the chip's memory divided among its logical cores
         (lnc physical cores each). A share, not a documented per-core limit: a trn2's 96 GiB sit in 4 HBM stacks of
-        24 GiB for 8 physical cores, so at LNC=1 the two cores of a stack share its 24 GiB. The plan assumes every
-        core of the chip serves (one model per core, or tensor parallelism over them)."""
+        24 GiB for 8 physical cores (two to a stack at LNC=1, a pairing read from the counts). The plan assumes
+        every core of the chip serves (one model per core, or tensor parallelism over them)."""
         return self.hbm_gib * GIB * lnc // self.physical_cores
 
 
