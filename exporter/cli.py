@@ -222,7 +222,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         dest="instance_type",
         metavar="{" + ",".join(INSTANCE_TYPES) + "}",
         default=None,
-        help="the instance the neuron backend compiles for (checked against this host; default: this host's)",
+        help="the instance the neuron backend compiles for: it sets the FP8 weights' range, trn2's FP8 compiler option "
+        "and the memory plan (checked against this host; default: this host's, and --quantize fp8 or --kv-cache-dtype "
+        "fp8 on a host that is not a Neuron instance need it)",
     )
     optional.add_argument(
         *_spellings("backend"),
@@ -340,9 +342,11 @@ class ExportRequest:
 
 
 def request_from_args(args: argparse.Namespace) -> ExportRequest:
-    """Resolves the automatic values and builds the NeuronConfig (raises NeuronConfigError on bad values)."""
+    """Resolves the automatic values and builds the NeuronConfig (raises NeuronConfigError on bad values, ExportError
+    for FP8 graphs on the neuron backend when neither --instance-type nor this host gives the instance type)."""
     from optimum_neuron_plugin.config import NeuronConfig
     from optimum_neuron_plugin.devices import resolve_backend
+    from optimum_neuron_plugin.target import resolve_target
 
     backend = resolve_backend(args.backend)
     config = NeuronConfig(
@@ -369,6 +373,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         quantization=args.quantize,
         kv_cache_dtype=None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype,
     )
+    config = resolve_target(config)  # the neuron backend's instance type: --instance-type, else this host's
     workers = getattr(args, "compile_workers", None)
     if workers is not None and workers < 1:
         raise ValueError(f"--compile-workers {workers} is not allowed: must be an integer >= 1")

@@ -8,6 +8,7 @@ without it; see docs/neuron.md, "Who starts the runtime").
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from importlib import metadata
@@ -56,7 +57,7 @@ def check_host() -> tuple[list[str], list[str]]:
 
 
 def _device_lines(lines: list[str], problems: list[str]) -> None:
-    from optimum_neuron_plugin.backends import neuron_devices_present
+    from optimum_neuron_plugin.devices import neuron_devices_present
 
     if not neuron_devices_present():
         problems.append(
@@ -64,14 +65,24 @@ def _device_lines(lines: list[str], problems: list[str]) -> None:
             "(docs/neuron.md, step 1)"
         )
         return
-    if _version("torch-neuronx") is None:
-        return
-    import torch_neuronx
-    from torch_neuronx.utils import get_logical_neuron_cores, get_platform_target
+    if importlib.util.find_spec("torch_neuronx") is None:
+        return  # reported with the versions
+    from optimum_neuron_plugin.devices import HostQueryError, host_instance_type
 
+    try:
+        target = host_instance_type()
+        cores, lnc = _cores_and_lnc()
+    except HostQueryError as error:
+        problems.append(f"{error}: check the Neuron driver and runtime with `neuron-ls` (docs/neuron.md, step 1)")
+        return
+    except Exception as error:  # torch-neuronx's C++ queries may fail with any exception type
+        problems.append(
+            f"torch-neuronx could not count the NeuronCores ({type(error).__name__}: {error}): check the Neuron driver "
+            "and runtime with `neuron-ls` (docs/neuron.md, step 1)"
+        )
+        return
     from optimum_neuron_plugin.sizing import CHIPS, GIB
 
-    cores, target, lnc = torch_neuronx.device_count(), get_platform_target(), int(get_logical_neuron_cores())
     visible = os.environ.get("NEURON_RT_VISIBLE_CORES") or "all"
     lines.append(f"NeuronCores visible: {cores} (NEURON_RT_VISIBLE_CORES={visible}), target {target}, LNC={lnc}")
     if cores == 0:
@@ -80,7 +91,17 @@ def _device_lines(lines: list[str], problems: list[str]) -> None:
     if chip is None:
         problems.append(f"target {target}: the neuron backend runs on trn2 and trn3 only")
     else:
-        lines.append(f"HBM per logical NeuronCore: {chip.core_bytes(lnc) / GIB:.0f} GiB ({chip.source})")
+        lines.append(
+            f"HBM per logical NeuronCore: {chip.core_bytes(lnc) / GIB:.0f} GiB, the chip's fair share ({chip.source})"
+        )
+
+
+def _cores_and_lnc() -> tuple[int, int]:
+    """The NeuronCores this process sees and the LNC, from queries that do not start the runtime."""
+    import torch_neuronx
+    from torch_neuronx.utils import get_logical_neuron_cores
+
+    return torch_neuronx.device_count(), int(get_logical_neuron_cores())
 
 
 def main() -> int:

@@ -31,13 +31,19 @@ def graph_line(spec) -> str:
     return f"{spec.key:<32} {spec.name:<18} {shape:<20} {spec.bucket_label:<20} {output}"
 
 
+# A neuron export without a target (no --instance-type, and this host is not a Neuron instance) is sized for trn2, the
+# chip with less HBM per core: a plan that fits it fits trn3.
+UNKNOWN_TARGET_CHIP = "trn2"
+
+
 def chip_for(neuron_config):
-    """The chip a neuron export is sized for (its --instance-type, trn2 when none is given); None for cpu."""
+    """The chip a neuron export is sized for: its target (--instance-type, else the host's: optimum_neuron_plugin.
+    target), UNKNOWN_TARGET_CHIP when neither says; None for cpu."""
     from optimum_neuron_plugin.sizing import CHIPS
 
     if neuron_config.backend != "neuron":
         return None
-    return CHIPS[neuron_config.target or "trn2"]
+    return CHIPS[neuron_config.target or UNKNOWN_TARGET_CHIP]
 
 
 def make_plan(args, neuron_config, lnc: int | None = None) -> ExportPlan:
@@ -62,5 +68,10 @@ def plan_export(model: Path, neuron_config, progress: Callable[[str], None]) -> 
     plan = make_plan(args, neuron_config)
     for line in plan.lines():
         progress(line)
+    if neuron_config.backend == "neuron" and neuron_config.target is None:
+        progress(
+            f"  sized for {UNKNOWN_TARGET_CHIP}: no --instance-type, and this host is not a Neuron instance; pass "
+            "--instance-type trn3 to size for a trn3"
+        )
     check_fits(plan.memory, args, neuron_config)
     return plan

@@ -43,7 +43,10 @@ class Chip:
     source: str
 
     def core_bytes(self, lnc: int) -> int:
-        """HBM of one logical NeuronCore: the chip's memory shared by its physical cores, lnc of them per core."""
+        """One logical NeuronCore's fair share of the chip's HBM: the chip's memory divided among its logical cores
+        (lnc physical cores each). A share, not a documented per-core limit: a trn2's 96 GiB sit in 4 HBM stacks of
+        24 GiB for 8 physical cores (two to a stack at LNC=1, a pairing read from the counts). The plan assumes
+        every core of the chip serves (one model per core, or tensor parallelism over them)."""
         return self.hbm_gib * GIB * lnc // self.physical_cores
 
 
@@ -100,7 +103,8 @@ class MemoryPlan:
             verdict = "fits" if self.fits else "does NOT fit"
             lines.append(
                 f"  one {self.chip.name} logical NeuronCore at LNC={self.lnc}: {_gib(self.capacity)} "
-                f"({self.chip.hbm_gib} GiB per chip / {self.chip.physical_cores // self.lnc} logical cores): {verdict}"
+                f"({self.chip.hbm_gib} GiB per chip / {self.chip.physical_cores // self.lnc} logical cores, a fair "
+                f"share): {verdict}"
             )
         return lines
 

@@ -443,9 +443,12 @@ def _require_tp_cores(degree: int) -> None:
 
 
 def _check_target(neuron_config: NeuronConfig) -> None:
-    from torch_neuronx.utils import get_platform_target
+    from ..devices import HostQueryError, host_instance_type
 
-    host = get_platform_target()
+    try:
+        host = host_instance_type()
+    except HostQueryError as error:
+        raise ExportError(f"{error}: {WHERE}") from None
     if neuron_config.target and neuron_config.target != host:
         raise ExportError(
             f"--instance-type {neuron_config.target} does not match this host ({host}): TorchNeuron compiles for the "
@@ -453,15 +456,31 @@ def _check_target(neuron_config: NeuronConfig) -> None:
         )
 
 
+# The arguments TorchNeuron gives neuronx-cc for torch.compile graphs before NEURON_CC_FLAGS (its cache key holds them).
+TORCH_COMPILE_ARGUMENTS = "--model-type transformer --auto-cast=none"
+
+
 def compile_options() -> dict:
-    """The compiler options TorchNeuron puts in each NEFF's cache key besides the graph, target and LNC
-    (csrc/core/KernelExecution.cpp, CompileOnlyKernelExecution: "--model-type transformer --auto-cast=none" then
-    NEURON_CC_FLAGS; NEURON_COMPILER_OPT_LEVEL, default -O2 for torch.compile graphs). A serving process with other
-    values looks the graphs up under other keys and compiles them again."""
+    """The compiler options TorchNeuron puts in each NEFF's cache key besides the graph, target and LNC, as this
+    process gives them (csrc/core/KernelExecution.cpp, CompileOnlyKernelExecution): NEURON_CC_FLAGS as it is, None
+    when unset (set, even to "" or with extra spaces, it is appended to the key after a space), and the opt level
+    (NEURON_COMPILER_OPT_LEVEL, -O2 when unset). A serving process with other values looks the graphs up under other
+    keys and compiles them again."""
     return {
-        "neuron_cc_flags": os.environ.get("NEURON_CC_FLAGS", "").strip(),
-        "opt_level": os.environ.get("NEURON_COMPILER_OPT_LEVEL") or DEFAULT_OPT_LEVEL,
+        "neuron_cc_flags": os.environ.get("NEURON_CC_FLAGS"),
+        "opt_level": os.environ.get("NEURON_COMPILER_OPT_LEVEL", DEFAULT_OPT_LEVEL),
     }
+
+
+def cache_key_options(options: dict) -> str:
+    """The part of TorchNeuron's NEFF cache key that `options` (compile_options) make, as CreateCompilerExtensionHash
+    builds it: the opt level without its leading dash, then TorchNeuron's own arguments and NEURON_CC_FLAGS with each
+    space written "_" and each "=" written "-"."""
+    flags = options.get("neuron_cc_flags")
+    arguments = TORCH_COMPILE_ARGUMENTS + ("" if flags is None else " " + flags)
+    level = options.get("opt_level")
+    level = DEFAULT_OPT_LEVEL if level is None else level
+    return level.removeprefix("-") + "_" + arguments.replace(" ", "_").replace("=", "-")
 
 
 def _check_compiled_here(directory: Path, host: dict) -> None:
@@ -484,13 +503,29 @@ def _check_compiled_here(directory: Path, host: dict) -> None:
                 f"{directory}: compiled with {what} {built.get(key)}, this host has {host.get(key)}; export the model "
                 "again on this host (optimum-cli export neuron --backend neuron)"
             )
-    for key, variable in (("neuron_cc_flags", "NEURON_CC_FLAGS"), ("opt_level", "NEURON_COMPILER_OPT_LEVEL")):
-        if built.get(key) != host.get(key):
-            raise ArtifactError(
-                f"{directory}: compiled with {variable}={built.get(key)!r}, this process has {host.get(key)!r}: set "
-                f"{variable}={built.get(key)!r} for vllm serve (TorchNeuron looks the graphs up by these options), or "
-                "export the model again with this process's options"
-            )
+    if cache_key_options(built) != cache_key_options(host):
+        differ = [
+            (variable, built.get(key), host.get(key))
+            for key, variable in (("neuron_cc_flags", "NEURON_CC_FLAGS"), ("opt_level", "NEURON_COMPILER_OPT_LEVEL"))
+            if built.get(key) != host.get(key)
+        ]
+        was = ", ".join(f"{variable}={_shown(b)}, this process has {_shown(h)}" for variable, b, h in differ)
+        fix = " ".join(_setting(variable, b) for variable, b, _ in differ)
+        raise ArtifactError(
+            f"{directory}: compiled with {was}: TorchNeuron looks the graphs up by these exact values; run vllm serve "
+            f"with `{fix}`, or export the model again with this process's options"
+        )
+
+
+def _shown(value: str | None) -> str:
+    return "unset" if value is None else repr(value)
+
+
+def _setting(variable: str, value: str | None) -> str:
+    """A shell command giving `variable` exactly `value` (None: unset)."""
+    import shlex
+
+    return f"unset {variable};" if value is None else f"export {variable}={shlex.quote(value)};"
 
 
 def _version(distribution: str) -> str | None:

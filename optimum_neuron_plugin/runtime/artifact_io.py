@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import tempfile
 import weakref
@@ -26,6 +27,7 @@ from ..models.args import ModelArgs
 from ..models.collectives import Collectives, export_world
 from ..models.decoder import weight_names
 from ..models.kv_cache import empty_cache
+from ..target import resolve_target
 from . import fp8_params
 from .ranks import tp_group
 
@@ -46,6 +48,7 @@ def export(
     progress = progress or (lambda message: None)
     from ..sources import gguf_read_once, load_source, read_config
 
+    neuron_config = resolve_target(neuron_config)
     with gguf_read_once():
         _, args = read_config(model)
         check_model(neuron_config, args)
@@ -56,6 +59,8 @@ def export(
         source = load_source(model)
     if neuron_config.quantization is None and any(map(fp8.is_fp8, source.state_dict.values())):
         neuron_config = replace(neuron_config, quantization="fp8")  # an FP8 checkpoint stays FP8
+        neuron_config = resolve_target(neuron_config)
+        check_model(neuron_config, args)  # FP8 graphs: trn2's compiler option
     params = to_params(source.state_dict, args, artifact.torch_dtype(neuron_config), neuron_config)
     if neuron_config.kv_cache_dtype == "fp8":
         progress(
@@ -142,24 +147,36 @@ def compile_graphs(backend, args, layout, neuron_config, params, workdir, progre
         backend.compile(graphs, shard, caches, workdir, progress, options=options)
 
 
-# neuronx-cc refuses float8_e4m3fn operands on trn1/trn2 (NCC_EVRF051) unless told to read them as trn2's E4M3.
+# neuronx-cc refuses float8_e4m3fn operands on trn1/trn2 (NCC_EVRF051) unless told to read them as trn2's E4M3, an
+# option of its HLO-to-tensorizer stage. TorchNeuron splits NEURON_CC_FLAGS on whitespace and runs neuronx-cc without a
+# shell (csrc/core/compilation/NeuronCompiler.cpp): the option and its value are one token, with no quotes.
 FP8_ON_TRN2_FLAG = "--experimental-unsafe-fp8e4m3fn-as-fp8e4m3"
+FP8_ON_TRN2_OPTION = f"--internal-hlo2tensorizer-options={FP8_ON_TRN2_FLAG}"
+
+
+def fp8_flag_problem(flags: str | None) -> str | None:
+    """What NEURON_CC_FLAGS (None: unset) lacks for FP8 graphs on trn2, with the value to set; None: nothing."""
+    tokens = (flags or "").split()
+    if FP8_ON_TRN2_OPTION in tokens:
+        return None
+    kept = [token for token in tokens if FP8_ON_TRN2_FLAG not in token]
+    fix = f"set NEURON_CC_FLAGS={shlex.quote(' '.join([*kept, FP8_ON_TRN2_OPTION]))} for the export and for vllm serve"
+    if len(kept) < len(tokens):
+        return (
+            f"NEURON_CC_FLAGS={flags!r} does not pass {FP8_ON_TRN2_FLAG} as neuronx-cc reads it: TorchNeuron splits "
+            f"the value on whitespace and runs neuronx-cc without a shell, so quotes and spaces reach it as they are; "
+            f"{fix}"
+        )
+    return f"FP8 graphs on trn2 need neuronx-cc's {FP8_ON_TRN2_FLAG} (error NCC_EVRF051 otherwise): {fix}"
 
 
 def check_model(neuron_config: NeuronConfig, args: ModelArgs) -> None:
     neuron_config.check_model(args.max_position_embeddings)
     fp8_graphs = neuron_config.quantization or neuron_config.kv_cache_dtype
-    flags = os.environ.get("NEURON_CC_FLAGS", "")
-    if (
-        neuron_config.backend == "neuron"
-        and neuron_config.target == "trn2"
-        and fp8_graphs
-        and FP8_ON_TRN2_FLAG not in flags
-    ):
-        raise ExportError(
-            f"FP8 graphs on trn2 need neuronx-cc's {FP8_ON_TRN2_FLAG} (error NCC_EVRF051 otherwise): set "
-            f"NEURON_CC_FLAGS=\"--internal-hlo2tensorizer-options='{FP8_ON_TRN2_FLAG}'\" for the export and for vllm serve"
-        )
+    if neuron_config.backend == "neuron" and neuron_config.target == "trn2" and fp8_graphs:
+        problem = fp8_flag_problem(os.environ.get("NEURON_CC_FLAGS"))
+        if problem:
+            raise ExportError(problem)
     # A model whose every layer slides forgets what lies beyond its window: refused past it. Models that mix
     # sliding and full layers (Gemma 3) serve any length, their sliding layers masked to the window.
     if args.every_layer_slides and args.sliding_window < neuron_config.sequence_length:

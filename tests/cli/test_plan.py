@@ -53,3 +53,23 @@ def test_an_export_that_cannot_fit_is_refused_before_reading_weights(config_only
     assert "does not fit: 25.20 GiB per rank" in done.error_lines[0]
     assert "use --tensor-parallel-size 2 (the smallest that fits)" in done.error_lines[0]
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["llama-3.1-8b"]
+
+
+@pytest.mark.parametrize("fp8", [("--quantize", "fp8"), ("--kv-cache-dtype", "fp8")])
+def test_fp8_on_the_neuron_backend_needs_the_instance_type_on_a_host_that_is_not_neuron(config_only, tmp_path, fp8):
+    """This host has no Neuron device: nothing says whether the FP8 weights hold +-240 (trn2) or +-448 (trn3)."""
+    done = export_in_process("--model", config_only, *SHAPE, *fp8, "--dry-run", tmp_path / "out")
+    assert done.returncode == 1 and len(done.error_lines) == 1 and "Traceback" not in done.stderr
+    assert "this host is not a Neuron instance" in done.error_lines[0]
+    assert done.error_lines[0].endswith("pass --instance-type trn2|trn3 (NeuronConfig target=)")
+
+
+def test_a_dry_run_without_instance_type_on_a_host_that_is_not_neuron_says_it_sizes_for_trn2(config_only, tmp_path):
+    done = export_in_process("--model", config_only, *SHAPE, "--tensor-parallel-size", 2, "--dry-run", tmp_path / "o")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert any("one trn2 logical NeuronCore at LNC=2: 24.00 GiB" in line for line in lines)
+    assert (
+        "  sized for trn2: no --instance-type, and this host is not a Neuron instance; pass --instance-type trn3 "
+        "to size for a trn3" in lines
+    )

@@ -12,7 +12,7 @@ import torch
 from support.tiny_models import tiny_model
 from torch._dynamo.backends import registry
 
-from optimum_neuron_plugin import artifact
+from optimum_neuron_plugin import artifact, devices
 from optimum_neuron_plugin.backends import neuron
 from optimum_neuron_plugin.backends.neuron import CACHE_ENV
 from optimum_neuron_plugin.config import NeuronConfig
@@ -83,11 +83,12 @@ def fake_neuron_compiler(monkeypatch):
 @pytest.fixture
 def stand_in_sdk(monkeypatch, tmp_path) -> Path:
     """A trn2 host as the plugin sees it, for one test: the stand-in torch_neuronx and neuronxcc importable, 8
-    NeuronCores present, NEURON_RT_VISIBLE_CORES unset. Yields the stand-in runtime's log (who started it)."""
+    NeuronCores present (ONP_TEST_PLATFORM_TARGET=trn3 makes it a trn3), NEURON_RT_VISIBLE_CORES unset. Yields the stand-in runtime's log (who started it)."""
     if importlib.util.find_spec("torch_neuronx") is not None:
         pytest.skip("torch-neuronx is installed: the stand-in would shadow it")
     monkeypatch.syspath_prepend(str(STAND_IN))
     monkeypatch.setattr(neuron, "neuron_devices_present", lambda: True)
+    monkeypatch.setattr(devices, "neuron_devices_present", lambda: True)
     log = tmp_path / "nrt.log"
     monkeypatch.setenv(RUNTIME_LOG_ENV, str(log))
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "")  # restored after the test, whatever pin_cores writes

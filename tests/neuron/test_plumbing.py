@@ -142,24 +142,53 @@ def test_a_graph_missing_from_the_artifact_cache_is_reported_at_load(
 def test_serving_with_other_compiler_options_than_the_export_is_refused_with_what_to_set(
     stand_in_sdk, tmp_path, monkeypatch
 ):
-    """TorchNeuron's NEFF cache key holds NEURON_CC_FLAGS and the opt level: neuron_config.json records both."""
+    """TorchNeuron's NEFF cache key holds NEURON_CC_FLAGS as it is and the opt level: neuron_config.json records
+    both, and serving compares them as the key does. An unset, an empty and a padded NEURON_CC_FLAGS are three keys."""
     config = NeuronConfig(**CONFIG)
     monkeypatch.setenv("NEURON_CC_FLAGS", "--enable-mixed-precision-accumulation")
     monkeypatch.delenv("NEURON_COMPILER_OPT_LEVEL", raising=False)
     exported = neuron.NeuronBackend(config).versions()  # what the export records under "compiler"
     assert (exported["neuron_cc_flags"], exported["opt_level"]) == ("--enable-mixed-precision-accumulation", "-O2")
     config.save(tmp_path, compiler=exported)
+
+    def refusal() -> str:
+        with pytest.raises(ArtifactError) as raised:
+            neuron.NeuronBackend(config).load([], {}, [], tmp_path)
+        return str(raised.value)
+
     monkeypatch.delenv("NEURON_CC_FLAGS")
-    with pytest.raises(ArtifactError) as raised:
-        neuron.NeuronBackend(config).load([], {}, [], tmp_path)
-    assert "compiled with NEURON_CC_FLAGS='--enable-mixed-precision-accumulation', this process has ''" in str(
-        raised.value
-    )
-    assert "set NEURON_CC_FLAGS='--enable-mixed-precision-accumulation' for vllm serve" in str(raised.value)
+    message = refusal()
+    assert "compiled with NEURON_CC_FLAGS='--enable-mixed-precision-accumulation', this process has unset" in message
+    assert "run vllm serve with `export NEURON_CC_FLAGS=--enable-mixed-precision-accumulation;`" in message
+    monkeypatch.setenv("NEURON_CC_FLAGS", " --enable-mixed-precision-accumulation ")
+    assert "this process has ' --enable-mixed-precision-accumulation '" in refusal()
     monkeypatch.setenv("NEURON_CC_FLAGS", "--enable-mixed-precision-accumulation")
     monkeypatch.setenv("NEURON_COMPILER_OPT_LEVEL", "-O1")
-    with pytest.raises(ArtifactError, match="compiled with NEURON_COMPILER_OPT_LEVEL='-O2', this process has '-O1'"):
+    assert "compiled with NEURON_COMPILER_OPT_LEVEL='-O2', this process has '-O1'" in refusal()
+    monkeypatch.setenv("NEURON_COMPILER_OPT_LEVEL", "-O2")  # TorchNeuron's default, set: the same key
+    neuron._check_compiled_here(tmp_path, neuron.NeuronBackend(config).versions())
+
+
+def test_an_export_without_neuron_cc_flags_is_served_only_without_them(stand_in_sdk, tmp_path, monkeypatch):
+    """Unset, NEURON_CC_FLAGS adds nothing to the key; set to "", it adds a separator (another key)."""
+    config = NeuronConfig(**CONFIG)
+    monkeypatch.delenv("NEURON_CC_FLAGS", raising=False)
+    config.save(tmp_path, compiler=neuron.NeuronBackend(config).versions())
+    monkeypatch.setenv("NEURON_CC_FLAGS", "")
+    with pytest.raises(ArtifactError) as raised:
         neuron.NeuronBackend(config).load([], {}, [], tmp_path)
+    assert "compiled with NEURON_CC_FLAGS=unset, this process has ''" in str(raised.value)
+    assert "run vllm serve with `unset NEURON_CC_FLAGS;`" in str(raised.value)
+
+
+def test_the_options_part_of_the_cache_key_is_torchneurons():
+    """CreateCompilerExtensionHash (csrc/core/KernelExecution.cpp): "<opt level without its dash>_<arguments>", the
+    arguments being "--model-type transformer --auto-cast=none" then " " + NEURON_CC_FLAGS when it is set, with
+    spaces written "_" and "=" written "-"."""
+    key = neuron.cache_key_options
+    assert key({"neuron_cc_flags": None, "opt_level": "-O2"}) == "O2_--model-type_transformer_--auto-cast-none"
+    assert key({"neuron_cc_flags": "", "opt_level": "-O2"}) == "O2_--model-type_transformer_--auto-cast-none_"
+    assert key({"neuron_cc_flags": "-x=1", "opt_level": "-O1"}) == "O1_--model-type_transformer_--auto-cast-none_-x-1"
 
 
 def test_a_graph_whose_neff_is_not_in_the_artifact_fails_the_export_naming_it(tiny_models, tmp_path, monkeypatch):

@@ -2,9 +2,15 @@
 
 import os
 
+TARGET_ENV = "ONP_TEST_PLATFORM_TARGET"  # the stand-in instance's type (default trn2)
+UNREADABLE = "unreadable"  # TARGET_ENV value: the runtime cannot read the instance info (e.g. the driver is not loaded)
+
 
 def get_platform_target() -> str:
-    return "trn2"
+    target = os.environ.get(TARGET_ENV, "trn2")
+    if target == UNREADABLE:
+        raise RuntimeError("nrt_get_instance_info failed")
+    return target
 
 
 def get_logical_neuron_cores() -> str:
