@@ -345,8 +345,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
     """Resolves the automatic values and builds the NeuronConfig (raises NeuronConfigError on bad values, ExportError
     for FP8 graphs on the neuron backend when neither --instance-type nor this host gives the instance type)."""
     from optimum_neuron_plugin.config import NeuronConfig
-    from optimum_neuron_plugin.devices import resolve_backend
-    from optimum_neuron_plugin.target import resolve_target
+    from optimum_neuron_plugin.devices import resolve_backend, resolve_target
 
     backend = resolve_backend(args.backend)
     config = NeuronConfig(

@@ -1,4 +1,6 @@
-"""Whether this host has Neuron devices, and which instance type they are: the rules every part of the project asks.
+"""Whether this host has Neuron devices, which instance type they are, and the instance type a neuron export compiles
+for (resolve_target: --instance-type, else this host's; it sets the FP8 range, trn2's FP8 compiler option and the HBM
+the memory plan counts). The rules every part of the project asks; imports no torch.
 
 The Neuron driver creates one /dev/neuron<N> node per device; a container may be given any subset of them
 (e.g. only /dev/neuron3), so any such node counts.
@@ -7,7 +9,11 @@ The Neuron driver creates one /dev/neuron<N> node per device; a container may be
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
+
+from .config import NeuronConfig
+from .errors import ExportError
 
 
 class HostQueryError(RuntimeError):
@@ -39,3 +45,28 @@ def host_instance_type() -> str | None:
         raise HostQueryError(
             f"torch-neuronx could not read this host's instance type ({type(error).__name__}: {error})"
         ) from None
+
+
+NOT_NEURON = "this host is not a Neuron instance (no /dev/neuron* device or no torch-neuronx)"
+
+
+def resolve_target(neuron_config: NeuronConfig) -> NeuronConfig:
+    """A neuron config without a target takes this host's instance type. FP8 graphs are refused when neither the
+    config nor the host says which instance type it is; other graphs keep no target (the memory plan then assumes
+    trn2, the smaller chip, and says so)."""
+    nc = neuron_config
+    if nc.backend != "neuron" or nc.target is not None:
+        return nc
+    try:
+        host, why = host_instance_type(), NOT_NEURON
+    except HostQueryError as error:
+        host, why = None, str(error)
+    if host is not None:
+        return replace(nc, target=host)
+    if nc.quantization or nc.kv_cache_dtype:
+        raise ExportError(
+            "FP8 graphs (--quantize fp8, --kv-cache-dtype fp8 or an FP8 checkpoint) on the neuron backend depend on "
+            f"the instance type (trn2's FP8 holds +-240, trn3's +-448, and trn2 needs a compiler option), and {why}: "
+            "pass --instance-type trn2|trn3 (NeuronConfig target=)"
+        )
+    return nc

@@ -27,7 +27,7 @@ SCALE_SUFFIX = "_scale"  # q_proj.weight -> q_proj.weight_scale
 def weight_max(target: str | None) -> float:
     """The largest FP8 weight value the export's target holds: 240 on trn2, 448 on trn3 and on the CPU backend
     without a target. A neuron export's target is never None here: it is the host's when --instance-type is not
-    given, and FP8 graphs are refused when neither says (optimum_neuron_plugin/target.py)."""
+    given, and FP8 graphs are refused when neither says (optimum_neuron_plugin/devices.py)."""
     return TRN2_MAX if target == "trn2" else OCP_MAX
 
 

@@ -20,6 +20,7 @@ from ..backends import BackendFactory
 from ..backends.compile_pool import SERIAL, CompileOptions
 from ..backends.neuron_ranks import compile_on_ranks
 from ..config import NeuronConfig
+from ..devices import resolve_target
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, graph_specs
 from ..models import fp8, sharding
@@ -27,7 +28,6 @@ from ..models.args import ModelArgs
 from ..models.collectives import Collectives, export_world
 from ..models.decoder import weight_names
 from ..models.kv_cache import empty_cache
-from ..target import resolve_target
 from . import fp8_params
 from .ranks import tp_group
 

@@ -15,8 +15,8 @@ from support.cli import export_in_process
 
 from exporter.host_check import main as check_host
 from optimum_neuron_plugin.config import NeuronConfig
+from optimum_neuron_plugin.devices import resolve_target
 from optimum_neuron_plugin.runtime.artifact_io import FP8_ON_TRN2_OPTION, to_params
-from optimum_neuron_plugin.target import resolve_target
 from tests.neuron.conftest import build_tiny
 from tests.neuron.stand_in.torch_neuronx.utils import TARGET_ENV, UNREADABLE
 
