@@ -111,7 +111,7 @@ CASES = (
          "FP8 weights, FP8 KV cache and both against fp32: greedy agreement, logit error, file size, CPU decode step",
          "--prompts 64 --tokens 64", "--model {model} --prompts 2 --tokens 3 --rounds 3",
          "20261128-fp8-accuracy-smollm2"),
-    Case("speculative", "draft_acceptance.py",
+    Case("speculative", "speculative.py",
          "in-process engine: n-gram and draft-model speculation against plain decoding (ARGS: artifact, out)",
          "", "{artifact} {out} --modes plain,ngram --workloads random --prompts 1 --output-tokens 4",
          "20261126-speculative-ngram-k4-vs-vllm-cpu"),
@@ -136,7 +136,7 @@ def command(case: Case, out: Path, extra: list[str], tiny: Path | None, artifact
             raise SystemExit(f"{case.name}: --tiny needs --artifact (an export of the tiny model)")
         fill = {"{model}": str(tiny), "{artifact}": str(artifact), "{out}": str(out)}
         args = [fill.get(arg, arg) for arg in shlex.split(case.tiny)]
-    # draft_acceptance.py takes its output directory as a positional argument; the other scripts take --out.
+    # speculative.py takes its output directory as a positional argument; the other scripts take --out.
     tail = [] if "{out}" in case.tiny else ["--out", str(out)]
     return [sys.executable, str(CASES_DIR / case.script), *args, *extra, *tail]
 
