@@ -27,9 +27,11 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from record import record, split_extra
-
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH / "tools"))
+
+from record import record, split_extra  # noqa: E402
+
 CASES_DIR = BENCH / "graph_cases"
 # Smoke shape: batch 2, sequence length 128, one context bucket, 64-token chunks (few graphs to export).
 TINY_SHAPE = "--model {model} --batch-size 2 --sequence-length 128 --chunk 64 --context-buckets 128"

@@ -101,7 +101,7 @@ run = {
 }
 json.dump(run, open(sys.argv[1], "w"), indent=1)
 EOF
-"$PYTHON" "$BENCH_DIR/record.py" "$RUN_DIR" -- "$0" "$@" >/dev/null
+"$PYTHON" "$BENCH_DIR/tools/record.py" "$RUN_DIR" -- "$0" "$@" >/dev/null
 
 interleave_wanted() {
   [ "$INTERLEAVE" = 1 ] && { [ "$1" = chunked-hybrid ] || [ "$1" = chunked-interleaved ]; }

@@ -30,7 +30,7 @@ current=""
 trap '[ -z "$current" ] || RUN_DIR=$current "$BENCH_DIR/serve.sh" --stop "$CONFIG" || true' EXIT
 
 mkdir -p "$OUT"
-"$PYTHON" "$BENCH_DIR/record.py" "$OUT" -- "$0" "$@" >/dev/null
+"$PYTHON" "$BENCH_DIR/tools/record.py" "$OUT" -- "$0" "$@" >/dev/null
 for size in $SIZES; do
   current=$OUT/$PARALLEL$size
   export RUN_DIR=$current

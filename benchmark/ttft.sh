@@ -29,7 +29,7 @@ done
 current=""
 trap '[ -z "$current" ] || RUN_DIR=$OUT "$BENCH_DIR/serve.sh" --stop "$current" || true' EXIT
 mkdir -p "$OUT"
-"$PYTHON" "$BENCH_DIR/record.py" "$OUT" -- "$0" "$@" >/dev/null
+"$PYTHON" "$BENCH_DIR/tools/record.py" "$OUT" -- "$0" "$@" >/dev/null
 
 if [ "${TTFT_PAIRED:-0}" = 1 ]; then
   read -ra pair <<<"$TTFT_CONFIGS"
