@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared knobs and helpers of the benchmark scripts (sourced by serve.sh, drive.sh, matrix.sh).
+# Shared knobs and helpers of the benchmark scripts (sourced by serve.sh, matrix.sh, ttft.sh, parallel.sh, prefix_cache.sh).
 #
 # Every knob is an environment variable; the defaults are sized for a 2-core CPU host serving
 # SmolLM2-135M with the CPU reference backend (the whole matrix in minutes). On a Neuron host set
@@ -81,7 +81,7 @@ VLLM_CPU_DTYPE=${VLLM_CPU_DTYPE:-float32}
 
 RESULTS_ROOT=${RESULTS_ROOT:-$BENCH_DIR/results}
 ARTIFACTS=${ARTIFACTS:-$RESULTS_ROOT/artifacts}
-# Where serve.sh / drive.sh put PID files, logs and raw results; matrix.sh sets a timestamped one.
+# Where serve.sh (serving and --drive) puts PID files, logs and raw results; matrix.sh sets a timestamped one.
 RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/manual}
 
 export PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE PREFILL_TAIL_SIZE PREFILL_TARGET_ITL_MS DECODE_BATCH_SIZES CONTEXT_BUCKETS DECODE_BUCKETS TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \

@@ -27,9 +27,11 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from record import record, split_extra
-
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH / "tools"))
+
+from record import record, split_extra  # noqa: E402
+
 CASES_DIR = BENCH / "graph_cases"
 # Smoke shape: batch 2, sequence length 128, one context bucket, 64-token chunks (few graphs to export).
 TINY_SHAPE = "--model {model} --batch-size 2 --sequence-length 128 --chunk 64 --context-buckets 128"
@@ -99,6 +101,9 @@ CASES = (
     Case("program-load", "program_load.py",
          "artifacts' program load, from_pretrained and warm_up times, same outputs (ARGS: the artifacts)",
          "", "{artifact} --rounds 1", "20261127-program-load-record-vs-torch-export"),
+    Case("roofline", "roofline.py",
+         "an artifact's decode step and chunk against the host's memory-bandwidth and GEMM floors (ARGS: the artifact)",
+         "--threads 2", "{artifact} --threads 1 --context 40 --chunk 128 --repeats 2", "20261128-roofline-amd"),
     Case("decode-ab", "decode_ab.py",
          "two artifacts' decode steps alternated per context bucket, same next token (ARGS: artifact A, B)",
          "", "{artifact} {artifact} --contexts 40,100 --threads 1 --repeats 1 --graph-rounds 1",

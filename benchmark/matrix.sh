@@ -5,7 +5,7 @@
 #
 #   benchmark/matrix.sh
 #
-# Each server is started by serve.sh, driven by drive.sh and stopped by its PID (also on exit or
+# Each server is started by serve.sh, driven by serve.sh --drive and stopped by its PID (also on exit or
 # interrupt). Results: benchmark/results/<timestamp>/ (raw JSON per run, results.csv, results.md,
 # PNG plots, run.json: commit, command, host, knobs), the summary copied to benchmark/results/latest/ (LATEST= to skip, LATEST=DIR elsewhere).
 # Knobs (environment, defaults in benchmark/common.sh): MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE
@@ -101,7 +101,7 @@ run = {
 }
 json.dump(run, open(sys.argv[1], "w"), indent=1)
 EOF
-"$PYTHON" "$BENCH_DIR/record.py" "$RUN_DIR" -- "$0" "$@" >/dev/null
+"$PYTHON" "$BENCH_DIR/tools/record.py" "$RUN_DIR" -- "$0" "$@" >/dev/null
 
 interleave_wanted() {
   [ "$INTERLEAVE" = 1 ] && { [ "$1" = chunked-hybrid ] || [ "$1" = chunked-interleaved ]; }
@@ -110,7 +110,7 @@ interleave_wanted() {
 run_one() {
   local name=$1
   if [ "$(config_kind "$name")" = hf ]; then
-    run_step "$BENCH_DIR/drive.sh" "$name"
+    run_step "$BENCH_DIR/serve.sh" --drive "$name"
     return
   fi
   current=$name
@@ -119,7 +119,7 @@ run_one() {
     return 1
   }
   local ok=1
-  run_step "$BENCH_DIR/drive.sh" "$name" || ok=0
+  run_step "$BENCH_DIR/serve.sh" --drive "$name" || ok=0
   if [ "$ok" = 1 ] && interleave_wanted "$name"; then
     log "$name: serial vs interleaved scenario"
     run_step "$PYTHON" "$BENCH_DIR/served.py" interleave --name "$name" --url "http://$HOST:$PORT" \

@@ -9,7 +9,7 @@
 # CONFIG (default chunked-hybrid) is the plugin configuration served; the knobs of benchmark/common.sh apply
 # (NUM_PROMPTS defaults to 16 here). THREADS is the server's total: a server of M engines or N ranks splits it
 # (ONP_CPU_THREADS unset), so every size runs on the same cores. Results:
-# benchmark/results/<tp|dp>-<timestamp>/<tp|dp><size>/ (serve.sh / drive.sh files) and parallel.md (the table).
+# benchmark/results/<tp|dp>-<timestamp>/<tp|dp><size>/ (serve.sh and serve.sh --drive files) and parallel.md (the table).
 set -euo pipefail
 export NUM_PROMPTS=${NUM_PROMPTS:-16}
 # shellcheck source=benchmark/common.sh
@@ -30,7 +30,7 @@ current=""
 trap '[ -z "$current" ] || RUN_DIR=$current "$BENCH_DIR/serve.sh" --stop "$CONFIG" || true' EXIT
 
 mkdir -p "$OUT"
-"$PYTHON" "$BENCH_DIR/record.py" "$OUT" -- "$0" "$@" >/dev/null
+"$PYTHON" "$BENCH_DIR/tools/record.py" "$OUT" -- "$0" "$@" >/dev/null
 for size in $SIZES; do
   current=$OUT/$PARALLEL$size
   export RUN_DIR=$current
@@ -42,7 +42,7 @@ for size in $SIZES; do
   mkdir -p "$RUN_DIR"
   log "$PARALLEL $size: $CONFIG, concurrency $CONCURRENCY, $NUM_PROMPTS prompts, $THREADS thread(s) in all"
   "$BENCH_DIR/serve.sh" "$CONFIG"
-  "$BENCH_DIR/drive.sh" "$CONFIG"
+  "$BENCH_DIR/serve.sh" --drive "$CONFIG"
   "$BENCH_DIR/serve.sh" --stop "$CONFIG"
   current=""
 done

@@ -44,7 +44,7 @@ RUN_DIR=${given_run_dir:-$RESULTS_ROOT/$(date +%Y%m%d-%H%M)-prefix-cache-on-vs-o
 BASE_PORT=$PORT
 VARIANTS="on off${ALT:+ alt}${PEER:+ peer}"
 mkdir -p "$RUN_DIR"
-"$PYTHON" "$BENCH_DIR/record.py" "$RUN_DIR" -- "$0" "$@" >/dev/null
+"$PYTHON" "$BENCH_DIR/tools/record.py" "$RUN_DIR" -- "$0" "$@" >/dev/null
 
 variant_dir() { echo "$RUN_DIR/$1"; }
 variant_port() {

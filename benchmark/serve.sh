@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Serve a named benchmark configuration with `vllm serve` on 127.0.0.1, or stop it.
+# Serve a named benchmark configuration with `vllm serve` on 127.0.0.1, drive it, or stop it.
 #
-#   benchmark/serve.sh NAME          export if needed, start, wait for /health, write RUN_DIR/NAME.pid
-#   benchmark/serve.sh --stop NAME   stop the server whose PID is in RUN_DIR/NAME.pid
+#   benchmark/serve.sh NAME           export if needed, start, wait for /health, write RUN_DIR/NAME.pid
+#   benchmark/serve.sh --drive NAME   drive the served NAME at every concurrency level in CONCURRENCY (same PORT and
+#                                     RUN_DIR): served.py's DRIVE_CASE (default `random`: `vllm bench serve`)
+#   benchmark/serve.sh --stop NAME    stop the server whose PID is in RUN_DIR/NAME.pid
 #
 # Plugin configurations (an artifact exported with `optimum-cli export neuron`, served by the plugin):
 #   ce-ods               context encoding (one sequence-length prefill graph) + on-device sampling
@@ -13,6 +15,10 @@
 # Peers (the original model, vLLM's own CPU backend, plugin off):
 #   vllm-cpu             with torch.compile (vLLM's default; slow start)
 #   vllm-cpu-eager       with --enforce-eager
+#   hf-generate          no server: --drive runs workloads/hf_generate.py (transformers `generate`) on the same prompts
+# Driving: synthetic prompts, vLLM's random dataset, fixed SEED, INPUT_LEN / OUTPUT_LEN tokens (EOS ignored),
+# NUM_PROMPTS per level. Writes RUN_DIR/NAME-c<N>.json (vllm bench's result, p50/p99 percentiles) and, for plugin
+# configurations, RUN_DIR/NAME-c<N>.stats.jsonl (the runner's per-request prefill figures from ONP_STATS_FILE).
 # Knobs (environment): see benchmark/common.sh. PORT (default 8200), RUN_DIR (pid, log, ONP_STATS_FILE).
 set -euo pipefail
 # shellcheck source=benchmark/common.sh
@@ -90,7 +96,7 @@ EOF
 start_server() {
   local name=$1 kind dir chunk=0 ods=0 mode=none
   kind=$(config_kind "$name")
-  [ "$kind" != hf ] || die "$name is not a server: run benchmark/drive.sh $name directly"
+  [ "$kind" != hf ] || die "$name is not a server: drive it directly with $0 --drive $name"
   mkdir -p "$RUN_DIR"
   if [ -f "$(pid_file "$name")" ] && kill -0 "$(cat "$(pid_file "$name")")" 2>/dev/null; then
     die "$name is already running (pid $(cat "$(pid_file "$name")")); stop it with $0 --stop $name"
@@ -155,16 +161,58 @@ start_server() {
   log "$name: ready on http://$HOST:$PORT after ${seconds}s (pid $pid)"
 }
 
+drive_hf_generate() {
+  local name=$1 tokenizer=$2 model levels c result
+  read -ra levels <<<"${CONCURRENCY//,/ }"
+  # Options shared with vllm bench serve: hf_generate.py samples the very prompts the servers get.
+  local dataset_args=(--dataset-name random --random-input-len "$INPUT_LEN" --random-output-len "$OUTPUT_LEN"
+    --num-prompts "$NUM_PROMPTS" --seed "$SEED" --tokenizer "$tokenizer" --temperature "$TEMPERATURE")
+  model=$(ensure_hf_model)
+  for c in "${levels[@]}"; do
+    result=$RUN_DIR/$name-c$c.json
+    log "$name: concurrency $c, $NUM_PROMPTS prompts, $INPUT_LEN in / $OUTPUT_LEN out tokens"
+    "$PYTHON" "$BENCH_DIR/workloads/hf_generate.py" --model "$model" --concurrency "$c" --num-warmups "$NUM_WARMUPS" \
+      --threads "$THREADS" --out "$result" -- "${dataset_args[@]}" >"$RUN_DIR/$name-c$c.log" 2>&1 ||
+      {
+        tail -30 "$RUN_DIR/$name-c$c.log" >&2
+        die "$name: hf_generate.py failed at concurrency $c (log: $RUN_DIR/$name-c$c.log)"
+      }
+    tail -1 "$RUN_DIR/$name-c$c.log" >&2
+  done
+}
+
+drive() {
+  local name=$1 kind tokenizer
+  kind=$(config_kind "$name")
+  mkdir -p "$RUN_DIR"
+  tokenizer=$(served_dir "$name")
+  [ -f "$tokenizer/tokenizer_config.json" ] || die "$name: no tokenizer in $tokenizer (serve it first: $0 $name)"
+  if [ "$kind" = hf ]; then
+    drive_hf_generate "$name" "$tokenizer"
+    return
+  fi
+  local stats_args=()
+  if [ "$kind" = plugin ]; then stats_args=(--stats-file "$RUN_DIR/$name.stats.jsonl"); fi
+  "$PYTHON" "$BENCH_DIR/served.py" "${DRIVE_CASE:-random}" --url "http://$HOST:$PORT" --model-dir "$tokenizer" \
+    --out "$RUN_DIR" --name "$name" "${stats_args[@]}" --concurrency "$CONCURRENCY" --input-len "$INPUT_LEN" \
+    --output-len "$OUTPUT_LEN" --num-prompts "$NUM_PROMPTS" --num-warmups "$NUM_WARMUPS" --seed "$SEED" \
+    --temperature "$TEMPERATURE" || die "$name: served.py ${DRIVE_CASE:-random} failed"
+}
+
 case "${1:-}" in
   --stop)
     [ $# = 2 ] || die "usage: $0 --stop NAME"
     stop_server "$2"
     ;;
+  --drive)
+    [ $# = 2 ] || die "usage: $0 --drive NAME"
+    drive "$2"
+    ;;
   "" | -h | --help)
     sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
     ;;
   *)
-    [ $# = 1 ] || die "usage: $0 NAME | $0 --stop NAME"
+    [ $# = 1 ] || die "usage: $0 NAME | $0 --drive NAME | $0 --stop NAME"
     start_server "$1"
     ;;
 esac

@@ -25,9 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from record import record, split_extra
-
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH / "tools"))
+
+from record import record, split_extra  # noqa: E402
+
 WORKLOADS = BENCH / "workloads"
 VLLM = Path(sys.executable).with_name("vllm")
 

@@ -12,7 +12,7 @@
 #
 # benchmark/graphs.py prefill measures the same prefill as graph calls (no server) against HF eager. Knobs: those of
 # benchmark/common.sh; defaults here: SEQUENCE_LENGTH 4096, CHUNK_SIZE 512, BATCH_SIZE 1, NUM_PROMPTS 2.
-# Results: benchmark/results/ttft-<timestamp>/len<L>/ (drive.sh files) and ttft.md (the table); paired:
+# Results: benchmark/results/ttft-<timestamp>/len<L>/ (serve.sh --drive files) and ttft.md (the table); paired:
 # paired-<first>.json and ttft.md.
 set -euo pipefail
 export SEQUENCE_LENGTH=${SEQUENCE_LENGTH:-4096} CHUNK_SIZE=${CHUNK_SIZE:-512} BATCH_SIZE=${BATCH_SIZE:-1}
@@ -29,7 +29,7 @@ done
 current=""
 trap '[ -z "$current" ] || RUN_DIR=$OUT "$BENCH_DIR/serve.sh" --stop "$current" || true' EXIT
 mkdir -p "$OUT"
-"$PYTHON" "$BENCH_DIR/record.py" "$OUT" -- "$0" "$@" >/dev/null
+"$PYTHON" "$BENCH_DIR/tools/record.py" "$OUT" -- "$0" "$@" >/dev/null
 
 if [ "${TTFT_PAIRED:-0}" = 1 ]; then
   read -ra pair <<<"$TTFT_CONFIGS"
@@ -59,7 +59,7 @@ for name in $TTFT_CONFIGS; do
   current=$name
   RUN_DIR=$OUT "$BENCH_DIR/serve.sh" "$name"
   for length in $TTFT_LENGTHS; do
-    RUN_DIR=$OUT INPUT_LEN=$length "$BENCH_DIR/drive.sh" "$name"
+    RUN_DIR=$OUT INPUT_LEN=$length "$BENCH_DIR/serve.sh" --drive "$name"
     mkdir -p "$OUT/len$length"
     mv "$OUT/$name-c1".* "$OUT/len$length/"
   done

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmark/tools/collect.py RUN_DIR [--latest DIR]
 
-Reads what matrix.sh (serve.sh, drive.sh, interleave.py) left in RUN_DIR:
+Reads what matrix.sh (serve.sh, serve.sh --drive, interleave.py) left in RUN_DIR:
   run.json                  knobs and machine of the run
   NAME.meta.json            a served configuration's facts (chunk size, sampling, prefill mode, start time)
   NAME-c<N>.json            vllm bench serve's result (hf_generate.py writes the same keys)

@@ -40,6 +40,7 @@ GRAPH_OUTPUTS = {
     "prompt-logits-export": "export.json",
     "warm-up": "warm_up.md",
     "program-load": "program_load.md",
+    "roofline": "roofline.json",
     "decode-ab": "decode_ab.md",
     "prefill-vllm": "prefill_vllm.md",
     "speculative": "results.md",

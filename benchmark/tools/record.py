@@ -1,6 +1,6 @@
 """What every result folder records about its run: the commit, the command and the host, in RUN_DIR/run.json.
 
-    .venv/bin/python benchmark/record.py RUN_DIR -- COMMAND [ARGS...]
+    .venv/bin/python benchmark/tools/record.py RUN_DIR -- COMMAND [ARGS...]
 
 The drivers (graphs.py, served.py) call record(); the shell scenarios call this script first. The first record of a
 folder sets its command (a scenario's, not the driver calls it makes); later ones add their keys. Also recorded: the
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def commit() -> str:
