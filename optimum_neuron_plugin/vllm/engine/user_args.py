@@ -68,19 +68,18 @@ def record_user_options(parser: argparse.ArgumentParser, refuse_tensor_parallel_
     """Make the parser record every tracked option the command line sets (and refuse a --tensor-parallel-size the
     artifact was not exported for while parsing, before vLLM's own checks fail on it with a traceback:
     refuse_tensor_parallel_size(model, tp) raises a ValueError saying what to change)."""
-    parse = parser.parse_known_args
-    if getattr(parse, "records_user_options", False):
-        return
+    parse = getattr(parser.parse_known_args, "__wrapped__", parser.parse_known_args)  # once per parser
 
     def parse_recording(args=None, namespace=None):
         marked = _marked(namespace)  # before parsing: argparse fills the caller's namespace in place
         parsed, extras = parse(args, namespace)
         given = [name for name in TRACKED if getattr(parse(args, marked)[0], name) is not _UNSET]
-        _record(parsed, {name: _plain(getattr(parsed, name)) for name in given})
+        if given:
+            _record(parsed, {name: _plain(getattr(parsed, name)) for name in given})
         _check_tensor_parallel_size(parser, parsed, refuse_tensor_parallel_size)
         return parsed, extras
 
-    parse_recording.records_user_options = True
+    parse_recording.__wrapped__ = parse
     parser.parse_known_args = parse_recording
 
 
