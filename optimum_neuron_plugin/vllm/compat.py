@@ -8,8 +8,18 @@ installed vLLM version against the range these entries were written for before v
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Callable
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
+
+if TYPE_CHECKING:  # register() imports this module: it must not import vLLM
+    from vllm.v1.core.kv_cache_utils import BlockHash
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.request import Request
+
+    BlockHasher = Callable[[Request], list[BlockHash]]
 
 SUPPORTED_VLLM = (Version("0.32.0"), Version("0.33.0"))  # [first, last): the releases these entries were checked on
 
@@ -37,3 +47,23 @@ def check_vllm_version(installed: str | None = None) -> Version:
 
 
 # ---- engine arguments, requests and step outputs (engine/, contract.py, runner/) ------------------------------
+
+
+def request_block_hasher(request: Request) -> BlockHasher | None:
+    """The block hasher vLLM's engine core gave the request; None while vLLM's own prefix caching is off."""
+    return request._block_hasher
+
+
+def set_request_block_hasher(request: Request, hasher: BlockHasher) -> None:
+    """Make vLLM hash the request's full blocks as it appends tokens (Request.update_block_hashes), as when its engine
+    core passes the hasher to Request(). Request takes a hasher only in its constructor, and the engine core builds
+    one only with vLLM's prefix caching on, which the plugin keeps off (its own cache serves the hits)."""
+    request._block_hasher = hasher
+
+
+def scheduler_output_fields(output: SchedulerOutput) -> dict[str, Any]:
+    """Every field of vLLM's SchedulerOutput, by name: the keyword arguments that make a subclass carry the same step.
+    SchedulerOutput has no copy constructor and its field set changes between vLLM releases."""
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    return {field.name: getattr(output, field.name) for field in fields(SchedulerOutput)}

@@ -5,13 +5,14 @@ both sides apply."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 
 from ..runtime.latency import GraphLatencies
+from .compat import scheduler_output_fields
 from .scheduler.prefix_cache import PrefixCopy
 
 
@@ -34,7 +35,7 @@ class NeuronSchedulerOutput(SchedulerOutput):
 
     @classmethod
     def of(cls, output: SchedulerOutput, slots: dict[str, int], copies: list[PrefixCopy]) -> NeuronSchedulerOutput:
-        return cls(**{f.name: getattr(output, f.name) for f in fields(SchedulerOutput)}, slots=slots, copies=copies)
+        return cls(**scheduler_output_fields(output), slots=slots, copies=copies)
 
 
 def admitted_ids(output: SchedulerOutput) -> set[str]:

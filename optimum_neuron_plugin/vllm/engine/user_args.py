@@ -6,10 +6,13 @@ a default (e.g. `--max-num-seqs 256`, vLLM's offline default on a CPU platform) 
 artifact cannot honour it.
 
 vLLM hands the platform its CLI parser (AsyncEngineArgs.add_cli_args -> Platform.pre_register_and_update(parser),
-vllm/engine/arg_utils.py:3214) before `vllm serve` parses the command line. record_user_options makes each tracked
-option's argparse action also write the value it parsed into the Namespace's additional_config (USER_OPTIONS_KEY),
-which vLLM carries unchanged through EngineArgs into VllmConfig.additional_config, in every process that gets the
-configuration. UserOptions.of reads it back.
+vllm/engine/arg_utils.py:3214) after adding its arguments and before `vllm serve` parses the command line.
+record_user_options wraps that parser's parse_known_args (what argparse calls for the parser, also as `vllm serve`'s
+subcommand): it parses once more into a Namespace that already holds a marker for each tracked option, which
+argparse keeps unless the command line sets the option (argparse's documented rule for a namespace's attributes),
+and writes the options set into the Namespace's additional_config (USER_OPTIONS_KEY). vLLM carries it unchanged
+through EngineArgs into VllmConfig.additional_config, in every process that gets the configuration. UserOptions.of
+reads it back. Only argparse's public API is used: the parser's actions are not touched.
 
 Through the Python API (vllm.LLM, EngineArgs) no parser runs and vLLM keeps no record: the tracked options count
 as unset and the plugin fits vLLM's resolved values to the artifact (values within its limits are kept). Options
@@ -65,16 +68,28 @@ def record_user_options(parser: argparse.ArgumentParser, refuse_tensor_parallel_
     """Make the parser record every tracked option the command line sets (and refuse a --tensor-parallel-size the
     artifact was not exported for while parsing, before vLLM's own checks fail on it with a traceback:
     refuse_tensor_parallel_size(model, tp) raises a ValueError saying what to change)."""
-    # argparse has no public accessor for a parser's actions; _actions is its documented-by-use attribute.
-    for action in parser._actions:
-        if action.dest in TRACKED and not isinstance(action, _Recording):
-            action.__class__ = type(f"Recording{type(action).__name__}", (_Recording, type(action)), {})
-        elif action.dest == "additional_config" and not isinstance(action, _KeepingRecord):
-            action.__class__ = type(f"Keeping{type(action).__name__}", (_KeepingRecord, type(action)), {})
-        elif action.dest in ("model_tag", "model") and not isinstance(action, _CheckingModel):
-            action.__class__ = type(f"Checking{type(action).__name__}", (_CheckingModel, type(action)), {})
-        if isinstance(action, _Recording | _CheckingModel):
-            action.refuse_tensor_parallel_size = refuse_tensor_parallel_size
+    parse = getattr(parser.parse_known_args, "__wrapped__", parser.parse_known_args)  # once per parser
+
+    def parse_recording(args=None, namespace=None):
+        marked = _marked(namespace)  # before parsing: argparse fills the caller's namespace in place
+        parsed, extras = parse(args, namespace)
+        given = [name for name in TRACKED if getattr(parse(args, marked)[0], name) is not _UNSET]
+        if given:
+            _record(parsed, {name: _plain(getattr(parsed, name)) for name in given})
+        _check_tensor_parallel_size(parser, parsed, refuse_tensor_parallel_size)
+        return parsed, extras
+
+    parse_recording.__wrapped__ = parse
+    parser.parse_known_args = parse_recording
+
+
+_UNSET = object()  # a tracked option the command line did not set
+
+
+def _marked(namespace: argparse.Namespace | None) -> argparse.Namespace:
+    """A copy of the namespace where each tracked option holds _UNSET: argparse replaces an attribute the namespace
+    already has only with a value from the command line, never with the option's default."""
+    return argparse.Namespace(**{**vars(namespace or argparse.Namespace()), **dict.fromkeys(TRACKED, _UNSET)})
 
 
 def _recorded(namespace: argparse.Namespace) -> dict[str, Any]:
@@ -82,7 +97,7 @@ def _recorded(namespace: argparse.Namespace) -> dict[str, Any]:
 
 
 def _record(namespace: argparse.Namespace, values: dict[str, Any]) -> None:
-    # A new dict every time: the parser's default additional_config object must stay empty.
+    # A new dict: the parser's default additional_config object must stay empty.
     config = dict(getattr(namespace, "additional_config", None) or {})
     config[USER_OPTIONS_KEY] = {**config.get(USER_OPTIONS_KEY, {}), **values}
     namespace.additional_config = config
@@ -92,35 +107,18 @@ def _plain(value: object) -> object:
     return value if value is None or isinstance(value, bool | int | str) else str(value)
 
 
-class _Recording(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
-        super().__call__(parser, namespace, values, option_string)
-        _record(namespace, {self.dest: _plain(getattr(namespace, self.dest))})
-        _check_tensor_parallel_size(self, namespace)
-
-
-class _KeepingRecord(argparse.Action):
-    """--additional-config replaces the dict: keep what the tracked options recorded before it."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        recorded = _recorded(namespace)
-        super().__call__(parser, namespace, values, option_string)
-        if recorded:
-            _record(namespace, recorded)
-
-
-class _CheckingModel(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
-        super().__call__(parser, namespace, values, option_string)
-        _check_tensor_parallel_size(self, namespace)
-
-
-def _check_tensor_parallel_size(action: argparse.Action, namespace: argparse.Namespace) -> None:
+def _check_tensor_parallel_size(
+    parser: argparse.ArgumentParser, namespace: argparse.Namespace, refuse: TensorParallelCheck
+) -> None:
+    """A usage error like argparse's own: printed with the usage and exit status 2 (raised with exit_on_error=False)."""
     model = getattr(namespace, "model_tag", None) or getattr(namespace, "model", None)
     tp = _recorded(namespace).get("tensor_parallel_size")
     if model is None or tp is None:
         return
     try:
-        action.refuse_tensor_parallel_size(Path(model), tp)
+        refuse(Path(model), tp)
     except ValueError as error:
-        raise argparse.ArgumentError(action, str(error)) from None
+        refusal = argparse.ArgumentError(None, f"argument --tensor-parallel-size/-tp: {error}")
+        if parser.exit_on_error:
+            parser.error(str(refusal))
+        raise refusal from None
