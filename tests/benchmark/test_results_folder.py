@@ -3,6 +3,8 @@ driver), under a size limit, and few top-level files. Measured on git's index, s
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -77,3 +79,15 @@ def test_the_checks_see_what_they_look_for():
     assert scripts([bench["benchmark/graphs.py"], bench["benchmark/README.md"]]) == ["benchmark/graphs.py"]
     assert bench["benchmark/matrix.sh"].mode == EXECUTABLE_MODE
     assert tracked("benchmark/results"), "no committed results found: the listing is broken"
+
+
+def test_result_links_reach_committed_files():
+    """A summary's relative link names a committed file (plots that collect.py draws locally are not committed)."""
+    files = tracked("benchmark/results")
+    committed = {f.path for f in tracked(".")}
+    dangling = []
+    for summary in (f.path for f in files if f.path.suffix == ".md"):
+        for target in re.findall(r"\]\(([^)#\s]+)\)", (REPO / summary).read_text()):
+            if "://" not in target and PurePosixPath(os.path.normpath(summary.parent / target)) not in committed:
+                dangling.append(f"{summary} -> {target}")
+    assert not dangling, f"links to files not committed: {dangling}; commit the file or drop the link"
