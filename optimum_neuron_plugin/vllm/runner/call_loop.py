@@ -70,11 +70,13 @@ class GuardedCalls:
     def _commit(self, result: StepResult) -> None:
         for req_id, tokens in result.tokens.items():
             self.requests[req_id].output_token_ids.extend(tokens)
+        for req_id in result.refilled:
+            self.requests[req_id].stats.cached_tokens = 0
         for record in result.prefilled:
             stats = self.requests[record.req_id].stats
             stats.prefill_seconds += record.seconds
             stats.prefill_calls += record.calls
-            stats.prefill_steps += 1
+            stats.prefill_steps += int(record.new_step)
             stats.interleaved |= record.interleaved
             stats.batched |= record.batched
 

@@ -150,6 +150,7 @@ class NeuronModelRunner:
             logprobs=logprobs_lists([step.logprobs.get(req_id) for req_id in req_ids]),
             prompt_logprobs_dict=step.prompt_logprobs,
             failed_req_ids=step.failed,
+            refilled_req_ids=step.refilled,
             graph_latencies=latencies,
         )
 
