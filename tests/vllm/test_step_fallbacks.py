@@ -1,7 +1,7 @@
 """When a graph call of a step fails and its work runs again apart (runner's fallbacks), the requests that did not
 fail get exactly the tokens they get without the failure: no draw of a seeded request spent twice, no token
 recorded twice. A failing verify call decodes its rows without their drafts, a failing prefix copy prefills the
-prefix instead.
+prefix instead, and a call kind that keeps failing is retired: its calls run as their fallback from then on.
 
 The model has a 1000-row embedding table behind SmolLM2's 49152-id tokenizer (as tests/reliability's small-vocab
 model): a prompt holding a larger id makes the prefill graph raise (IndexError) at run time, a real graph failure.
@@ -13,6 +13,8 @@ raises instead of running. Speculative decoding runs on the served tiny model's 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from support.engine import close_llm, make_llm
@@ -21,8 +23,8 @@ from support.served import BATCH_SIZE, CHUNK, SHAPE, SPECULATIVE_TOKENS, prompt_
 from support.tiny_models import export, save_tiny
 from transformers import LlamaForCausalLM
 
-from optimum_neuron_plugin.graphs import COPY_PREFIX, VERIFY
-from optimum_neuron_plugin.vllm.runner.health import GraphHealth
+from optimum_neuron_plugin.graphs import CHUNK_AND_DECODE, COPY_PREFIX, VERIFY
+from optimum_neuron_plugin.vllm.runner.health import RETIRE_AFTER, GraphHealth
 from optimum_neuron_plugin.vllm.spec_decode.draft_gate import MIN_ACCEPTANCE_ENV
 
 pytestmark = pytest.mark.slow  # an in-process vLLM engine
@@ -95,6 +97,17 @@ class FailingGraph:
     @property
     def health(self) -> GraphHealth:
         return self.runner.calls.health
+
+
+@pytest.fixture
+def warnings():
+    """The guarded call loop's warnings."""
+    logger, captured = logging.getLogger("vllm.plugins.optimum_neuron_plugin.vllm.runner.call_loop"), []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: captured.append(record.getMessage())
+    logger.addHandler(handler)
+    yield captured
+    logger.removeHandler(handler)
 
 
 def good_prompt(i: int, length: int) -> list[int]:
@@ -227,3 +240,27 @@ def test_a_failing_prefix_copy_prefills_the_prefix_instead(llm, small_vocab, sta
     assert {r: (records[r]["cached_tokens"], records[r]["copied"]) for r in prompts} == {
         r: (0, False) if r == refilled else (len(system), r != "wave0") for r in prompts
     }
+
+
+def test_a_graph_that_keeps_failing_is_retired_after_three_calls(llm, small_vocab, monkeypatch, warnings):
+    """chunk_and_decode always raises while a request decodes and two long prompts arrive one after the other (a
+    chunk of theirs could carry the decode in every step). It is attempted RETIRE_AFTER times, each time the decode
+    and the chunk run apart; then one warning names it, its files and what runs instead, health lists it, and it is
+    never called again. Every request gets what transformers generates."""
+    from vllm import SamplingParams
+
+    fused = FailingGraph(llm, monkeypatch, CHUNK_AND_DECODE)
+    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+    prompts = {"decoding": good_prompt(60, 4), "long0": good_prompt(61, 5 * CHUNK), "long1": good_prompt(62, 5 * CHUNK)}
+    first = {"decoding": (prompts["decoding"], greedy), "long0": (prompts["long0"], greedy)}
+    outputs = run(llm, first, {"long1": (prompts["long1"], greedy)}, steps=6)
+    assert {r: tokens(outputs[r]) for r in prompts} == {r: hf_greedy(small_vocab[1], p, 40) for r, p in prompts.items()}
+    assert fused.attempts == RETIRE_AFTER
+    retired = fused.health.retired[CHUNK_AND_DECODE]
+    assert retired.graph == CHUNK_AND_DECODE and CHUNK_AND_DECODE in retired.files
+    assert [w for w in warnings if "stops calling" in w] == [
+        f"graph {CHUNK_AND_DECODE} ({retired.files}) raised in {RETIRE_AFTER} {CHUNK_AND_DECODE} calls in a row (the "
+        f"last: RuntimeError: {CHUNK_AND_DECODE} failed on purpose): the server stops calling it and runs "
+        "token_generation and the prompt chunk in separate calls instead"
+    ]
+    assert len(warnings) == RETIRE_AFTER  # one per failed call, the last the retirement

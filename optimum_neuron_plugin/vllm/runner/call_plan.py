@@ -16,7 +16,7 @@ plan_calls orders them (the one place the order is decided):
 5. the slices of requests asking for prompt logprobs, one call each on the prompt_logits graphs.
 
 The runner runs the list in one guarded loop (runner/call_loop.py); a request that failed in a call is left out of the
-calls after it. Each call's tokens, logprobs and prefill figures go into a StepResult of its own, merged into the
+calls after it, and a call kind whose calls keep failing runs as its fallback from then on (health.py). Each call's tokens, logprobs and prefill figures go into a StepResult of its own, merged into the
 step's only when the call succeeded.
 """
 
@@ -42,6 +42,15 @@ class CallKind(enum.Enum):
     PREFILL_TOGETHER = "prefill_batch"  # several prompt slices side by side
     PROMPT_LOGITS = "prompt_logits"
     PREFIX = "prefix_prefill"  # a failed copy's prefix, prefilled in the request's slot from position 0
+
+
+# What a call kind with a fallback runs as when it raises (logs).
+FALLBACK_RUNS = {
+    CallKind.COPY: "the prefill graphs from position 0 (the request's prefix prefilled in its slot)",
+    CallKind.VERIFY: "token_generation, every draft rejected (and, once retired, no drafts are proposed)",
+    CallKind.FUSED: "token_generation and the prompt chunk in separate calls",
+    CallKind.PREFILL_TOGETHER: "one prefill call per prompt",
+}
 
 
 @dataclass(frozen=True)
