@@ -243,18 +243,27 @@ def test_a_failing_prefix_copy_prefills_the_prefix_instead(llm, small_vocab, sta
 
 
 def test_a_graph_that_keeps_failing_is_retired_after_three_calls(llm, small_vocab, monkeypatch, warnings):
-    """chunk_and_decode always raises while a request decodes and two long prompts arrive one after the other (a
-    chunk of theirs could carry the decode in every step). It is attempted RETIRE_AFTER times, each time the decode
-    and the chunk run apart; then one warning names it, its files and what runs instead, health lists it, and it is
-    never called again. Every request gets what transformers generates."""
+    """chunk_and_decode always raises while a request decodes and short prompts arrive one after the other (a chunk of
+    each could carry the decode batch). It is attempted RETIRE_AFTER times, each time the decode and the chunk run
+    apart; then one warning names it, its files and what runs instead, health lists it, and it is never called
+    again. Every request gets what transformers generates."""
     from vllm import SamplingParams
 
     fused = FailingGraph(llm, monkeypatch, CHUNK_AND_DECODE)
-    greedy = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
-    prompts = {"decoding": good_prompt(60, 4), "long0": good_prompt(61, 5 * CHUNK), "long1": good_prompt(62, 5 * CHUNK)}
-    first = {"decoding": (prompts["decoding"], greedy), "long0": (prompts["long0"], greedy)}
-    outputs = run(llm, first, {"long1": (prompts["long1"], greedy)}, steps=6)
-    assert {r: tokens(outputs[r]) for r in prompts} == {r: hf_greedy(small_vocab[1], p, 40) for r, p in prompts.items()}
+    engine, finished = llm.llm_engine, {}
+    prompts = {"decoding": (good_prompt(60, 4), 60)} | {
+        f"short{i}": (good_prompt(61 + i, CHUNK + 4), 4) for i in range(6)
+    }
+    for req_id, (prompt, new_tokens) in prompts.items():
+        params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+        engine.add_request(req_id, {"prompt_token_ids": prompt}, params)
+        for _ in range(2):
+            finished.update({o.request_id: o for o in engine.step() if o.finished})
+    while engine.has_unfinished_requests():
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert {r: tokens(finished[r]) for r in prompts} == {
+        r: hf_greedy(small_vocab[1], p, n) for r, (p, n) in prompts.items()
+    }
     assert fused.attempts == RETIRE_AFTER
     retired = fused.health.retired[CHUNK_AND_DECODE]
     assert retired.graph == CHUNK_AND_DECODE and CHUNK_AND_DECODE in retired.files
