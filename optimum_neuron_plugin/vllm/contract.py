@@ -1,7 +1,7 @@
 """The scheduler-runner contract: what the scheduler hands the runner with each step (vLLM's SchedulerOutput plus
 the cache slot of each admitted request and the prefix copies), what the runner hands back (vLLM's ModelRunnerOutput
-plus the requests whose graph call failed and, once, the graph latencies), and the one test of a decoding request
-both sides apply."""
+plus the requests whose graph call failed, those whose prefix copy was prefilled instead and, once, the graph
+latencies), and the one test of a decoding request both sides apply."""
 
 from __future__ import annotations
 
@@ -18,10 +18,12 @@ from .scheduler.prefix_cache import PrefixCopy
 
 @dataclass
 class NeuronRunnerOutput(ModelRunnerOutput):
-    """vLLM's step output plus the requests whose graph call raised (they sampled nothing), and with the first step
-    of an interleaved engine the graph latencies measured at warm-up (scheduler/step_budget.py)."""
+    """vLLM's step output plus the requests whose graph call raised (they sampled nothing), the requests whose prefix
+    copy raised and whose prefix was prefilled instead (no token of theirs came from the cache), and with the first
+    step of an interleaved engine the graph latencies measured at warm-up (scheduler/step_budget.py)."""
 
     failed_req_ids: list[str] = field(default_factory=list)
+    refilled_req_ids: list[str] = field(default_factory=list)
     graph_latencies: GraphLatencies | None = None
 
 

@@ -129,31 +129,6 @@ def test_requests_arriving_while_the_holder_runs_copy_its_prefix(engine, tokeniz
     assert [tokens(outputs[r]) for r in prompts] == [hf_greedy(tiny_hf, p, 12) for p in prompts.values()]
 
 
-def test_a_failed_copy_fails_only_its_request(engine, tokenizer, tiny_hf, monkeypatch):
-    """The first copy of a wave raises (injected): that request ends with an error, the others are served as
-    transformers serves them, and its slot is not a hit for what the copy should have brought."""
-    runner = engine.llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.runner
-    system = prompt_of(4 * CHUNK + 1, tokenizer, offset=14)
-    engine.generate([system + prompt_of(3, tokenizer, offset=5)])
-    copy, destinations = runner.model.copy_prefix, []
-
-    def first_fails(source: int, destination: int, length: int) -> None:
-        destinations.append(destination)
-        if len(destinations) == 1:
-            raise RuntimeError("copy_prefix failed on purpose")
-        copy(source, destination, length)
-
-    monkeypatch.setattr(runner.model, "copy_prefix", first_fails)
-    prompts = {f"fail{i}": system + prompt_of(6 + i, tokenizer, offset=8 + i) for i in range(BATCH_SIZE)}
-    outputs = engine.run(prompts)
-    failed = [r for r in prompts if outputs[r].outputs[0].finish_reason == "error"]
-    assert len(failed) == 1 and len(destinations) == BATCH_SIZE - 1
-    served = {r: p for r, p in prompts.items() if r not in failed}
-    assert [tokens(outputs[r]) for r in served] == [hf_greedy(tiny_hf, p, NEW_TOKENS) for p in served.values()]
-    scheduler = engine.llm.llm_engine.engine_core.engine_core.scheduler
-    assert scheduler.prefix_cache.slots[destinations[0]].tokens == []
-
-
 def test_an_exact_resend_prefills_its_last_token(engine, tokenizer, tiny_hf):
     prompt = prompt_of(4 * CHUNK, tokenizer, offset=1)
     engine.generate([prompt])

@@ -45,6 +45,7 @@ class CallExecutor:
             CallKind.PREFILL: self._prefill,
             CallKind.PREFILL_TOGETHER: self._prefill_together,
             CallKind.PROMPT_LOGITS: self._prompt_logits,
+            CallKind.PREFIX: self._prefix,
         }
 
     def graph(self, call: GraphCall) -> str:
@@ -77,8 +78,11 @@ class CallExecutor:
             result.tokens[state.req_id] = tokens
 
     def _decode(self, call: GraphCall, result: StepResult) -> None:
+        """The decode batch; rows with drafts (a verify call's fallback) keep one token, every draft rejected."""
         states, processed, batch, bitmask = self._decode_inputs(call.decodes)
-        self._decoded(states, processed, self.model.decode(*batch, bitmask=bitmask), result)
+        decoded = self.model.decode(*batch, bitmask=bitmask)
+        self.speculation.rejected(states, call.decodes)
+        self._decoded(states, processed, decoded, result)
 
     def _fused(self, call: GraphCall, result: StepResult) -> None:
         """The decode batch and the first chunk(s) of one prompt slice (runtime.prefill_and_decode)."""
@@ -155,6 +159,15 @@ class CallExecutor:
         if done is not None:
             result.prompt_logprobs[work.req_id] = done
         self._prefilled(call, work, logits[-1], began, result)
+
+    def _prefix(self, call: GraphCall, result: StepResult) -> None:
+        """A failed copy's prefix prefilled in the request's slot: no token of the request came from the cache."""
+        (work,) = call.prefills
+        state, tokens, began = self._prompt_slice(work)
+        self.model.prefill(state.slot, tokens, start=0)
+        seconds, calls = time.perf_counter() - began, self.model.prefill_calls(work.count)
+        result.prefilled.append(PrefillRecord(work.req_id, seconds, calls, False, False, new_step=False))
+        result.refilled.append(work.req_id)
 
     def _prompt_slice(self, work: ScheduledSlice) -> tuple[RequestState, list[int], float]:
         state = self.requests[work.req_id]

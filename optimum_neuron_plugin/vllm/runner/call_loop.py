@@ -8,6 +8,8 @@ For each call, less the requests that failed earlier in the step:
   remains: a seeded request run again draws what it would have drawn. A call with a fallback then runs the fallback's
   calls in its place; any other fails its requests (NeuronScheduler finishes them with an error), and too many
   failed calls in a row stop the engine (health.py).
+- a call kind with a fallback that failed RETIRE_AFTER times in a row is retired (health.py): its calls run as their
+  fallback without trying its graph.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ from collections.abc import Callable, Sequence
 
 from ..log import get_logger
 from .call_executor import CallExecutor
-from .call_plan import GraphCall, StepResult
-from .health import GraphHealth
+from .call_plan import FALLBACK_RUNS, CallKind, GraphCall, StepResult
+from .health import RETIRE_AFTER, GraphHealth, RetiredGraph
 from .request_state import RequestState
 
 logger = get_logger(__name__)
@@ -39,24 +41,44 @@ class GuardedCalls:
             call = pending.pop(0).without(step.failed)
             if call is None:
                 continue
+            if call.fallback and self.retired(call.kind):
+                pending[:0] = call.fallback
+                continue
             saved = self._generator_states(call.req_ids)
             try:
                 result = self.executor.run(call)
             except Exception as error:  # noqa: BLE001 - any graph failure fails its requests only (scheduler.py)
                 self._restore(saved)
                 if call.fallback:
-                    logger.warning(
-                        "graph %s raised %s: %s; running its requests in %d separate calls",
-                        self.executor.graph(call), type(error).__name__, error, len(call.fallback),
-                    )  # fmt: skip
+                    self._fell_back(call, error)
                     pending[:0] = call.fallback
                 else:
                     step.failed += self._failed(call, error)
                 continue
-            self.health.succeeded()
+            self.health.succeeded(call.kind.value)
             self._commit(result)
             step.merge(result)
         return step
+
+    def retired(self, kind: CallKind) -> bool:
+        """The kind's calls run as their fallback for the life of the server (health.py)."""
+        return kind.value in self.health.retired
+
+    def _fell_back(self, call: GraphCall, error: Exception) -> None:
+        graph = self.executor.graph(call)
+        if not self.health.fell_back(call.kind.value):
+            logger.warning(
+                "graph %s raised %s: %s; running its requests in %d separate calls",
+                graph, type(error).__name__, error, len(call.fallback),
+            )  # fmt: skip
+            return
+        retired = RetiredGraph(graph, self.graph_files(graph), FALLBACK_RUNS[call.kind])
+        self.health.retire(call.kind.value, retired)
+        logger.warning(
+            "graph %s (%s) raised in %d %s calls in a row (the last: %s: %s): the server stops calling it and runs "
+            "%s instead",
+            graph, retired.files, RETIRE_AFTER, call.kind.value, type(error).__name__, error, retired.instead,
+        )  # fmt: skip
 
     def _generator_states(self, req_ids: list[str]) -> list[tuple]:
         generators = [self.requests[r].generator for r in req_ids]
@@ -70,11 +92,13 @@ class GuardedCalls:
     def _commit(self, result: StepResult) -> None:
         for req_id, tokens in result.tokens.items():
             self.requests[req_id].output_token_ids.extend(tokens)
+        for req_id in result.refilled:
+            self.requests[req_id].stats.cached_tokens = 0
         for record in result.prefilled:
             stats = self.requests[record.req_id].stats
             stats.prefill_seconds += record.seconds
             stats.prefill_calls += record.calls
-            stats.prefill_steps += 1
+            stats.prefill_steps += int(record.new_step)
             stats.interleaved |= record.interleaved
             stats.batched |= record.batched
 

@@ -3,8 +3,11 @@
 plan_calls orders them (the one place the order is decided):
 
 1. copy_prefix, one call per prefix copy, in claim order (prefix_cache.py), before any other call reads or writes
-   the cache: a source's rows [0, length) are still what its owner committed.
-2. verify: the decoding requests that may speculate, when one of them has drafts (spec_decode/bookkeeping.py).
+   the cache: a source's rows [0, length) are still what its owner committed; falling back to prefilling those
+   positions in the request's own slot (the prefill graphs from position 0: what the request would run without a
+   hit), which writes that slot only.
+2. verify: the decoding requests that may speculate, when one of them has drafts (spec_decode/bookkeeping.py);
+   falling back to the decode batch of those rows, every draft rejected (one token each).
 3. the other decoding requests (token_generation), riding in the first prompt slice's chunk (chunk_and_decode) when
    the artifact fuses and the step's prompt slices are not prefilled together; falling back to the decode batch and
    the slice apart, so that a bad prompt fails alone.
@@ -13,7 +16,7 @@ plan_calls orders them (the one place the order is decided):
 5. the slices of requests asking for prompt logprobs, one call each on the prompt_logits graphs.
 
 The runner runs the list in one guarded loop (runner/call_loop.py); a request that failed in a call is left out of the
-calls after it. Each call's tokens, logprobs and prefill figures go into a StepResult of its own, merged into the
+calls after it, and a call kind whose calls keep failing runs as its fallback from then on (health.py). Each call's tokens, logprobs and prefill figures go into a StepResult of its own, merged into the
 step's only when the call succeeded.
 """
 
@@ -38,6 +41,16 @@ class CallKind(enum.Enum):
     PREFILL = "prefill"  # one prompt slice (the chunk loop)
     PREFILL_TOGETHER = "prefill_batch"  # several prompt slices side by side
     PROMPT_LOGITS = "prompt_logits"
+    PREFIX = "prefix_prefill"  # a failed copy's prefix, prefilled in the request's slot from position 0
+
+
+# What a call kind with a fallback runs as when it raises (logs).
+FALLBACK_RUNS = {
+    CallKind.COPY: "the prefill graphs from position 0 (the request's prefix prefilled in its slot)",
+    CallKind.VERIFY: "token_generation, every draft rejected (and, once retired, no drafts are proposed)",
+    CallKind.FUSED: "token_generation and the prompt chunk in separate calls",
+    CallKind.PREFILL_TOGETHER: "one prefill call per prompt",
+}
 
 
 @dataclass(frozen=True)
@@ -84,9 +97,12 @@ def plan_calls(
 ) -> list[GraphCall]:
     """The step's graph calls in order (module docstring). positions: slices of requests asking for prompt logprobs;
     fuses: the artifact has chunk_and_decode graphs."""
-    calls = [GraphCall(CallKind.COPY, copy=copy) for copy in copies]
+    calls = [GraphCall(CallKind.COPY, copy=copy, fallback=(prefix_prefill(copy),)) for copy in copies]
     if verifies:
-        calls.append(GraphCall(CallKind.VERIFY, decodes=tuple(verifies)))
+        # The decode keeps each row's drafts only to count them rejected (CallExecutor._decode).
+        calls.append(
+            GraphCall(CallKind.VERIFY, tuple(verifies), fallback=(GraphCall(CallKind.DECODE, tuple(verifies)),))
+        )
     interleaved, decodes, prefills = bool(decodes), tuple(decodes), list(prefills)
     # A batched chunk saves ~25% of every prompt row's compute, a ride saves one decode call: batching wins.
     together = len(prefills) > 1 and prefill_batch_size > 1
@@ -106,6 +122,12 @@ def plan_calls(
     return calls
 
 
+def prefix_prefill(copy: PrefixCopy) -> GraphCall:
+    """A copy's fallback: positions [0, length) of the request prefilled in its slot (never its last prompt token, so
+    nothing is sampled); vLLM then reports no cached token for it (scheduler.py)."""
+    return GraphCall(CallKind.PREFIX, prefills=(ScheduledSlice(copy.req_id, 0, copy.length),))
+
+
 @dataclass(frozen=True)
 class PrefillRecord:
     """A prompt slice's figures (RequestStats), added to its request when its call succeeds."""
@@ -115,6 +137,7 @@ class PrefillRecord:
     calls: int
     interleaved: bool
     batched: bool
+    new_step: bool = True  # False for a prefix prefilled in the step that goes on prefilling the request
 
 
 @dataclass
@@ -126,6 +149,7 @@ class StepResult:
     prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
     prefilled: list[PrefillRecord] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    refilled: list[str] = field(default_factory=list)  # requests whose failed prefix copy was prefilled instead
 
     def merge(self, other: StepResult) -> None:
         self.tokens |= other.tokens
@@ -133,3 +157,4 @@ class StepResult:
         self.prompt_logprobs |= other.prompt_logprobs
         self.prefilled += other.prefilled
         self.failed += other.failed
+        self.refilled += other.refilled

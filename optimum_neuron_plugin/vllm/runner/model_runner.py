@@ -34,7 +34,7 @@ from ..scheduler.step_budget import measured_kind
 from ..spec_decode.bookkeeping import SpeculativeDecoding
 from .call_executor import CallExecutor
 from .call_loop import GuardedCalls
-from .call_plan import GraphCall, StepResult, plan_calls
+from .call_plan import CallKind, GraphCall, StepResult, plan_calls
 from .health import GraphHealth
 from .prompt_logprobs import wants_prompt_logprobs
 from .request_state import RequestState, SeedSource
@@ -136,7 +136,8 @@ class NeuronModelRunner:
         """The step's graph calls and sampled tokens; grammar_output: vLLM's bitmask of its structured requests."""
         self.executor.grammar = StepGrammar(scheduler_output, grammar_output)
         step = self.calls.run(self.graph_calls(self.plan(scheduler_output), scheduler_output))
-        self.speculation.propose(step.tokens, self.requests)
+        if not self.calls.retired(CallKind.VERIFY):  # drafts nothing can verify would only cost their proposal
+            self.speculation.propose(step.tokens, self.requests)
         return self._output(list(scheduler_output.num_scheduled_tokens), step)
 
     # A step that runs graphs for no request (data parallelism's dummy step) belongs here, next to execute.
@@ -150,6 +151,7 @@ class NeuronModelRunner:
             logprobs=logprobs_lists([step.logprobs.get(req_id) for req_id in req_ids]),
             prompt_logprobs_dict=step.prompt_logprobs,
             failed_req_ids=step.failed,
+            refilled_req_ids=step.refilled,
             graph_latencies=latencies,
         )
 

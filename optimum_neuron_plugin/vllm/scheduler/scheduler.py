@@ -1,5 +1,8 @@
 """NeuronScheduler: vLLM's scheduler, plus failing the requests whose graph call raised.
 
+A prefix copy that raises (prefix caching) costs its request nothing: the runner prefills the prefix in its slot
+instead, and the scheduler reports no cached token for it (_report_refilled).
+
 Decision: a compiled graph call that raises (a Neuron runtime error, an artifact whose graph cannot
 run some input, ...) fails the requests of that call, not the engine. The runner catches the
 exception, logs it with the graph's file, and reports the requests in
@@ -222,11 +225,31 @@ class NeuronScheduler(Scheduler):
 
     # ---- failures -----------------------------------------------------------------------------
 
+    def _report_refilled(self, scheduler_output: NeuronSchedulerOutput, req_ids) -> None:
+        """Requests whose prefix copy raised: the runner prefilled their prefix instead, so vLLM reports no cached
+        token for them (usage's cached_tokens, taken with their first output, at the earliest this step) and takes
+        the hit back from its prefix-cache hit counters (recorded at admission, this step: the same stats window)."""
+        hits = {copy.req_id: copy.length for copy in scheduler_output.copies}
+        stats = self.kv_cache_manager.prefix_cache_stats
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            if request is None:
+                continue
+            if request.prefill_stats is not None:
+                request.prefill_stats.set(request.num_prompt_tokens, 0, 0)
+            if stats is None or not self._looks_up(request):
+                continue
+            if request.num_preemptions > 0:
+                stats.preempted_hits -= hits[req_id]
+            else:
+                stats.hits -= hits[req_id]
+
     def update_from_output(self, scheduler_output, model_runner_output: ModelRunnerOutput):
         failed = getattr(model_runner_output, "failed_req_ids", None)
         latencies = getattr(model_runner_output, "graph_latencies", None)
         if latencies is not None and self.interleave is not None and self._fixed_budget is None:
             self._use_latencies(latencies)
+        self._report_refilled(scheduler_output, getattr(model_runner_output, "refilled_req_ids", ()))
         # Before vLLM finishes the requests that stopped: what this step's successful calls wrote.
         for req_id in scheduler_output.num_scheduled_tokens:
             request = self.requests.get(req_id)  # None: aborted while the step ran (its slot is already released)

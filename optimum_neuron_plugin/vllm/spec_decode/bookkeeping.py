@@ -65,17 +65,26 @@ class SpeculativeDecoding:
         self, states: list[RequestState], work: Sequence[ScheduledSlice], logits: torch.Tensor
     ) -> list[list[int]]:
         """Each verified row's tokens: its accepted drafts and one more; counts the acceptance."""
-        out, all_accepted = [], 0
+        out = []
         for row, (state, w) in enumerate(zip(states, work, strict=True)):
-            tokens = accept(logits[row], list(w.drafts), state.sampling, state.generator, self.max_topk)
-            accepted = len(tokens) - 1  # the last token is the model's own
-            state.stats.draft_tokens += len(w.drafts)
-            state.stats.accepted_tokens += accepted
-            self._gate(state).verified(len(w.drafts), accepted)
-            out.append(tokens)
-            all_accepted += accepted
-        self.pooled_acceptance.verified(sum(len(w.drafts) for w in work), all_accepted)
+            out.append(accept(logits[row], list(w.drafts), state.sampling, state.generator, self.max_topk))
+        self._count(states, work, [len(tokens) - 1 for tokens in out])  # the last token is the model's own
         return out
+
+    def rejected(self, states: list[RequestState], work: Sequence[ScheduledSlice]) -> None:
+        """Rows decoded without their drafts (a failed verify call's fallback): every draft counts as rejected, as
+        vLLM counts them when a row returns one token (contract.rejected_drafts)."""
+        drafted = [(s, w) for s, w in zip(states, work, strict=True) if w.drafts]
+        if drafted:
+            self._count([s for s, _ in drafted], [w for _, w in drafted], [0] * len(drafted))
+
+    def _count(self, states: list[RequestState], work: Sequence[ScheduledSlice], accepted: list[int]) -> None:
+        """Each row's drafts and accepted drafts: its stats, its draft gate, the pooled acceptance."""
+        for state, w, n in zip(states, work, accepted, strict=True):
+            state.stats.draft_tokens += len(w.drafts)
+            state.stats.accepted_tokens += n
+            self._gate(state).verified(len(w.drafts), n)
+        self.pooled_acceptance.verified(sum(len(w.drafts) for w in work), sum(accepted))
 
     def copy_prefix(self, source: int, destination: int, length: int) -> None:
         """The draft model's cache follows the target's prefix copies."""
