@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -45,12 +46,14 @@ class GraphSet:
     group: dist.ProcessGroup | None = None
     vocab_size: int = 0  # the model's: logit_bias ids are checked against it
     selector: GraphSelector = field(init=False, repr=False)  # selector.select(kind, rows, starts, lasts)
+    calls: Counter[str] = field(default_factory=Counter, repr=False)  # graph name -> its calls (raised ones too)
 
     def __post_init__(self) -> None:
         self.selector = GraphSelector(self.neuron_config, self.specs)
 
     def run(self, spec: GraphSpec, inputs: GraphInputs) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """One call of the compiled graph of spec on its inputs (graph_inputs.py)."""
+        self.calls[spec.name] += 1
         return self.graphs(spec, *flat(inputs))
 
     @property

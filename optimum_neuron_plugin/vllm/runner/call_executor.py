@@ -54,6 +54,10 @@ class CallExecutor:
                  CallKind.DECODE: TOKEN_GENERATION, CallKind.PROMPT_LOGITS: PROMPT_LOGITS}  # fmt: skip
         return names.get(call.kind, self.model.neuron_config.prefill_graph)
 
+    def graph_calls(self, call: GraphCall) -> int:
+        """How many times the call's graph has been called (a fused call may run as its two calls without it)."""
+        return self.model.graph_set.calls[self.graph(call)]
+
     def run(self, call: GraphCall) -> StepResult:
         result = StepResult()
         self._run[call.kind](call, result)

@@ -44,7 +44,7 @@ class GuardedCalls:
             if call.fallback and self.retired(call.kind):
                 pending[:0] = call.fallback
                 continue
-            saved = self._generator_states(call.req_ids)
+            saved, calls_before = self._generator_states(call.req_ids), self.executor.graph_calls(call)
             try:
                 result = self.executor.run(call)
             except Exception as error:  # noqa: BLE001 - any graph failure fails its requests only (scheduler.py)
@@ -55,7 +55,8 @@ class GuardedCalls:
                 else:
                     step.failed += self._failed(call, error)
                 continue
-            self.health.succeeded(call.kind.value)
+            ran_its_graph = self.executor.graph_calls(call) > calls_before
+            self.health.succeeded(call.kind.value if ran_its_graph else None)
             self._commit(result)
             step.merge(result)
         return step

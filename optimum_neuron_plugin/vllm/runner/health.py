@@ -18,7 +18,7 @@ state: the worker logs one line naming the cause (`fatal`) and lets the exceptio
 
 Decision: a call with a fallback (runner/call_plan.py) that raises costs its requests nothing, but a graph that
 always raises would cost its call, its fallback and a warning in every step. After RETIRE_AFTER failures in a row of
-one call kind with a fallback (a success of that kind resets its count) the runner retires it: its calls run as
+one call kind with a fallback (a success of that kind that ran its graph resets its count) the runner retires it: its calls run as
 their fallback for the life of the server, one warning names the graph, its files and what runs instead, and
 `GraphHealth.retired` lists it. The server keeps answering correctly, so /health stays 200.
 """
@@ -71,9 +71,11 @@ class GraphHealth:
         self.fallback_failures: dict[str, int] = {}  # call kind -> its failed calls in a row
         self.retired: dict[str, RetiredGraph] = {}  # call kind -> what runs instead, for the life of the server
 
-    def succeeded(self, kind: str) -> None:
+    def succeeded(self, kind: str | None) -> None:
+        """A call succeeded; kind: its call kind when its graph ran (a fused call run as its two calls is not one)."""
         self.consecutive_failures = 0
-        self.fallback_failures.pop(kind, None)
+        if kind is not None:
+            self.fallback_failures.pop(kind, None)
 
     def fell_back(self, kind: str) -> bool:
         """Count a failed call of a kind with a fallback; True when the kind must be retired (then retire it)."""
