@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import warnings
+from collections.abc import Callable
 
 import torch
+
+from ..torch_compat import trace_module, unoptimized_replay
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +40,14 @@ class _Recorder(torch.nn.Module):
 class Replay:
     """A program and the trace of its first call: calls replay the trace."""
 
-    def __init__(self, program: torch.nn.Module, trace: torch.jit.ScriptModule) -> None:
+    def __init__(self, program: torch.nn.Module, trace: Callable) -> None:
         self.program, self.trace = program, trace
 
     def __call__(self, *args):
         if self.trace is None:
             return self.program(*args)
         # No profiling runs or re-optimisation of the record: the first replays cost what the others do.
-        with contextlib.suppress(Exception), torch.jit.optimized_execution(False):
+        with contextlib.suppress(Exception), unoptimized_replay():
             return self.trace(*args)
         # TorchScript's RuntimeError hides the error: the program raises it (outside an except block, so the log
         # shows the program's error alone).
@@ -61,10 +63,7 @@ def traced_call(program: torch.nn.Module, args: tuple) -> tuple[object, Replay |
     cannot record keeps running from Python (None); a call that fails raises the program's own error."""
     outputs: list = []
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.trace")  # deprecated for torch.compile
-            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # constants of the graph
-            trace = torch.jit.trace(_Recorder(program, outputs), args, check_trace=False, strict=False)
+        trace = trace_module(_Recorder(program, outputs), args)
     except Exception as error:  # noqa: BLE001 - the program's own failure is raised again just below
         failure = error
     else:
