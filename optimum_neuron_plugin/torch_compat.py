@@ -200,6 +200,15 @@ def linear_on_onednn_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", scalars, "")
 
 
+# ---- C++ extension builds (backends/cpu_kernels.py) -------------------------------------------------------------
+
+
+def cpp_extension_build_lock(directory: Path) -> Path:
+    """The lock file torch.utils.cpp_extension.load holds in its build directory while it builds (a FileBaton: a
+    build killed midway leaves it behind)."""
+    return Path(directory) / "lock"
+
+
 # ---- TorchScript (backends/cpu_script.py, cpu_linear.py, cpu_experts.py) -----------------------------------------
 
 

@@ -4,6 +4,7 @@ tests/cli/test_export_inductor.py."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import operator
 import zipfile
@@ -142,6 +143,15 @@ def test_the_packed_linear_is_f_linear(with_bias):
     torch.testing.assert_close(torch_compat.linear_on_onednn_packed(x, packed, bias), expected, rtol=1e-4, atol=1e-4)
     scripted = torch_compat.script_function(torch_compat.linear_on_onednn_packed)
     torch.testing.assert_close(scripted(x, packed, bias), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_build_lock_is_the_file_torch_builds_extensions_under(tmp_path):
+    """torch names the lock in its source only: the compat entry and torch's build agree on the installed torch."""
+    from torch.utils import cpp_extension
+
+    lock = torch_compat.cpp_extension_build_lock(tmp_path)
+    assert lock.parent == tmp_path
+    assert f"FileBaton(os.path.join(build_directory, '{lock.name}'))" in inspect.getsource(cpp_extension)
 
 
 def _rows_by_index(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
