@@ -19,6 +19,7 @@ from ..config import NeuronConfig
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, GraphSpec, example_inputs
 from ..models.collectives import GROUP_OPS
+from ..torch_compat import aoti_compile_package, aoti_load_package
 from . import Progress, join_gloo_group
 from .compile_pool import SERIAL, CompileOptions
 from .compile_pool import run as compile_with_pool
@@ -47,8 +48,7 @@ class ProgramFormat:
 
 def _save_aoti(program: torch.export.ExportedProgram, path: Path) -> None:
     # Kernels read the thread count at run time: the artifact runs with any number of threads.
-    with torch._inductor.config.patch({"cpp.dynamic_threads": True}):
-        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+    aoti_compile_package(program, path, {"cpp.dynamic_threads": True})
 
 
 FORMATS = {
@@ -56,7 +56,7 @@ FORMATS = {
         ".aoti.pt2",
         "AOTInductor",
         _save_aoti,
-        lambda p: torch._inductor.aoti_load_package(str(p)),
+        aoti_load_package,
         kernel_ops=False,
     ),
     "export": ProgramFormat(".pt2", "torch.export", save_program, load_program, kernel_ops=True),

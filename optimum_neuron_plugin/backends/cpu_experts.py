@@ -13,9 +13,11 @@ in the stacked weight: the same reads of the selected experts, no copy.
 from __future__ import annotations
 
 import functools
-import warnings
+from collections.abc import Callable
 
 import torch
+
+from ..torch_compat import script_function
 
 aten = torch.ops.aten
 
@@ -67,9 +69,7 @@ def _matmul_by_views(x: torch.Tensor, weight: torch.Tensor, index: torch.Tensor)
 
 
 @functools.cache
-def _scripted_experts_matmul() -> torch.jit.ScriptFunction:
+def _scripted_experts_matmul() -> Callable:
     """Compiled by torch.jit.script so that the replay's trace (cpu_script.py) records the loop over the rows,
     not the experts of the traced call."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated")
-        return torch.jit.script(_matmul_by_views)
+    return script_function(_matmul_by_views)

@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.fx._lazy_graph_module import _LazyGraphModule
-from torch.fx.graph import _PyTreeCodeGen, _PyTreeInfo
-from torch.utils import _pytree as pytree
+
+from .. import torch_compat
 
 RECORD_FILE = "onp_graph.json"
 RECORD_VERSION = 1
@@ -63,13 +62,11 @@ def rebuild(text: str) -> torch.fx.GraphModule | None:
             node.meta["val"] = torch.empty(shape, dtype=getattr(torch, dtype), device="meta")
         nodes[name] = node
     info = data["pytree"]
-    graph._codegen = _PyTreeCodeGen(
-        _PyTreeInfo(info["orig_args"], pytree.treespec_loads(info["in_spec"]), _spec(info["out_spec"]))
-    )
+    torch_compat.use_pytree_signature(graph, info["orig_args"], _spec(info["in_spec"]), _spec(info["out_spec"]))
     constants = {name: _tensor(blob) for name, blob in data["constants"].items()}
     # Lazy: its Python code is generated at its first call, once, after the backend's rewrites (packed linears).
-    module = _LazyGraphModule(constants, graph)
-    module._in_spec, module._out_spec = pytree.treespec_loads(data["in_spec"]), _spec(data["out_spec"])
+    module = torch_compat.lazy_graph_module(constants, graph)
+    torch_compat.set_module_tree_specs(module, _spec(data["in_spec"]), _spec(data["out_spec"]))
     module.validate_inputs = True
     module.register_forward_pre_hook(_check_inputs)
     return module
@@ -83,7 +80,8 @@ def _check_inputs(module: torch.fx.GraphModule, args: tuple) -> None:
 def check_inputs(module: torch.fx.GraphModule, args: tuple) -> None:
     """The check torch.export's module makes on its inputs: every tensor of the shape and dtype it was exported
     with (a graph file of another export fails here, on its first call)."""
-    flat = torch.fx._pytree.tree_flatten_spec((list(args), {}), module._in_spec)
+    in_spec, _ = torch_compat.module_tree_specs(module)
+    flat = torch_compat.flatten_by_spec((list(args), {}), in_spec)
     expected = [node.meta["val"] for node in module.graph.find_nodes(op="placeholder")]
     for index, (tensor, value) in enumerate(zip(flat, expected, strict=True)):
         if tensor.shape != value.shape or tensor.dtype != value.dtype:
@@ -94,8 +92,8 @@ def check_inputs(module: torch.fx.GraphModule, args: tuple) -> None:
 
 
 def _record(module: torch.fx.GraphModule) -> dict:
-    codegen = module.graph._codegen
-    if not isinstance(codegen, _PyTreeCodeGen):
+    signature = torch_compat.pytree_signature(module.graph)
+    if signature is None:
         raise Unrecordable("codegen")
     inputs = []
     nodes = []
@@ -106,17 +104,18 @@ def _record(module: torch.fx.GraphModule) -> dict:
     constants = {
         node.target: _tensor_blob(getattr(module, node.target)) for node in module.graph.find_nodes(op="get_attr")
     }
-    info = codegen.pytree_info
+    orig_args, in_spec, out_spec = signature
+    module_in_spec, module_out_spec = torch_compat.module_tree_specs(module)
     return {
         "version": RECORD_VERSION,
         "torch": torch.__version__,
         "pytree": {
-            "orig_args": list(info.orig_args),
-            "in_spec": pytree.treespec_dumps(info.in_spec),
-            "out_spec": _spec_text(info.out_spec),
+            "orig_args": orig_args,
+            "in_spec": _spec_text(in_spec),
+            "out_spec": _spec_text(out_spec),
         },
-        "in_spec": pytree.treespec_dumps(module._in_spec),
-        "out_spec": _spec_text(module._out_spec),
+        "in_spec": _spec_text(module_in_spec),
+        "out_spec": _spec_text(module_out_spec),
         "inputs": inputs,
         "constants": constants,
         "nodes": nodes,
@@ -136,8 +135,9 @@ def _target_name(node: torch.fx.Node) -> str:
     if node.op != "call_function":
         raise Unrecordable(node.op)
     target = node.target
-    if isinstance(target, torch._ops.OpOverload):
-        return f"{target._schema.name}.{target._overloadname}"
+    name = torch_compat.op_overload_name(target)
+    if name is not None:
+        return name
     name = next((name for name, function in _FUNCTIONS.items() if function is target), None)
     if name is None:
         raise Unrecordable(str(target))
@@ -190,12 +190,12 @@ def _decode(value: Any, nodes: dict[str, torch.fx.Node]) -> Any:
     return getattr(torch, inner)  # a dtype, layout or memory format
 
 
-def _spec_text(spec: pytree.TreeSpec | None) -> str | None:
-    return None if spec is None else pytree.treespec_dumps(spec)
+def _spec_text(spec: Any) -> str | None:
+    return None if spec is None else torch_compat.treespec_to_text(spec)
 
 
-def _spec(text: str | None) -> pytree.TreeSpec | None:
-    return None if text is None else pytree.treespec_loads(text)
+def _spec(text: str | None) -> Any:
+    return None if text is None else torch_compat.treespec_from_text(text)
 
 
 def _tensor_blob(tensor: Any) -> str:

@@ -30,7 +30,6 @@ SOURCES = [
     for name in ("decode_attention.cpp", "chunk_attention.cpp", "pointwise.cpp", "rows_linear.cpp")
 ]
 NAME = "onp_cpu_kernels"
-TORCH_BATON = "lock"  # torch.utils.cpp_extension's build lock (a FileBaton) in the build directory
 
 
 def _cpu_flags() -> set[str]:
@@ -70,9 +69,11 @@ def _one_builder(directory: Path | None) -> Iterator[None]:
     if directory is None:
         yield
         return
+    from ..torch_compat import cpp_extension_build_lock
+
     with open(directory / "onp_build.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        (directory / TORCH_BATON).unlink(missing_ok=True)
+        cpp_extension_build_lock(directory).unlink(missing_ok=True)
         yield
 
 

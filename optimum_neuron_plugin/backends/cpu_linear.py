@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import functools
 import operator
-import warnings
+from collections.abc import Callable
 
 import torch
 
+from ..torch_compat import linear_on_onednn_packed, onednn_pack_linear_weight, script_function
 from . import cpu_kernels
 
 ROWS_KERNEL_MAX = 4  # the largest input row count onp_cpu::rows_linear takes (csrc/rows_linear.cpp)
@@ -38,7 +39,7 @@ def packable() -> bool:
         return False
     x, weight = torch.randn(4, 64), torch.randn(32, 64)
     try:
-        out = _packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(weight), None)
+        out = _packed_linear(x, onednn_pack_linear_weight(weight), None)
     except (RuntimeError, AttributeError, OSError):  # OSError: torch.jit.script without the sources
         return False
     return torch.allclose(out, torch.nn.functional.linear(x, weight), rtol=1e-4, atol=1e-4)
@@ -84,7 +85,7 @@ def _pack_group(module: torch.fx.GraphModule, params: dict, packed: dict, group:
     if key not in packed:
         weights = [params[name].float() for _, name, _ in group]  # an FP8 weight upcast once, exactly
         weight = (torch.cat(weights) if len(group) > 1 else weights[0]).contiguous()
-        packed[key] = _rows_weight(weight) if few_rows else torch.ops.mkldnn._reorder_linear_weight(weight)
+        packed[key] = _rows_weight(weight) if few_rows else onednn_pack_linear_weight(weight)
     with module.graph.inserting_before(first):
         weight = _buffer(module, "packed_" + key, packed[key])
         bias = first.args[2] if len(first.args) > 2 else None
@@ -152,15 +153,8 @@ def _packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return _scripted_linear()(x, weight, bias)
 
 
-def _linear_on_packed(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    scalars: list[int | float | complex | None] = []
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight, bias, "none", scalars, "")
-
-
 @functools.cache
-def _scripted_linear() -> torch.jit.ScriptFunction:
+def _scripted_linear() -> Callable:
     """oneDNN's op takes a `Scalar?[]` argument that torch.jit.trace cannot record (cpu_script.py traces the
     programs); compiled by torch.jit.script, the linear is recorded as one call of this function."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated")
-        return torch.jit.script(_linear_on_packed)
+    return script_function(linear_on_onednn_packed)

@@ -8,18 +8,24 @@ C++: the same kernels on the same tensors, so the results are those of the progr
 
 TorchScript reports every failure as a RuntimeError with its own traceback. A replay that fails is run again
 by the program, which raises the real error (e.g. IndexError for a token id beyond the vocabulary). Running a
-call twice is safe: it writes the same K/V to the same cache positions before reading them.
+call twice is safe: it writes the same K/V to the same cache positions before reading them. A replay that fails
+where the program runs is TorchScript's fault: that call runs from Python, and after REPLAY_FAILURES_IN_A_ROW such
+calls the program runs from Python for good.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import warnings
+from collections.abc import Callable
 
 import torch
 
+from ..torch_compat import trace_module, unoptimized_replay
+
 logger = logging.getLogger(__name__)
+
+REPLAY_FAILURES_IN_A_ROW = 3  # replays failing where the program runs, before it stops replaying
 
 
 class _Recorder(torch.nn.Module):
@@ -38,22 +44,35 @@ class _Recorder(torch.nn.Module):
 class Replay:
     """A program and the trace of its first call: calls replay the trace."""
 
-    def __init__(self, program: torch.nn.Module, trace: torch.jit.ScriptModule) -> None:
+    def __init__(self, program: torch.nn.Module, trace: Callable) -> None:
         self.program, self.trace = program, trace
+        self.failures = 0  # replays in a row that failed where the program ran
 
     def __call__(self, *args):
         if self.trace is None:
             return self.program(*args)
-        # No profiling runs or re-optimisation of the record: the first replays cost what the others do.
-        with contextlib.suppress(Exception), torch.jit.optimized_execution(False):
-            return self.trace(*args)
+        with contextlib.suppress(Exception), unoptimized_replay():
+            output = self.trace(*args)
+            self.failures = 0
+            return output
         # TorchScript's RuntimeError hides the error: the program raises it (outside an except block, so the log
         # shows the program's error alone).
         output = self.program(*args)
-        # The program ran where its replay failed: TorchScript is at fault, the program runs from Python from now on.
-        logger.warning("a CPU program failed in TorchScript's interpreter but not from Python: it runs from Python now")
-        self.trace = None
+        self._replay_failed()
         return output
+
+    def _replay_failed(self) -> None:
+        """The program ran where its replay failed: TorchScript is at fault."""
+        self.failures += 1
+        if self.failures < REPLAY_FAILURES_IN_A_ROW:
+            logger.debug("a CPU program's replay failed where the program ran (%d in a row)", self.failures)
+            return
+        logger.warning(
+            "a CPU program failed %d times in a row in TorchScript's interpreter but not from Python: it runs from "
+            "Python now",
+            self.failures,
+        )
+        self.trace = None
 
 
 def traced_call(program: torch.nn.Module, args: tuple) -> tuple[object, Replay | None]:
@@ -61,10 +80,7 @@ def traced_call(program: torch.nn.Module, args: tuple) -> tuple[object, Replay |
     cannot record keeps running from Python (None); a call that fails raises the program's own error."""
     outputs: list = []
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"`torch\.jit\.trace")  # deprecated for torch.compile
-            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)  # constants of the graph
-            trace = torch.jit.trace(_Recorder(program, outputs), args, check_trace=False, strict=False)
+        trace = trace_module(_Recorder(program, outputs), args)
     except Exception as error:  # noqa: BLE001 - the program's own failure is raised again just below
         failure = error
     else:

@@ -1,21 +1,22 @@
 """Writing and reading torch.export programs (the CPU backend's `export` format): each archive also holds the record
-its module is rebuilt from at load (cpu_graph_record.py); without one, torch.export.load runs without two costs of
-torch's serializer that change nothing in the file or the loaded program."""
+its module is rebuilt from at load (cpu_graph_record.py); without one, torch.export.load reads it. Saving and loading
+skip two costs of torch's serializer that change nothing in the file or the loaded program."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import types
 import typing
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch.export.pt2_archive.constants import EXTRA_DIR
+
+from .. import torch_compat
 
 # The programs' custom ops and their CPU kernels, registered before a program loads.
 from . import cpu_attention, cpu_pointwise  # noqa: F401
@@ -24,9 +25,11 @@ from .cpu_graph_record import RECORD_FILE, rebuild, record
 
 def save_program(program: torch.export.ExportedProgram, path: Path) -> None:
     # The program would otherwise save its example inputs: a full copy of the weights per graph.
-    program._example_inputs = None
+    program.example_inputs = None
     text = record(program.module())
-    with _without_canonical_form_check():
+    # torch's serializer canonicalizes the program as a self-test and drops the result: 40% of a save, the saved
+    # bytes do not depend on it (tests/core/test_program_files.py).
+    with torch_compat.export_save_without_canonical_check():
         torch.export.save(program, str(path), extra_files={RECORD_FILE: text} if text else None)
 
 
@@ -35,8 +38,10 @@ def load_program(path: Path) -> torch.fx.GraphModule:
     module = rebuild(text) if text is not None else None
     if module is not None:
         return module
-    _use_planned_dict_to_dataclass()
-    return torch.export.load(str(path)).module()
+    # torch's reader works out each JSON value's type again for every node it reads (type hints, origins, unions,
+    # dataclass fields): most of the time a program takes to load. The planned reader returns equal objects.
+    with torch_compat.export_load_reading_json_with(planned_dict_to_dataclass):
+        return torch.export.load(str(path)).module()
 
 
 def _record_text(path: Path) -> str | None:
@@ -50,54 +55,15 @@ def _record_text(path: Path) -> str | None:
         return None
 
 
-@contextlib.contextmanager
-def _without_canonical_form_check() -> Iterator[None]:
-    """torch's ExportedProgramSerializer.serialize calls `canonicalize` on the program it serializes as a self-test
-    and drops the result (torch/_export/serde/serialize.py, "Test canonical form is well defined"): a deep copy and
-    sort of the whole program, 40% of a save. The saved bytes do not depend on it
-    (tests/core/test_program_files.py)."""
-    from torch._export.serde import serialize
-
-    checked = getattr(serialize, "canonicalize", None)
-    if checked is None:
-        yield
-        return
-    serialize.canonicalize = lambda program, constants=None: program
-    try:
-        yield
-    finally:
-        serialize.canonicalize = checked
-
-
-@functools.cache
-def _use_planned_dict_to_dataclass() -> None:
-    """torch.export.load turns the program's JSON into schema dataclasses with `_dict_to_dataclass`, which works out
-    each value's type again for every node it reads (type hints, origins, unions, dataclass fields): most of the time
-    a program takes to load. `_planned` does the same conversion from a plan worked out once per type, and returns
-    equal objects (tests/core/test_program_files.py)."""
-    from torch._export.serde import serialize
-
-    global torch_dict_to_dataclass
-    if getattr(serialize, "_dict_to_dataclass", None) is None or getattr(serialize, "schema", None) is None:
-        return  # another torch: its deserializer is left as it is
-    torch_dict_to_dataclass = serialize._dict_to_dataclass
-    serialize._dict_to_dataclass = planned_dict_to_dataclass
-
-
-torch_dict_to_dataclass: Callable | None = None  # the reader load_program replaced
-
-
 def planned_dict_to_dataclass(cls: Any, data: Any) -> Any:
+    """torch's conversion of a program's JSON `data` to the schema type `cls`, from a plan worked out once per type."""
     return _plan(cls)(data)
 
 
 @functools.cache
 def _plan(cls: Any) -> Callable[[Any], Any]:
     """The converter of JSON data to `cls`, branch for branch what torch's `_dict_to_dataclass` does."""
-    from torch._export.serde import schema, serialize
-    from torch._export.serde.union import _Union
-
-    cls = serialize._resolve_schema_cls(cls)
+    cls = torch_compat.resolve_export_schema_type(cls)
     if isinstance(cls, str):
         raise AssertionError(f"Unresolved class type: '{cls}'.")
     origin = typing.get_origin(cls)
@@ -108,10 +74,11 @@ def _plan(cls: Any) -> Callable[[Any], Any]:
         if len(args) != 2:
             raise AssertionError(f"expected 2 type args, got {len(args)}")
         return functools.partial(_optional, args[0])
-    if isinstance(cls, type) and issubclass(cls, _Union):
-        return functools.partial(_union, cls, typing.get_type_hints(cls, globalns=vars(schema)))
+    schema = vars(torch_compat.export_schema())
+    if torch_compat.is_export_schema_union(cls):
+        return functools.partial(_union, cls, typing.get_type_hints(cls, globalns=schema))
     if dataclasses.is_dataclass(cls):
-        hints = typing.get_type_hints(cls, globalns=vars(schema))
+        hints = typing.get_type_hints(cls, globalns=schema)
         return functools.partial(_dataclass, cls, tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls)))
     return functools.partial(_value, cls, typing.get_args(cls))
 

@@ -256,7 +256,7 @@ class NeuronBackend:
         if self.compiler_module:
             importlib.import_module(self.compiler_module)
         # torch-neuronx registers "neuron" through the torch_dynamo_backends entry point group.
-        if self.compiler not in torch._dynamo.list_backends(exclude_tags=()):
+        if self.compiler not in torch.compiler.list_backends(exclude_tags=()):
             raise error(
                 f"no torch.compile backend named {self.compiler!r}: the neuron backend needs torch-neuronx; {INSTALL}"
             )
@@ -334,7 +334,7 @@ def _require_neff(spec: GraphSpec, added: set[Path], cache: Path) -> None:
 
 @contextmanager
 def _dynamo_limit(entries: int):
-    with torch._dynamo.config.patch(recompile_limit=max(entries, torch._dynamo.config.recompile_limit)):
+    with torch.compiler.config.patch(recompile_limit=max(entries, torch.compiler.config.recompile_limit)):
         yield
 
 

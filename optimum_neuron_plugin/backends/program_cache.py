@@ -28,7 +28,15 @@ from ..graphs import DecoderGraph
 CACHE_ENV = "ONP_CPU_COMPILE_CACHE"
 # The code a program is traced from: a change to any of these files is a new program.
 _PACKAGE = Path(__file__).resolve().parents[1]
-_CODE = ("config.py", "graphs.py", "models", "backends/cpu.py", "backends/cpu_serde.py", "backends/cpu_graph_record.py")
+_CODE = (
+    "config.py",
+    "graphs.py",
+    "models",
+    "torch_compat.py",
+    "backends/cpu.py",
+    "backends/cpu_serde.py",
+    "backends/cpu_graph_record.py",
+)
 
 
 class ProgramCache:

@@ -18,13 +18,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as fc
+
+from .. import torch_compat
 
 # The c10d functional ops that carry a group name as their last argument.
-GROUP_OPS = (
-    torch.ops._c10d_functional.all_reduce.default,
-    torch.ops._c10d_functional.all_gather_into_tensor.default,
-)
+GROUP_OPS = torch_compat.group_collective_ops()
 
 
 @dataclass(frozen=True)
@@ -34,14 +32,14 @@ class Collectives:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over the ranks."""
-        return x if self.degree == 1 else fc.all_reduce(x, "sum", self.group)
+        return x if self.degree == 1 else torch_compat.functional_all_reduce_sum(x, self.group)
 
     def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
         """[n, c] on each rank -> [n, degree * c], rank 0's columns first."""
         if self.degree == 1:
             return x
         n, c = x.shape
-        gathered = fc.all_gather_tensor(x.contiguous(), 0, self.group)  # [degree * n, c]
+        gathered = torch_compat.functional_all_gather(x.contiguous(), 0, self.group)  # [degree * n, c]
         return gathered.view(self.degree, n, c).permute(1, 0, 2).reshape(n, self.degree * c)
 
 
@@ -52,9 +50,7 @@ SINGLE = Collectives()
 @contextmanager
 def export_world(degree: int) -> Iterator[str]:
     """A fake process group of `degree` ranks for tracing the graphs; yields its name."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=degree)
+    torch_compat.init_fake_process_group(degree)
     try:
         yield dist.group.WORLD.group_name
     finally:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 from support.tiny_models import tiny_model
-from torch._dynamo.backends import registry
 
 from optimum_neuron_plugin import artifact, devices
 from optimum_neuron_plugin.backends import neuron
@@ -21,6 +20,7 @@ from optimum_neuron_plugin.models.args import ModelArgs
 from optimum_neuron_plugin.models.checkpoint import decoder_weights
 from optimum_neuron_plugin.models.kv_cache import empty_cache
 from optimum_neuron_plugin.runtime.artifact_io import to_params as _to_params
+from optimum_neuron_plugin.torch_compat import register_compile_backend, unregister_compile_backend
 from tests.core.helpers import SEEDS, VOCAB
 from tests.neuron.fake_compiler import FakeNeuronCompiler
 from tests.neuron.stand_in.torch_neuronx import RUNTIME_LOG_ENV
@@ -69,15 +69,14 @@ def tiny_models() -> dict[str, TinyModel]:
 @pytest.fixture
 def fake_neuron_compiler(monkeypatch):
     """Registers the fake under TorchNeuron's Dynamo backend name, "neuron", for one test."""
-    if "neuron" in torch._dynamo.list_backends(exclude_tags=()):
+    if "neuron" in torch.compiler.list_backends(exclude_tags=()):
         pytest.skip("torch-neuronx is installed: the real `neuron` Dynamo backend is registered")
     monkeypatch.setenv(CACHE_ENV, "unset")  # restored after the test: the backend sets it
     compiler = FakeNeuronCompiler()
-    torch._dynamo.register_backend(compiler, name="neuron")
+    register_compile_backend(compiler, "neuron")
     yield compiler
-    registry._COMPILER_FNS.pop("neuron", None)
-    registry._BACKENDS.pop("neuron", None)
-    torch._dynamo.reset()
+    unregister_compile_backend("neuron")
+    torch.compiler.reset()
 
 
 @pytest.fixture

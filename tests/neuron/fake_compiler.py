@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions, AllreduceOptions, ProcessGroup
 
 from optimum_neuron_plugin.backends.neuron import CACHE_ENV
+from optimum_neuron_plugin.torch_compat import register_compile_backend
 
 MODULE = __name__
 FAKE = "fake_neuron"
@@ -107,8 +108,8 @@ class FakeNeuronProcessGroup(ProcessGroup):
         raise RuntimeError(f"{HOST_TENSOR_REFUSED} (broadcast of a {tensors[0].device} tensor)")
 
 
-torch._dynamo.register_backend(FakeNeuronCompiler(), name=FAKE)
-torch._dynamo.register_backend(FakeNeuronCompiler(fail_on_rank=1), name=FAILS_ON_RANK_1)
+register_compile_backend(FakeNeuronCompiler(), FAKE)
+register_compile_backend(FakeNeuronCompiler(fail_on_rank=1), FAILS_ON_RANK_1)
 
 
 def read_log(path: Path) -> list[tuple[int, str, str]]:

@@ -9,7 +9,6 @@ import re
 import pytest
 import torch
 from support.tiny_models import quick_first
-from torch._dynamo.backends import registry
 
 from optimum_neuron_plugin.backends.neuron import NeuronBackend, NeuronGraphs
 from optimum_neuron_plugin.config import NeuronConfig
@@ -22,6 +21,7 @@ from optimum_neuron_plugin.graphs import (
     example_inputs,
     graph_specs,
 )
+from optimum_neuron_plugin.torch_compat import register_compile_backend, unregister_compile_backend
 
 from .conftest import ARCHITECTURES, MOE_ARCHITECTURES
 
@@ -43,14 +43,13 @@ def recorded():
         graphs.append(gm)
         return gm.forward
 
-    torch._dynamo.register_backend(record, name=RECORDER)
+    register_compile_backend(record, RECORDER)
     # One Dynamo cache entry per distinct graph, and this module captures 4 models x 2 shapes: more than one
     # process serves (NeuronGraphs allows one entry per graph of its model).
-    with torch._dynamo.config.patch(recompile_limit=128):
+    with torch.compiler.config.patch(recompile_limit=128):
         yield graphs
-    registry._COMPILER_FNS.pop(RECORDER, None)
-    registry._BACKENDS.pop(RECORDER, None)
-    torch._dynamo.reset()
+    unregister_compile_backend(RECORDER)
+    torch.compiler.reset()
 
 
 @pytest.mark.parametrize("shape", list(CONFIGS))
@@ -67,7 +66,7 @@ def test_every_graph_is_one_dynamo_graph(tiny_models, recorded, name, shape):
     expected = 2 * len(config.decode_buckets) + per_bucket * len(config.context_buckets) + len(config.prefill_buckets)
     assert len(specs) == expected
     # copy_prefix depends on the cache's shape only: Dynamo would reuse another model's capture of the same shape.
-    torch._dynamo.reset()
+    torch.compiler.reset()
     picked = every_code_path(specs)
     if not config.chunked:
         # Its token_generation graphs trace the code of the chunked shape's (the smallest bucket, and the largest,

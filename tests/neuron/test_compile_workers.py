@@ -55,7 +55,7 @@ def test_two_workers_write_the_serial_artifact_and_compile_each_graph_once(tmp_p
     assert len(compiles) == len(serial_compiles) == GRAPHS and all(line.endswith(" compiled") for line in compiles)
     # The artifact serves: every graph is found in its NEFF cache (nothing compiled at load).
     log.unlink()
-    torch._dynamo.reset()  # as in a new process (vllm serve): Dynamo traces again, the compiler sees each graph
+    torch.compiler.reset()  # as in a new process (vllm serve): Dynamo traces again, the compiler sees each graph
     model = NeuronModelForCausalLM.from_pretrained(tmp_path / "parallel", make_backend=STAND_IN)
     model.warm_up()
     loads = log.read_text().splitlines()

@@ -9,7 +9,6 @@ import re
 
 import pytest
 import torch
-from torch._dynamo.backends import registry
 
 from optimum_neuron_plugin import artifact
 from optimum_neuron_plugin.backends.neuron import NeuronBackend, NeuronGraphs
@@ -18,6 +17,7 @@ from optimum_neuron_plugin.graphs import example_inputs, graph_specs
 from optimum_neuron_plugin.models.kv_cache import empty_cache
 from optimum_neuron_plugin.runtime import fp8_params
 from optimum_neuron_plugin.runtime.artifact_io import to_params
+from optimum_neuron_plugin.torch_compat import register_compile_backend, unregister_compile_backend
 
 RECORDER = "onp_record_fp8_graphs"
 
@@ -30,12 +30,11 @@ def recorded():
         graphs.append(gm)
         return gm.forward
 
-    torch._dynamo.register_backend(record, name=RECORDER)
-    with torch._dynamo.config.patch(recompile_limit=64):
+    register_compile_backend(record, RECORDER)
+    with torch.compiler.config.patch(recompile_limit=64):
         yield graphs
-    registry._COMPILER_FNS.pop(RECORDER, None)
-    registry._BACKENDS.pop(RECORDER, None)
-    torch._dynamo.reset()
+    unregister_compile_backend(RECORDER)
+    torch.compiler.reset()
 
 
 def test_fp8_graphs_are_one_dynamo_graph_with_upcast_weights(tiny_models, recorded):
@@ -56,7 +55,7 @@ def test_fp8_graphs_are_one_dynamo_graph_with_upcast_weights(tiny_models, record
     specs = graph_specs(config, a.vocab_size)
     picked = [s for s in specs if s.bucket == 16 and s.rows in (1, 2)]
     assert {s.name for s in picked} >= {"token_generation", "chunked_prefill", "chunk_and_decode", "copy_prefix"}
-    torch._dynamo.reset()
+    torch.compiler.reset()
     for spec in picked:
         before = len(recorded)
         graphs(spec, *example_inputs(spec))

@@ -10,12 +10,12 @@ import tempfile
 
 import pytest
 import torch
-from torch._dynamo.backends import registry
 
 from optimum_neuron_plugin import ArtifactError, ExportError, NeuronConfig, NeuronModelForCausalLM
 from optimum_neuron_plugin.backends import neuron
 from optimum_neuron_plugin.backends.cpu import CpuBackend
 from optimum_neuron_plugin.graphs import example_inputs, graph_specs
+from optimum_neuron_plugin.torch_compat import register_compile_backend, unregister_compile_backend
 from tests.neuron.fake_compiler import FakeNeuronCompiler
 
 CONFIG = dict(backend="neuron", batch_size=2, sequence_length=32, prefill_chunk_size=8, torch_dtype="bfloat16")
@@ -46,7 +46,7 @@ def test_each_graph_compiled_once_cached_in_the_artifact_and_reloaded_without_co
         (artifact / path.relative_to(workdir)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, artifact / path.relative_to(workdir))
     shutil.rmtree(workdir)
-    torch._dynamo.reset()  # as in a new process (vllm serve): Dynamo traces again, the compiler sees each graph
+    torch.compiler.reset()  # as in a new process (vllm serve): Dynamo traces again, the compiler sees each graph
     caches = model.caches(config)
     loaded = backend.load(model.graphs(config), model.params(config), caches, artifact)
     for spec in specs:
@@ -194,11 +194,11 @@ def test_the_options_part_of_the_cache_key_is_torchneurons():
 def test_a_graph_whose_neff_is_not_in_the_artifact_fails_the_export_naming_it(tiny_models, tmp_path, monkeypatch):
     """TorchNeuron reads its NEFF cache directory once per process: a cache created before the export pointed it at
     the artifact writes the NEFFs elsewhere, and the artifact would hold none."""
-    if "neuron" in torch._dynamo.list_backends(exclude_tags=()):
+    if "neuron" in torch.compiler.list_backends(exclude_tags=()):
         pytest.skip("torch-neuronx is installed: the real `neuron` Dynamo backend is registered")
     monkeypatch.setenv(neuron.CACHE_ENV, "unset")
     compiler = FakeNeuronCompiler(cache_dir=tmp_path / "cache-created-earlier")
-    torch._dynamo.register_backend(compiler, name="neuron")
+    register_compile_backend(compiler, "neuron")
     try:
         config = NeuronConfig(**CONFIG)
         model, specs = tiny_models["llama"], graph_specs(config, tiny_models["llama"].args.vocab_size)
@@ -206,9 +206,8 @@ def test_a_graph_whose_neff_is_not_in_the_artifact_fails_the_export_naming_it(ti
         with pytest.raises(ExportError) as raised:
             backend.compile(model.graphs(config), model.params(config), model.caches(config), tmp_path / "w", print)
     finally:
-        registry._COMPILER_FNS.pop("neuron", None)
-        registry._BACKENDS.pop("neuron", None)
-        torch._dynamo.reset()
+        unregister_compile_backend("neuron")
+        torch.compiler.reset()
     assert str(raised.value).startswith(f"compiling graph {specs[0].key} left no .neff in {tmp_path / 'w'}")
     assert len(compiler.compiled) == 1  # the export stopped at the first graph
 
