@@ -3,8 +3,8 @@
 Used for every first token (prefill logits) and, when the artifact has no on-device sampling, for
 decode tokens too. Processing is vLLM's V1 sampler, in its order (vllm/v1/sample/sampler.py):
 allowed_token_ids, bad_words, min_tokens and logit_bias (its builtin logits processors), the
-repetition / frequency / presence penalties (vllm/v1/sample/ops/penalties.py), then min_p on
-temperature-scaled logits. The draw itself stays the plugin's top-k / top-p sampler
+repetition / frequency / presence penalties (vLLM's formulas over token counts each request keeps: penalties.py),
+then min_p on temperature-scaled logits. The draw itself stays the plugin's top-k / top-p sampler
 (sampling.sample_on_host), the same algorithm as the on-device sampler, so a seeded request draws
 the same tokens whether a step runs on the host or on the device. Logprobs are vLLM's default
 "raw_logprobs" (log_softmax of the model's logits before any processing), gathered by vLLM's Sampler; tokens
@@ -23,7 +23,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from vllm.config import VllmConfig
-from vllm.utils.torch_utils import make_tensor_with_pad
 from vllm.v1.outputs import LogprobsLists
 from vllm.v1.sample.logits_processor import BatchUpdate, build_logitsprocs
 from vllm.v1.sample.metadata import SamplingMetadata
@@ -33,6 +32,7 @@ from ...runtime.decode import SampledLogprobs
 from ...runtime.ranks import from_rank0
 from ...sampling import sample_on_host
 from ..runner.request_state import RequestState
+from .penalties import apply_penalties
 
 
 class HostSampler:
@@ -62,6 +62,9 @@ class HostSampler:
         self._update_processors(states)
         metadata = self._metadata(states, logits.shape[-1])
         logits = self._sampler.apply_logits_processors(logits, metadata, predict_bonus_token=False)
+        vocab = logits.shape[-1]
+        counts = [s.counted_tokens(vocab) if s.has_penalties() else None for s in states]
+        apply_penalties(logits, [s.params for s in states], counts)
         return self._apply_min_p(logits, states)
 
     def _update_processors(self, states: list[RequestState]) -> None:
@@ -73,11 +76,9 @@ class HostSampler:
         self._rows = len(states)
 
     def _metadata(self, states: list[RequestState], vocab: int) -> SamplingMetadata:
+        """vLLM's sampler applies the token masks and processors; the penalties follow (penalties.py)."""
         params = [s.params for s in states]
-        penalties = lambda name: torch.tensor([getattr(p, name) for p in params], dtype=torch.float32)  # noqa: E731
-        no_penalties = all(
-            p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1 for p in params
-        )
+        unused = torch.zeros(len(states), dtype=torch.float32)
         return SamplingMetadata(
             temperature=None,
             all_greedy=False,
@@ -86,13 +87,11 @@ class HostSampler:
             top_k=None,
             generators={},
             max_num_logprobs=None,
-            no_penalties=no_penalties,
-            prompt_token_ids=None
-            if no_penalties
-            else make_tensor_with_pad([s.prompt_token_ids for s in states], pad=vocab, device="cpu", dtype=torch.int64),
-            frequency_penalties=penalties("frequency_penalty"),
-            presence_penalties=penalties("presence_penalty"),
-            repetition_penalties=penalties("repetition_penalty"),
+            no_penalties=True,
+            prompt_token_ids=None,
+            frequency_penalties=unused,
+            presence_penalties=unused,
+            repetition_penalties=unused,
             output_token_ids=[s.output_token_ids for s in states],
             allowed_token_ids_mask=_allowed_token_ids_mask(params, vocab),
             bad_words_token_ids={i: p.bad_words_token_ids for i, p in enumerate(params) if p.bad_words_token_ids},
