@@ -19,6 +19,7 @@ import numpy as np
 from vllm.config import VllmConfig
 
 from ...config import NeuronConfig
+from ..compat import ngram_proposer, propose_ngrams
 from ..engine.options import PREFILL_MODE_ENV, PrefillMode
 from .draft_gate import min_acceptance
 from .draft_model import DRAFT_MODEL, DraftModelDrafts, draft_problems
@@ -101,16 +102,11 @@ class NgramDrafts:
         # does not. The layer is fixed at numba's first parallel call; an explicit NUMBA_THREADING_LAYER wins.
         if "NUMBA_THREADING_LAYER" not in os.environ:
             numba.config.THREADING_LAYER = "workqueue"
-        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
-
-        self.proposer = NgramProposer(vllm_config)
+        self.proposer = ngram_proposer(vllm_config, slots)
         self.k = vllm_config.speculative_config.num_speculative_tokens
         self.table = np.zeros((slots, vllm_config.model_config.max_model_len), dtype=np.int32)
         self.held = [0] * slots  # tokens of row s that are its source's
         self.sources: list[list[int] | None] = [None] * slots  # the token list row s follows
-        if slots > len(self.proposer.valid_ngram_num_drafts):  # its draft buffers hold max_num_seqs rows
-            self.proposer.valid_ngram_draft = np.zeros((slots, self.k), dtype=np.int32)
-            self.proposer.valid_ngram_num_drafts = np.zeros(slots, dtype=np.int32)
         # vLLM's own warm-up proposes for no request, so numba would compile the lookup on the first real proposal
         # (seconds, inside a request's step): compile it here, at startup.
         self.propose([0], [[1, 2, 1, 2]])
@@ -129,13 +125,10 @@ class NgramDrafts:
         if not token_lists:
             return []
         lengths = np.zeros(len(self.table), dtype=np.int32)
-        proposing: list[list[int]] = [[] for _ in self.table]
         for slot, tokens in zip(slots, token_lists, strict=True):
             self._follow(slot, tokens)
             lengths[slot] = len(tokens)
-            proposing[slot] = [0]  # vLLM proposes for the requests that sampled a token this step: these did
-        drafts = self.proposer.propose(self.k, proposing, lengths, self.table)
-        return [drafts[slot] for slot in slots]
+        return propose_ngrams(self.proposer, self.k, self.table, lengths, slots)
 
     def _follow(self, slot: int, tokens: list[int]) -> None:
         """Row `slot` of the table holds `tokens`."""
