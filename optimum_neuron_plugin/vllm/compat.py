@@ -8,16 +8,22 @@ installed vLLM version against the range these entries were written for before v
 from __future__ import annotations
 
 import importlib.metadata
-from collections.abc import Callable
-from dataclasses import fields
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from packaging.version import Version
 
 if TYPE_CHECKING:  # register() imports this module: it must not import vLLM
+    import numpy as np
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.sampling_params import SamplingParams as VllmSamplingParams
     from vllm.v1.core.kv_cache_utils import BlockHash
-    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
+    from vllm.v1.outputs import LogprobsTensors
     from vllm.v1.request import Request
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
 
     BlockHasher = Callable[[Request], list[BlockHash]]
 
@@ -44,6 +50,119 @@ def check_vllm_version(installed: str | None = None) -> Version:
 
 
 # ---- sampling and speculative decoding (sampling/, spec_decode/) ----------------------------------------------
+# vLLM's V1 sampler (vllm/v1/sample/), its structured-output helper and its n-gram proposer are its GPU runner's
+# internals: no public API exposes them. Imported inside each entry: this module is loaded at plugin registration.
+
+
+def raw_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """vLLM's raw logprobs of logits [n, V]: the float32 log-softmax its sampler returns (Sampler.compute_logprobs)."""
+    from vllm.v1.sample.sampler import Sampler
+
+    return Sampler.compute_logprobs(logits)
+
+
+def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
+    """Rows of logprobs [n, V] gathered as vLLM's sampler does (Sampler.gather_logprobs): ids [n, 1 + num_logprobs]
+    (token_ids [n] int64 first, then the top num_logprobs), their logprobs, and each token's rank (the tokens at
+    least as likely) [n]."""
+    from vllm.v1.sample.sampler import Sampler
+
+    return Sampler.gather_logprobs(logprobs, num_logprobs, token_ids)
+
+
+class LogitsProcessing:
+    """vLLM's V1 sampler's logits processing on host rows, penalties aside (sampling/penalties.py): the
+    allowed_token_ids mask, bad_words, its builtin logits processors (min_tokens, logit_bias; min_p on
+    temperature-scaled logits), built by build_logitsprocs and applied by Sampler.apply_logits_processors through a
+    SamplingMetadata. Custom logits processors are refused at startup, so only the builtin ones are built."""
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        import torch
+        from vllm.v1.sample.logits_processor import build_logitsprocs
+        from vllm.v1.sample.sampler import Sampler
+
+        self._processors = build_logitsprocs(vllm_config, torch.device("cpu"), False, False)
+        self._sampler = Sampler()
+        self._rows = 0  # rows the processors hold state for (indices 0..rows-1)
+
+    def set_rows(self, rows: list[tuple[VllmSamplingParams, list[int], list[int]]]) -> None:
+        """Row i of the next apply() is the request of rows[i] (its parameters, prompt and output token lists,
+        which the processors keep a reference to); rows beyond them are removed."""
+        from vllm.v1.sample.logits_processor import BatchUpdate
+
+        added = [(i, params, prompt, output) for i, (params, prompt, output) in enumerate(rows)]
+        removed = list(range(len(rows), self._rows))
+        for processor in self._processors.all:
+            processor.update_state(BatchUpdate(len(rows), removed, added, []))
+        self._rows = len(rows)
+
+    def apply(
+        self, logits: torch.Tensor, params: list[VllmSamplingParams], output_token_ids: list[list[int]],
+        allowed_token_ids_mask: torch.Tensor | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """logits [n, V] float32 (the rows of set_rows) with the allowed mask (True: banned), bad_words and the
+        processors that change the argmax applied, in vLLM's order."""
+        import torch
+        from vllm.v1.sample.metadata import SamplingMetadata
+
+        unused = torch.zeros(len(params), dtype=torch.float32)
+        metadata = SamplingMetadata(
+            temperature=None, all_greedy=False, all_random=False, top_p=None, top_k=None, generators={},
+            max_num_logprobs=None, no_penalties=True, prompt_token_ids=None, frequency_penalties=unused,
+            presence_penalties=unused, repetition_penalties=unused, output_token_ids=output_token_ids,
+            allowed_token_ids_mask=allowed_token_ids_mask,
+            bad_words_token_ids={i: p.bad_words_token_ids for i, p in enumerate(params) if p.bad_words_token_ids},
+            logitsprocs=self._processors,
+        )  # fmt: skip
+        return self._sampler.apply_logits_processors(logits, metadata, predict_bonus_token=False)
+
+    def apply_after_temperature(self, scaled: torch.Tensor) -> torch.Tensor:
+        """The processors vLLM applies to temperature-scaled logits (the argmax-invariant ones: min_p)."""
+        for processor in self._processors.argmax_invariant:
+            scaled = processor.apply(scaled)
+        return scaled
+
+
+def apply_grammar_bitmask_to_rows(
+    scheduler_output: SchedulerOutput, grammar_output: GrammarOutput, req_ids: list[str], logits: torch.Tensor
+) -> None:
+    """vLLM's own bitmask application (structured_output.utils.apply_grammar_bitmask, xgrammar's kernel), in place on
+    logits [n, V] whose row i belongs to req_ids[i]. Of the runner's InputBatch it takes, it reads only req_ids."""
+    from vllm.v1.structured_output.utils import apply_grammar_bitmask
+
+    apply_grammar_bitmask(scheduler_output, grammar_output, _LogitRows(list(req_ids)), logits)
+
+
+@dataclass(frozen=True)
+class _LogitRows:
+    """The one attribute of vLLM's InputBatch that apply_grammar_bitmask reads: the request of each logits row."""
+
+    req_ids: list[str]
+
+
+def ngram_proposer(vllm_config: VllmConfig, rows: int) -> NgramProposer:
+    """vLLM's n-gram (prompt lookup) proposer for a token table of `rows` rows: its draft buffers, sized by
+    max_num_seqs, are widened to `rows` (its numba lookup writes row i's drafts at index i, unchecked)."""
+    import numpy as np
+    from vllm.v1.spec_decode.ngram_proposer import NgramProposer
+
+    proposer = NgramProposer(vllm_config)
+    if rows > len(proposer.valid_ngram_num_drafts):
+        proposer.valid_ngram_draft = np.zeros((rows, proposer.k), dtype=np.int32)
+        proposer.valid_ngram_num_drafts = np.zeros(rows, dtype=np.int32)
+    return proposer
+
+
+def propose_ngrams(
+    proposer: NgramProposer, k: int, table: np.ndarray, lengths: np.ndarray, rows: Sequence[int]
+) -> list[list[int]]:
+    """The drafts (at most k each) of the table's rows `rows`, row r holding lengths[r] tokens; the other rows are
+    skipped. One list per entry of rows."""
+    sampled: list[list[int]] = [[] for _ in range(len(table))]
+    for row in rows:
+        sampled[row] = [0]  # vLLM proposes for the requests that sampled a token this step
+    drafts = proposer.propose(k, sampled, lengths, table)
+    return [drafts[row] for row in rows]
 
 
 # ---- engine arguments, requests and step outputs (engine/, contract.py, runner/) ------------------------------

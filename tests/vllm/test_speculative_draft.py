@@ -120,6 +120,30 @@ def test_the_proposer_drafts_the_draft_models_greedy_tokens(other_dir, other_hf_
     check([1], [prompt_of(SEQUENCE_LENGTH - 2, tokenizer)])  # two positions left: two drafts
 
 
+def test_proposals_over_growing_token_lists_match_the_draft_models_greedy_tokens(other_dir, other_hf_dir, tokenizer):
+    """A request's token list grows in place from step to step (RequestState.all_token_ids): each slot's record is
+    compared from where it last agreed with that list, and each proposal is still the draft model's greedy
+    continuation (HF) whatever the drafts' fate; a slot's next request, another list, is compared from the start."""
+    from vllm import SamplingParams
+
+    from optimum_neuron_plugin.vllm.runner.request_state import RequestState
+    from optimum_neuron_plugin.vllm.spec_decode.draft_model import DraftModelDrafts
+
+    hf = LlamaForCausalLM.from_pretrained(other_hf_dir, dtype=torch.float32).eval()
+    drafter = DraftModelDrafts(str(other_dir), K, SEQUENCE_LENGTH)
+    a = RequestState.create("a", prompt_of(30, tokenizer), SamplingParams(temperature=0.0))
+    for accepted in (K, 0, 1, K, 2):  # drafts accepted, then one token of the target's (a rejected draft's successor)
+        tokens = a.all_token_ids
+        drafts = drafter.propose([2], [tokens])[0]
+        assert drafts == hf_greedy(hf, tokens, K), len(tokens)
+        a.output_token_ids.extend(drafts[:accepted] + [(drafts[accepted] + 1) if accepted < K else 5])
+        assert drafter.records[2][: len(tokens)] == tokens
+    b_prompt = list(a.all_token_ids)  # the next request in slot 2: as long, its first token differs
+    b_prompt[0] = (b_prompt[0] + 1) % 100
+    b = RequestState.create("b", b_prompt, SamplingParams(temperature=0.0))
+    assert drafter.propose([2], [b.all_token_ids]) == [hf_greedy(hf, b.all_token_ids, K)]
+
+
 def test_greedy_with_a_draft_that_always_agrees(llm, tokenizer, tiny_hf):
     """The target's own weights as the draft: every draft accepted, and the tokens are greedy decoding's, also
     when max_tokens ends inside an accepted run (every length from 13 to 24) or at the sequence length."""

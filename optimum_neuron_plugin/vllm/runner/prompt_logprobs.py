@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 from vllm.v1.outputs import LogprobsTensors
-from vllm.v1.sample.sampler import Sampler
 
+from ..compat import gather_logprobs, raw_logprobs
 from .request_state import RequestState
 
 
@@ -28,8 +28,8 @@ def record_prompt_logprobs(state: RequestState, logits: torch.Tensor, start: int
     rows = min(len(logits), len(prompt) - 1 - start)  # the last prompt position predicts the first output token
     if rows > 0:
         targets = torch.tensor(prompt[start + 1 : start + 1 + rows])
-        scores = Sampler.compute_logprobs(logits[:rows].float())
-        ids, values, ranks = Sampler.gather_logprobs(scores, _top(state, logits.shape[-1]), targets)[:3]
+        scores = raw_logprobs(logits[:rows].float())
+        ids, values, ranks = gather_logprobs(scores, _top(state, logits.shape[-1]), targets)[:3]
         window = slice(start, start + rows)
         state.prompt_logprobs.logprob_token_ids[window] = ids
         state.prompt_logprobs.logprobs[window] = values

@@ -3,7 +3,8 @@
 vLLM's scheduler does not send sampled tokens back to the worker, so the runner keeps each
 request's tokens itself: prompt + every token it sampled. The runner appends sampled tokens to
 `output_token_ids` (vLLM's logits processors hold that list); `all_token_ids` is one list that follows it,
-extended by the tokens appended since its last read: a step costs O(its new tokens), not O(the context).
+extended by the tokens appended since its last read: a step costs O(its new tokens), not O(the context). Requests with
+penalties keep their token counts over the vocabulary the same way (penalty_counts, sampling/penalties.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.outputs import LogprobsTensors
 
 from ...sampling import GREEDY, SamplingParams, make_generator
+from ..sampling.penalties import PenaltyCounts, has_penalties
 from ..spec_decode.draft_gate import DraftGate
 
 _GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy
@@ -48,6 +50,7 @@ class RequestState:
     prompt_logprobs: LogprobsTensors | None = None  # prompt_logprobs.py: filled slice by slice
     prompt_logprobs_sent: bool = False
     draft_gate: DraftGate | None = None  # speculative decoding: set by the runner on the first proposal
+    penalty_counts: PenaltyCounts | None = None  # host sampling with penalties: set on the first sampled row
     _token_ids: list[int] = field(default_factory=list, repr=False)  # all_token_ids as of its last read
 
     @classmethod
@@ -103,13 +106,20 @@ class RequestState:
 
     def has_penalties(self) -> bool:
         """Repetition, frequency or presence penalties: they need the tokens so far, so host logits only."""
-        p = self.params
-        return p.presence_penalty != 0.0 or p.frequency_penalty != 0.0 or p.repetition_penalty != 1.0
+        return has_penalties(self.params)
+
+    def counted_tokens(self, vocab: int) -> PenaltyCounts:
+        """The request's prompt and output tokens over the vocabulary, counted up to its last token."""
+        if self.penalty_counts is None:
+            self.penalty_counts = PenaltyCounts.of_prompt(self.prompt_token_ids, vocab)
+        self.penalty_counts.update(self.output_token_ids)
+        return self.penalty_counts
 
     def resync(self, all_token_ids: list[int]) -> None:
         """Adopt the scheduler's token list (sent when a preempted request resumes)."""
         self.output_token_ids = list(all_token_ids[len(self.prompt_token_ids) :])
         self._token_ids = []
+        self.penalty_counts = None
 
 
 def to_runtime_sampling(params: VllmSamplingParams) -> SamplingParams:

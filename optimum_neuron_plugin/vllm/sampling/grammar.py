@@ -9,18 +9,10 @@ Structured requests get no speculative drafts (spec_decode/methods.py), so every
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-from vllm.v1.structured_output.utils import apply_grammar_bitmask
 
-
-@dataclass(frozen=True)
-class _LogitRows:
-    """The one attribute of vLLM's InputBatch that apply_grammar_bitmask reads: the request of each logits row."""
-
-    req_ids: list[str]
+from ..compat import apply_grammar_bitmask_to_rows
 
 
 class StepGrammar:
@@ -38,7 +30,7 @@ class StepGrammar:
         rows of logits [n, V] (row i belongs to req_ids[i]) become -inf, in place, as in vLLM's runner before its
         sampler (so raw logprobs see the mask too)."""
         if any(req_id in self.rows for req_id in req_ids):
-            apply_grammar_bitmask(self.scheduler_output, self.output, _LogitRows(list(req_ids)), logits)
+            apply_grammar_bitmask_to_rows(self.scheduler_output, self.output, req_ids, logits)
 
     def bitmask(self, req_ids: list[str], words: int) -> torch.Tensor | None:
         """The packed bitmask [n, words] of a decode batch (all ones for a request without a grammar), or None when

@@ -3,12 +3,13 @@
 Used for every first token (prefill logits) and, when the artifact has no on-device sampling, for
 decode tokens too. Processing is vLLM's V1 sampler, in its order (vllm/v1/sample/sampler.py):
 allowed_token_ids, bad_words, min_tokens and logit_bias (its builtin logits processors), the
-repetition / frequency / presence penalties (vllm/v1/sample/ops/penalties.py), then min_p on
-temperature-scaled logits. The draw itself stays the plugin's top-k / top-p sampler
+repetition / frequency / presence penalties (vLLM's formulas over token counts each request keeps: penalties.py),
+then min_p on temperature-scaled logits. The draw itself stays the plugin's top-k / top-p sampler
 (sampling.sample_on_host), the same algorithm as the on-device sampler, so a seeded request draws
 the same tokens whether a step runs on the host or on the device. Logprobs are vLLM's default
-"raw_logprobs" (log_softmax of the model's logits before any processing), gathered by vLLM's Sampler; tokens
-sampled on the device come with the same logprobs from the decode graph (device_token_logprobs).
+"raw_logprobs" (log_softmax of the model's logits before any processing), gathered as vLLM's Sampler does
+(compat.gather_logprobs); tokens sampled on the device come with the same logprobs from the decode graph
+(device_token_logprobs). vLLM's private pieces are reached through compat.py.
 
 Under tensor parallelism every rank samples the same logits, and rank 0's tokens are the ones every rank records
 (runtime.ranks.from_rank0, as the decode graphs' host-drawn uniforms are): a draw that differed on one rank (logits
@@ -23,16 +24,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from vllm.config import VllmConfig
-from vllm.utils.torch_utils import make_tensor_with_pad
 from vllm.v1.outputs import LogprobsLists
-from vllm.v1.sample.logits_processor import BatchUpdate, build_logitsprocs
-from vllm.v1.sample.metadata import SamplingMetadata
-from vllm.v1.sample.sampler import Sampler
 
 from ...runtime.decode import SampledLogprobs
 from ...runtime.ranks import from_rank0
 from ...sampling import sample_on_host
+from ..compat import LogitsProcessing, gather_logprobs, raw_logprobs
 from ..runner.request_state import RequestState
+from .penalties import apply_penalties
 
 
 class HostSampler:
@@ -43,10 +42,7 @@ class HostSampler:
     ) -> None:
         self.max_topk = max_topk  # at most this many tokens are candidates (None: the whole vocabulary)
         self.group = group  # the tensor-parallel ranks (None: one rank)
-        self._sampler = Sampler()
-        # vLLM's builtin processors (min_tokens, logit_bias, min_p); custom ones are refused at startup.
-        self._processors = build_logitsprocs(vllm_config, torch.device("cpu"), False, False)
-        self._rows = 0  # rows the processors hold state for (indices 0..rows-1)
+        self._processing = LogitsProcessing(vllm_config)
 
     def sample(self, logits: torch.Tensor, states: list[RequestState]) -> list[int]:
         """logits [n, V] -> one token per request, with its parameters and its own generator (rank 0's tokens)."""
@@ -59,45 +55,14 @@ class HostSampler:
         if not any(s.needs_logits_processing() for s in states):
             return logits
         logits = logits.float().clone()
-        self._update_processors(states)
-        metadata = self._metadata(states, logits.shape[-1])
-        logits = self._sampler.apply_logits_processors(logits, metadata, predict_bonus_token=False)
-        return self._apply_min_p(logits, states)
-
-    def _update_processors(self, states: list[RequestState]) -> None:
-        """Every row is re-added each call (rows are this call's requests); rows beyond n are removed."""
-        added = [(i, s.params, s.prompt_token_ids, s.output_token_ids) for i, s in enumerate(states)]
-        removed = list(range(len(states), self._rows))
-        for processor in self._processors.all:
-            processor.update_state(BatchUpdate(len(states), removed, added, []))
-        self._rows = len(states)
-
-    def _metadata(self, states: list[RequestState], vocab: int) -> SamplingMetadata:
         params = [s.params for s in states]
-        penalties = lambda name: torch.tensor([getattr(p, name) for p in params], dtype=torch.float32)  # noqa: E731
-        no_penalties = all(
-            p.presence_penalty == 0 and p.frequency_penalty == 0 and p.repetition_penalty == 1 for p in params
-        )
-        return SamplingMetadata(
-            temperature=None,
-            all_greedy=False,
-            all_random=False,
-            top_p=None,
-            top_k=None,
-            generators={},
-            max_num_logprobs=None,
-            no_penalties=no_penalties,
-            prompt_token_ids=None
-            if no_penalties
-            else make_tensor_with_pad([s.prompt_token_ids for s in states], pad=vocab, device="cpu", dtype=torch.int64),
-            frequency_penalties=penalties("frequency_penalty"),
-            presence_penalties=penalties("presence_penalty"),
-            repetition_penalties=penalties("repetition_penalty"),
-            output_token_ids=[s.output_token_ids for s in states],
-            allowed_token_ids_mask=_allowed_token_ids_mask(params, vocab),
-            bad_words_token_ids={i: p.bad_words_token_ids for i, p in enumerate(params) if p.bad_words_token_ids},
-            logitsprocs=self._processors,
-        )
+        self._processing.set_rows([(s.params, s.prompt_token_ids, s.output_token_ids) for s in states])
+        mask = _allowed_token_ids_mask(params, logits.shape[-1])
+        logits = self._processing.apply(logits, params, [s.output_token_ids for s in states], mask)
+        vocab = logits.shape[-1]
+        counts = [s.counted_tokens(vocab) if s.has_penalties() else None for s in states]
+        apply_penalties(logits, params, counts)
+        return self._apply_min_p(logits, states)
 
     def _apply_min_p(self, logits: torch.Tensor, states: list[RequestState]) -> torch.Tensor:
         """vLLM's argmax-invariant processors (min_p) see temperature-scaled logits, as in Sampler.sample."""
@@ -105,8 +70,7 @@ class HostSampler:
             return logits
         temperature = torch.tensor([1.0 if s.sampling.greedy else s.sampling.temperature for s in states])
         scaled = logits / temperature[:, None]
-        for processor in self._processors.argmax_invariant:
-            scaled = processor.apply(scaled)
+        scaled = self._processing.apply_after_temperature(scaled)
         return logits.masked_fill(torch.isneginf(scaled), float("-inf"))
 
 
@@ -131,9 +95,9 @@ class TokenLogprobs:
 
 def token_logprobs(logits: torch.Tensor, token: int, num_logprobs: int) -> TokenLogprobs:
     """Raw logprobs of logits [V] for the sampled token and the top num_logprobs (-1: the whole vocabulary)."""
-    logprobs = Sampler.compute_logprobs(logits[None])
+    logprobs = raw_logprobs(logits[None])
     n = logprobs.shape[-1] if num_logprobs < 0 else num_logprobs
-    gathered = Sampler.gather_logprobs(logprobs, n, torch.tensor([token]))
+    gathered = gather_logprobs(logprobs, n, torch.tensor([token]))
     return TokenLogprobs(
         gathered.logprob_token_ids[0].tolist(), gathered.logprobs[0].tolist(), int(gathered.selected_token_ranks[0])
     )

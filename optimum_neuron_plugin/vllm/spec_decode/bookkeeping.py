@@ -31,7 +31,7 @@ logger = get_logger(__name__)
 class SpeculativeDecoding:
     def __init__(self, vllm_config: VllmConfig, model: NeuronModelForCausalLM) -> None:
         self.model = model
-        self.drafter = make_drafter(vllm_config)  # None without --speculative-config
+        self.drafter = make_drafter(vllm_config, model.neuron_config.batch_size)  # None without --speculative-config
         self.min_acceptance = min_acceptance() if self.drafter is not None else 0.0
         nc = model.neuron_config
         self.max_topk = host_topk(nc.on_device_sampling, nc.max_topk)  # the host's top-k rule, as for first tokens

@@ -5,7 +5,10 @@ The draft is loaded with the runtime in the same worker, on the same backend, an
 slot i belongs to the target's slot i (the scheduler's slots, prefix_cache.py), so it is freed and reused with
 it. Each slot remembers which tokens its draft cache holds (position j holds record[j]); a request's drafts start
 from the longest prefix of its tokens the record shares, so whatever a slot held before (an earlier request, a
-preempted one, a prefix-cache hit) is reused as far as it is true, and rejected drafts fall out of the record. When
+preempted one, a prefix-cache hit) is reused as far as it is true, and rejected drafts fall out of the record. The
+record also remembers the token list it was last matched with and how far it agrees with it: a request's list only
+grows (RequestState.all_token_ids), so the next proposal compares only what was fed after that point (the drafts, at
+most k tokens), and a step's host work does not grow with the context. When
 the target copies a prefix between slots (prefix caching), the draft copies its own rows alongside if its export has
 copy_prefix graphs (copy_prefix); if not, the destination's record is untouched and the draft prefills the rest.
 
@@ -117,10 +120,12 @@ class DraftModelDrafts:
         self.model = NeuronModelForCausalLM.from_pretrained(draft_dir)
         self.k, self.max_model_len = k, max_model_len
         self.records: dict[int, list[int]] = {}  # slot -> the tokens its draft cache holds, position by position
+        self.matched: dict[int, tuple[list[int], int]] = {}  # slot -> (a token list, how many first tokens it shares)
 
     def warm_up(self) -> None:
         self.model.warm_up(WarmUpLog(logger, "the draft model"))
         self.records.clear()  # the warm-up wrote slot 0
+        self.matched.clear()
 
     def copy_prefix(self, source: int, destination: int, length: int) -> None:
         """The target copied its rows [0, length) of slot source onto slot destination (prefix caching): the draft
@@ -137,6 +142,7 @@ class DraftModelDrafts:
             self.records.pop(destination, None)
             return
         self.records[destination] = self.records[source][:held]
+        self.matched.pop(destination, None)
 
     def propose(self, slots: Sequence[int], token_lists: Sequence[list[int]]) -> list[list[int]]:
         """Each request's greedy drafts (at most k) given its slot and all its tokens. A draft graph that raises
@@ -149,6 +155,7 @@ class DraftModelDrafts:
             logger.warning("the draft model raised %s: %s; no drafts this step", type(error).__name__, error)
             for row in active:
                 self.records.pop(row.slot, None)
+                self.matched.pop(row.slot, None)
                 row.drafts = []
         return [row.drafts for row in rows]
 
@@ -165,12 +172,16 @@ class DraftModelDrafts:
             fed = [row.drafts[-1] if row.drafts else row.tokens[-1] for row in running]
             for row, token in zip(running, self._decode(running, fed), strict=True):
                 row.drafts.append(token)
+        for row in rows:  # every token of the row was fed, then its drafts
+            self.matched[row.slot] = (row.tokens, len(row.tokens))
 
     def _held(self, row: _Row) -> int:
         """How many of the row's first tokens its slot's draft cache holds (at most all but the last); the record
-        is cut there."""
+        is cut there. The part known to agree (the same list, matched before) is not compared again."""
         record = self.records.setdefault(row.slot, [])
-        held = _common_prefix(record, row.tokens[:-1])
+        tokens, known = self.matched.pop(row.slot, (None, 0))
+        known = min(known, len(row.tokens) - 1) if tokens is row.tokens else 0
+        held = known + _common_prefix(record, row.tokens, known, len(row.tokens) - 1)
         del record[held:]
         return held
 
@@ -178,7 +189,7 @@ class DraftModelDrafts:
         """The chunk loop over each row's missing tokens, side by side: the first draft from the last's logits."""
         logits = self.model.prefill_batch([(row.slot, row.tokens[row.held :], row.held) for row in rows])
         for row, row_logits in zip(rows, logits, strict=True):
-            self.records[row.slot] = list(row.tokens)
+            self.records[row.slot].extend(row.tokens[row.held :])
             row.drafts.append(int(row_logits.argmax()))
 
     def _decode(self, rows: list[_Row], tokens: list[int]) -> list[int]:
@@ -191,16 +202,19 @@ class DraftModelDrafts:
         return result.tokens
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix (list slices compare in C; a mismatch is found by bisection)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    same, differs = 0, n
+def _common_prefix(a: list[int], b: list[int], start: int, stop: int) -> int:
+    """Length of the longest run where a and b agree from `start` on, up to `stop` (list slices compare in C; a
+    mismatch is found by bisection)."""
+    n = min(len(a), len(b), stop)
+    if n <= start:
+        return 0
+    if a[start:n] == b[start:n]:
+        return n - start
+    same, differs = start, n
     while differs - same > 1:
         middle = (same + differs) // 2
-        if a[:middle] == b[:middle]:
+        if a[start:middle] == b[start:middle]:
             same = middle
         else:
             differs = middle
-    return same
+    return same - start

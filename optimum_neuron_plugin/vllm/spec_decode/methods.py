@@ -19,6 +19,7 @@ import numpy as np
 from vllm.config import VllmConfig
 
 from ...config import NeuronConfig
+from ..compat import ngram_proposer, propose_ngrams
 from ..engine.options import PREFILL_MODE_ENV, PrefillMode
 from .draft_gate import min_acceptance
 from .draft_model import DRAFT_MODEL, DraftModelDrafts, draft_problems
@@ -72,14 +73,15 @@ def speculation_problems(vllm_config: VllmConfig, neuron_config: NeuronConfig, m
     return problems
 
 
-def make_drafter(vllm_config: VllmConfig) -> NgramDrafts | DraftModelDrafts | None:
-    """The proposer --speculative-config asks for (speculation_problems refused the others)."""
+def make_drafter(vllm_config: VllmConfig, slots: int) -> NgramDrafts | DraftModelDrafts | None:
+    """The proposer --speculative-config asks for (speculation_problems refused the others); slots: the compiled
+    batch size."""
     spec = vllm_config.speculative_config
     if spec is None:
         return None
     if spec.method == DRAFT_MODEL:
         return DraftModelDrafts(spec.model, spec.num_speculative_tokens, vllm_config.model_config.max_model_len)
-    return NgramDrafts(vllm_config)
+    return NgramDrafts(vllm_config, slots)
 
 
 def num_speculative_tokens(vllm_config: VllmConfig) -> int:
@@ -88,9 +90,10 @@ def num_speculative_tokens(vllm_config: VllmConfig) -> int:
 
 
 class NgramDrafts:
-    """vLLM's NgramProposer over the runner's token lists (the runner keeps each request's tokens itself)."""
+    """vLLM's NgramProposer over a token table kept per slot: row s holds the tokens of the request in slot s, appended
+    to with the tokens it gained since its last proposal (vLLM's own runner keeps such a table, InputBatch)."""
 
-    def __init__(self, vllm_config: VllmConfig) -> None:
+    def __init__(self, vllm_config: VllmConfig, slots: int) -> None:
         import numba
 
         # The lookup is a numba parallel loop (one thread below 8192 tokens). Numba's default OpenMP pool and the
@@ -99,14 +102,15 @@ class NgramDrafts:
         # does not. The layer is fixed at numba's first parallel call; an explicit NUMBA_THREADING_LAYER wins.
         if "NUMBA_THREADING_LAYER" not in os.environ:
             numba.config.THREADING_LAYER = "workqueue"
-        from vllm.v1.spec_decode.ngram_proposer import NgramProposer
-
-        self.proposer = NgramProposer(vllm_config)
+        self.proposer = ngram_proposer(vllm_config, slots)
         self.k = vllm_config.speculative_config.num_speculative_tokens
-        self.max_model_len = vllm_config.model_config.max_model_len
+        self.table = np.zeros((slots, vllm_config.model_config.max_model_len), dtype=np.int32)
+        self.held = [0] * slots  # tokens of row s that are its source's
+        self.sources: list[list[int] | None] = [None] * slots  # the token list row s follows
         # vLLM's own warm-up proposes for no request, so numba would compile the lookup on the first real proposal
         # (seconds, inside a request's step): compile it here, at startup.
         self.propose([0], [[1, 2, 1, 2]])
+        self.sources[0] = None
 
     def warm_up(self) -> None:
         pass
@@ -115,13 +119,19 @@ class NgramDrafts:
         """Nothing to copy: n-gram drafts come from the token lists, not from a cache."""
 
     def propose(self, slots: Sequence[int], token_lists: Sequence[list[int]]) -> list[list[int]]:
-        """Each request's drafts (at most k, none where no n-gram of its suffix recurs) given all its tokens (its
-        slot is not needed)."""
+        """Each request's drafts (at most k, none where no n-gram of its suffix recurs) given its slot and all its
+        tokens: a list extended in place from step to step (RequestState.all_token_ids), so only its new tokens are
+        written; another list (a new request in the slot, a resumed one) is written whole."""
         if not token_lists:
             return []
-        lengths = np.array([len(tokens) for tokens in token_lists], dtype=np.int32)
-        table = np.zeros((len(token_lists), self.max_model_len), dtype=np.int32)
-        for row, tokens in enumerate(token_lists):
-            table[row, : len(tokens)] = tokens
-        # vLLM proposes for the requests that sampled a token this step: every one given here did.
-        return self.proposer.propose(self.k, [[0]] * len(token_lists), lengths, table)
+        lengths = np.zeros(len(self.table), dtype=np.int32)
+        for slot, tokens in zip(slots, token_lists, strict=True):
+            self._follow(slot, tokens)
+            lengths[slot] = len(tokens)
+        return propose_ngrams(self.proposer, self.k, self.table, lengths, slots)
+
+    def _follow(self, slot: int, tokens: list[int]) -> None:
+        """Row `slot` of the table holds `tokens`."""
+        held = self.held[slot] if self.sources[slot] is tokens and self.held[slot] <= len(tokens) else 0
+        self.table[slot, held : len(tokens)] = tokens[held:]
+        self.held[slot], self.sources[slot] = len(tokens), tokens
