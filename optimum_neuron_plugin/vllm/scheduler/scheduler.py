@@ -11,8 +11,9 @@ worker exception as a dead engine: every in-flight request fails and `vllm serve
 Interleaved prefill (prefill_mode=interleaved): before each step the scheduler plans which prompts
 get which slice (interleave.py: whole chunks, as many chunk calls as fit the latency target (scheduler/step_budget.py, from the
 graph latencies the runner measures at warm-up and reports with its first output) or a fixed number, shortest
-remaining first with aging), then lets vLLM's own schedule() run with two nudges: planned waiting requests move
-to the front of the FCFS queue, and every prefilling request's slice is capped to its plan in
+remaining first with aging; vLLM's priority order under --scheduling-policy priority), then lets vLLM's own
+schedule() run with two nudges: planned waiting requests move to the front of the FCFS queue (a priority queue
+keeps its order, which the plan follows), and every prefilling request's slice is capped to its plan in
 _reserve_prefill_lookahead, the per-request hook vLLM 0.32 calls on the final slice size of
 running and waiting requests alike (a 0 makes vLLM skip the request this step). vLLM keeps its
 token budget, KV blocks, admission and bookkeeping; its token budget covers every decode plus the
@@ -24,7 +25,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue, SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
@@ -71,6 +72,7 @@ class NeuronScheduler(Scheduler):
                 chunk=chunk,
                 chunk_budget=self._fixed_budget or -(-self.max_num_scheduled_tokens // chunk),
                 batch_chunks=neuron_config.prefill_batch_size,
+                by_priority=vllm_config.scheduler_config.policy == SchedulingPolicy.PRIORITY.value,
             )
         self._passes: dict[str, int] = {}  # aging: prefilling steps that passed a request over
         self._slices: dict[str, int] | None = None  # this step's plan while super().schedule() runs
@@ -94,7 +96,15 @@ class NeuronScheduler(Scheduler):
         running = [r for r in self.running if prompt_tokens_left(r) > 0]
         waiting = self._admittable_waiting()
         candidates = [
-            Candidate(r.request_id, left, r.num_tokens - left, self._passes.get(r.request_id, 0), r.arrival_time)
+            Candidate(
+                r.request_id,
+                left,
+                r.num_tokens - left,
+                self._passes.get(r.request_id, 0),
+                r.arrival_time,
+                r.priority,
+                holds_slot=r.status == RequestStatus.WAITING and r.num_computed_tokens > 0,
+            )  # fmt: skip
             for r in running + waiting
             for left in [self._tokens_to_prefill(r)]
         ]
@@ -105,7 +115,8 @@ class NeuronScheduler(Scheduler):
         elif self._fixed_budget is None:  # the latency target before the runner's latencies arrive: one call
             policy = replace(policy, chunk_budget=1)
         plan = plan_slices(candidates, policy, self.max_num_scheduled_tokens - len(decodes), time)
-        self._move_to_front([r for r in waiting if r.request_id in plan])
+        for queue in (self.kv_holding_waiting, self.waiting):
+            self._move_to_front(queue, [r for r in queue if r.request_id in plan])
         self._slices = {c.req_id: plan.get(c.req_id, 0) for c in candidates}
         try:
             output = super().schedule(*args, **kwargs)
@@ -123,17 +134,21 @@ class NeuronScheduler(Scheduler):
         return request.num_tokens - self.prefix_cache.peek(prefix_of(request))
 
     def _admittable_waiting(self) -> list[Request]:
-        """Waiting requests, in queue order, that this step's free slots could take."""
+        """Waiting requests that this step's free slots could take, in the order vLLM's admission loop reaches them:
+        its queue of requests holding KV (resumed streaming-input sessions) first, then the waiting queue."""
         limit = min(self.max_num_running_reqs, self.max_num_active_reqs)
         free = limit - len(self.running) - self.num_waiting_for_streaming_input
         ready = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-        return [r for r in self.waiting if r.status in ready][: max(free, 0)]
+        queued = [*self.kv_holding_waiting, *self.waiting]
+        return [r for r in queued if r.status in ready][: max(free, 0)]
 
-    def _move_to_front(self, requests: list[Request]) -> None:
-        """vLLM admits waiting requests in queue order and stops at the first it cannot schedule."""
-        if requests and isinstance(self.waiting, FCFSRequestQueue):
-            self.waiting.remove_requests(requests)
-            self.waiting.prepend_requests(reversed(requests))
+    @staticmethod
+    def _move_to_front(queue, requests: list[Request]) -> None:
+        """vLLM admits waiting requests in queue order and stops at the first it cannot schedule. A priority queue
+        keeps its own order: under the priority policy the plan takes requests in that order (interleave.py)."""
+        if requests and isinstance(queue, FCFSRequestQueue):
+            queue.remove_requests(requests)
+            queue.prepend_requests(reversed(requests))
 
     def _reserve_prefill_lookahead(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> int:
         num_new_tokens = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
