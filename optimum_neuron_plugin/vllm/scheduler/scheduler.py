@@ -204,8 +204,10 @@ class NeuronScheduler(Scheduler):
 
     def _settle_claims(self, admitted: set[str]) -> tuple[dict[str, int], list[PrefixCopy]]:
         """Keep the claims of admitted requests (their slots and copies, for the runner), undo the others, record the
-        hits."""
-        slots, copies = {}, []
+        hits. An admitted request vLLM asked no hit for is a resumed streaming-input session: it kept its slot, whose
+        rows hold its tokens so far, while it waited for input (vLLM keeps its blocks too)."""
+        slots = {req_id: self.prefix_cache.slot_of(req_id) for req_id in admitted - self._claims.keys()}
+        copies = []
         for req_id, hit in self._claims.items():
             if req_id not in admitted:
                 self.prefix_cache.unclaim(req_id)
