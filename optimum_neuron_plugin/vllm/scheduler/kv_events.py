@@ -38,6 +38,7 @@ from vllm.v1.core.kv_cache_utils import (
 )
 from vllm.v1.request import Request
 
+from ..compat import give_block_hasher
 from .prefix_cache import Changes, Prefix
 
 
@@ -51,9 +52,7 @@ def block_hasher(block_size: int, algorithm: str):
 
 def hash_blocks(request: Request, hasher) -> None:
     """Give the request vLLM's block hashes: computed now and extended by vLLM as it appends tokens."""
-    if request._block_hasher is None:
-        request._block_hasher = hasher
-        request.update_block_hashes()
+    give_block_hasher(request, hasher)
 
 
 def prefix_of(request: Request) -> Prefix:

@@ -14,8 +14,8 @@ graph latencies the runner measures at warm-up and reports with its first output
 remaining first with aging; vLLM's priority order under --scheduling-policy priority), then lets vLLM's own
 schedule() run with two nudges: planned waiting requests move to the front of the FCFS queue (a priority queue
 keeps its order, which the plan follows), and every prefilling request's slice is capped to its plan in
-_reserve_prefill_lookahead, the per-request hook vLLM 0.32 calls on the final slice size of
-running and waiting requests alike (a 0 makes vLLM skip the request this step). vLLM keeps its
+prefill_slice_size, the per-request hook vLLM 0.32 calls on the final slice size of running and
+waiting requests alike (a 0 makes vLLM skip the request this step; compat.scheduler_with_hooks). vLLM keeps its
 token budget, KV blocks, admission and bookkeeping; its token budget covers every decode plus the
 plan (engine_config sets max_num_batched_tokens), so decodes are never cut.
 """
@@ -26,13 +26,13 @@ from dataclasses import replace
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.core.sched.request_queue import FCFSRequestQueue, SchedulingPolicy
-from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from ...artifact import load_neuron_config
 from ...runtime.latency import GraphLatencies
+from ..compat import scheduler_with_hooks
 from ..contract import NeuronSchedulerOutput, admitted_ids, is_decode, prompt_tokens_left, rejected_drafts
 from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode, prefill_target_itl, prefix_caching
 from ..log import get_logger
@@ -44,7 +44,7 @@ from .step_budget import StepTimeModel
 logger = get_logger(__name__)
 
 
-class NeuronScheduler(Scheduler):
+class NeuronScheduler(scheduler_with_hooks()):
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
         neuron_config = load_neuron_config(vllm_config.model_config.model)
@@ -150,8 +150,7 @@ class NeuronScheduler(Scheduler):
             queue.remove_requests(requests)
             queue.prepend_requests(reversed(requests))
 
-    def _reserve_prefill_lookahead(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> int:
-        num_new_tokens = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+    def prefill_slice_size(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> int:
         if self._slices is None:
             return num_new_tokens  # serial mode
         if is_decode(request.num_tokens, num_computed_tokens, request.num_output_tokens):
@@ -194,13 +193,13 @@ class NeuronScheduler(Scheduler):
     def _looks_up(self, request: Request) -> bool:
         return self.prefix_cache.enabled and not request.skip_reading_prefix_cache
 
-    def _get_local_prefix_cache_hit(self, request: Request):
+    def local_prefix_hit(self, request: Request) -> int:
         """vLLM's admission asks for the request's cached prefix: claim its slot (released again if the request is
-        not admitted this step). vLLM starts num_computed_tokens at the hit; no vLLM blocks back it."""
+        not admitted this step). vLLM starts num_computed_tokens at the hit."""
         claim = self.prefix_cache.claim(request.request_id, prefix_of(request), self._looks_up(request))
         self._claims.pop(request.request_id, None)  # a claim made again moves to the end: copies run in claim order
         self._claims[request.request_id] = claim.hit
-        return self.kv_cache_manager.empty_kv_cache_blocks, claim.hit, 0, False
+        return claim.hit
 
     def _settle_claims(self, admitted: set[str]) -> tuple[dict[str, int], list[PrefixCopy]]:
         """Keep the claims of admitted requests (their slots and copies, for the runner), undo the others, record the
@@ -217,19 +216,16 @@ class NeuronScheduler(Scheduler):
             if copy is not None:
                 copies.append(copy)
             request = self.requests[req_id]
-            stats = self.kv_cache_manager.prefix_cache_stats
-            if stats is not None and self._looks_up(request):
-                stats.record(num_tokens=request.num_tokens, num_hits=hit, preempted=request.num_preemptions > 0)
+            if self._looks_up(request):
+                self.record_prefix_hit(request, hit)
         self._claims = {}
         return slots, copies
 
-    def _free_request(self, request: Request, *args, **kwargs):
+    def request_freed(self, request: Request) -> None:
         self.prefix_cache.release(request.request_id)
-        return super()._free_request(request, *args, **kwargs)
 
-    def _preempt_request(self, request: Request, *args, **kwargs) -> None:
+    def request_preempted(self, request: Request) -> None:
         self.prefix_cache.release(request.request_id)
-        super()._preempt_request(request, *args, **kwargs)
 
     def reset_prefix_cache(self, *args, **kwargs) -> bool:
         reset = super().reset_prefix_cache(*args, **kwargs)
