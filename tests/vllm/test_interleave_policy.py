@@ -26,21 +26,24 @@ TAIL = CHUNK // 2  # batched_dir's tail graphs
 _arrivals = count()
 
 
-def interleaved_config(model, **additional):
+def interleaved_config(model, scheduling_policy: str = "fcfs", **additional):
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
 
-    args = EngineArgs(model=str(model), additional_config={"prefill_mode": "interleaved", **additional})
+    args = EngineArgs(
+        model=str(model), scheduling_policy=scheduling_policy,
+        additional_config={"prefill_mode": "interleaved", **additional},
+    )  # fmt: skip
     return args.create_engine_config(UsageContext.LLM_CLASS)
 
 
-def make_scheduler(model, **additional):
+def make_scheduler(model, scheduling_policy: str = "fcfs", **additional):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
     from optimum_neuron_plugin.vllm.engine.kv_spec import layer_names
 
-    config = interleaved_config(model, **additional)
+    config = interleaved_config(model, scheduling_policy, **additional)
     cache = config.cache_config
     cache.num_gpu_blocks = cache.num_gpu_blocks_override
     spec = FullAttentionSpec(block_size=cache.block_size, num_kv_heads=2, head_size=16, dtype=config.model_config.dtype)
@@ -58,14 +61,14 @@ def make_scheduler(model, **additional):
     )
 
 
-def add(scheduler, req_id: str, prompt_len: int, max_tokens: int = 4) -> None:
+def add(scheduler, req_id: str, prompt_len: int, max_tokens: int = 4, priority: int = 0) -> None:
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     # A first token of its own: no prompt shares a prefix with another, so no prefix-cache hit shortens a prefill.
     prompt = [100 + len(scheduler.requests), *range(2, prompt_len + 1)]
-    request = Request(req_id, prompt, params, None, arrival_time=float(next(_arrivals)))
+    request = Request(req_id, prompt, params, None, arrival_time=float(next(_arrivals)), priority=priority)
     scheduler.add_request(request)
 
 
@@ -189,6 +192,32 @@ def test_aging_bounds_how_long_a_prompt_is_passed_over(chunked_dir):
     # Passed over exactly max_passes times in a row, then served (the bound is max_passes + max_num_seqs - 1).
     assert passed_over[1:] and set(passed_over[1:]) == {DEFAULT_MAX_PASSES}
     assert len(served_steps) == 7
+
+
+def test_priority_policy_admits_the_highest_priority_prompt_before_latencies_arrive(chunked_dir):
+    """Free slots, a long prompt of priority 0 and a short one of priority 1, before the runner reported latencies
+    (one chunk call per step): the long one is served first, at vLLM's queue head, and both finish."""
+    scheduler = make_scheduler(chunked_dir, scheduling_policy="priority")
+    add(scheduler, "long", 6 * CHUNK, priority=0)
+    add(scheduler, "short", 5, priority=1)
+    served: list[dict[str, int]] = []
+    for _ in range(20):  # 7 chunk calls and 4 tokens each; a livelock would schedule nothing, every step
+        served.append(step(scheduler))
+        if not scheduler.requests:
+            break
+    assert served[0] == {"long": CHUNK}
+    assert not scheduler.requests  # both finished
+    prefilled = [r for scheduled in served for r, n in scheduled.items() if n > 1]
+    assert prefilled == ["long"] * 6 + ["short"]  # priority order, not shortest first
+
+
+def test_priority_policy_orders_prompts_by_priority_then_arrival(chunked_dir):
+    scheduler = make_scheduler(chunked_dir, scheduling_policy="priority", prefill_chunk_budget=1)
+    add(scheduler, "a", 3 * CHUNK, priority=1)
+    add(scheduler, "b", 2 * CHUNK, priority=0)
+    add(scheduler, "c", 10, priority=1)
+    order = [r for _ in range(6) for r, n in step(scheduler).items() if n > 1]  # decodes have 1 token
+    assert order == ["b", "b", "a", "a", "a", "c"]
 
 
 def test_prefill_chunk_budget_option(monkeypatch, chunked_dir):

@@ -73,6 +73,11 @@ class NeuronModelRunner:
         for req_id in preempted:
             self._release_slot(req_id)
         for new in scheduler_output.scheduled_new_reqs:
+            if new.req_id in self.requests:  # a streaming-input session's next input: its slot holds the tokens so far
+                state = self.requests[new.req_id]
+                state.continue_session(new.prompt_token_ids or [], new.sampling_params)
+                state.slot = slots[new.req_id]
+                continue
             state = RequestState.create(
                 new.req_id, new.prompt_token_ids or [], new.sampling_params, self._default_seed(new.sampling_params)
             )

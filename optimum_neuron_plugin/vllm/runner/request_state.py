@@ -115,6 +115,18 @@ class RequestState:
         self.penalty_counts.update(self.output_token_ids)
         return self.penalty_counts
 
+    def continue_session(self, prompt_token_ids: list[int], params: VllmSamplingParams) -> None:
+        """A streaming-input session's next input (vLLM 0.32 streaming input): the prompt is now the tokens so far
+        (without the last sampled token, which the session drops) plus the new input, and the outputs start again.
+        The slot and the random generator stay the request's."""
+        self.prompt_token_ids, self.output_token_ids, self._token_ids = list(prompt_token_ids), [], []
+        self.params, self.sampling = params, to_runtime_sampling(params)
+        if self.sampling.greedy:
+            self.generator = None
+        elif self.generator is None:
+            self.generator = make_generator(params.seed)
+        self.prompt_logprobs, self.prompt_logprobs_sent = None, False
+
     def resync(self, all_token_ids: list[int]) -> None:
         """Adopt the scheduler's token list (sent when a preempted request resumes)."""
         self.output_token_ids = list(all_token_ids[len(self.prompt_token_ids) :])

@@ -11,7 +11,12 @@ Rules (prefill_mode=interleaved; NeuronScheduler applies the plan through vLLM's
    always goes), or a fixed `chunk_budget`. Decodes are outside it: every decoding request gets its token each step.
 3. Shortest remaining prompt first, so a short prompt overtakes a long one in progress. Aging: a
    prompt passed over in `max_passes` steps that prefilled others goes first (most passed first,
-   then arrival order).
+   then arrival order). Under `--scheduling-policy priority` (`by_priority`) the order is vLLM's instead: lowest
+   priority value first, then arrival, then request id (vLLM's Request order), so the requests the plan admits are
+   the first of vLLM's priority queue, the ones its admission loop reaches before it stops.
+5. A resumed streaming-input session waiting with its slot (`holds_slot`) goes before every other prompt: vLLM
+   admits such requests (its queue of requests holding KV) before any other waiting request, and stops at the first
+   it cannot schedule.
 4. A lone prompt: when nothing decodes and no other prompt waits, the target has no stream's gap and no prompt's
    wait to bound. The step runs what one prefill batch call holds (`batch_chunks`, the export's prefill_batch_size)
    of the prompt's chunks, as the serial mode's chunk loop would call them: a long prompt alone costs serial's calls.
@@ -38,6 +43,7 @@ class InterleavePolicy:
     chunk_budget: int  # prefill graph calls per engine step at most (the fixed budget, or the token budget's room)
     max_passes: int = DEFAULT_MAX_PASSES  # aging: steps a prompt may be passed over before it goes first
     batch_chunks: int = 1  # a lone prompt's chunks per step (rule 4): the chunks one prefill batch call holds
+    by_priority: bool = False  # vLLM's priority order instead of shortest first (rule 3)
 
 
 @dataclass(frozen=True)
@@ -49,12 +55,17 @@ class Candidate:
     start: int  # the position of the first of them
     passes: int  # consecutive prefilling steps that passed this request over
     arrival: float  # FCFS tie-break
+    priority: int = 0  # vLLM's request priority (lower first), read under the priority policy
+    holds_slot: bool = False  # a resumed session waiting with its slot: planned first (rule 5)
 
 
-def priority(candidate: Candidate, policy: InterleavePolicy) -> tuple:
+def order(candidate: Candidate, policy: InterleavePolicy) -> tuple:
+    first = 0 if candidate.holds_slot else 1
+    if policy.by_priority:
+        return (first, 0, candidate.priority, candidate.arrival, candidate.req_id)
     if candidate.passes >= policy.max_passes:
-        return (0, -candidate.passes, candidate.arrival)
-    return (1, candidate.remaining, candidate.arrival)
+        return (first, 0, -candidate.passes, candidate.arrival)
+    return (first, 1, candidate.remaining, candidate.arrival)
 
 
 def plan_slices(
@@ -71,7 +82,7 @@ def plan_slices(
         time, calls_left = None, min(calls_left, policy.batch_chunks)
     seconds_left = float("inf") if time is None else time.allowed
     plan: dict[str, int] = {}
-    for candidate in sorted(candidates, key=lambda c: priority(c, policy)):
+    for candidate in sorted(candidates, key=lambda c: order(c, policy)):
         tokens = 0
         while tokens < candidate.remaining and calls_left > 0:
             left = candidate.remaining - tokens

@@ -14,10 +14,11 @@ worker exception as a dead engine: every in-flight request fails and `vllm serve
 Interleaved prefill (prefill_mode=interleaved): before each step the scheduler plans which prompts
 get which slice (interleave.py: whole chunks, as many chunk calls as fit the latency target (scheduler/step_budget.py, from the
 graph latencies the runner measures at warm-up and reports with its first output) or a fixed number, shortest
-remaining first with aging), then lets vLLM's own schedule() run with two nudges: planned waiting requests move
-to the front of the FCFS queue, and every prefilling request's slice is capped to its plan in
-_reserve_prefill_lookahead, the per-request hook vLLM 0.32 calls on the final slice size of
-running and waiting requests alike (a 0 makes vLLM skip the request this step). vLLM keeps its
+remaining first with aging; vLLM's priority order under --scheduling-policy priority), then lets vLLM's own
+schedule() run with two nudges: planned waiting requests move to the front of the FCFS queue (a priority queue
+keeps its order, which the plan follows), and every prefilling request's slice is capped to its plan in
+prefill_slice_size, the per-request hook vLLM 0.32 calls on the final slice size of running and
+waiting requests alike (a 0 makes vLLM skip the request this step; compat.scheduler_with_hooks). vLLM keeps its
 token budget, KV blocks, admission and bookkeeping; its token budget covers every decode plus the
 plan (engine_config sets max_num_batched_tokens), so decodes are never cut.
 """
@@ -27,14 +28,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.core.sched.request_queue import FCFSRequestQueue
-from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.sched.request_queue import FCFSRequestQueue, SchedulingPolicy
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from ...artifact import load_neuron_config
 from ...runtime.latency import GraphLatencies
+from ..compat import scheduler_with_hooks
 from ..contract import NeuronSchedulerOutput, admitted_ids, is_decode, prompt_tokens_left, rejected_drafts
 from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode, prefill_target_itl, prefix_caching
 from ..log import get_logger
@@ -46,7 +47,7 @@ from .step_budget import StepTimeModel
 logger = get_logger(__name__)
 
 
-class NeuronScheduler(Scheduler):
+class NeuronScheduler(scheduler_with_hooks()):
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
         neuron_config = load_neuron_config(vllm_config.model_config.model)
@@ -74,6 +75,7 @@ class NeuronScheduler(Scheduler):
                 chunk=chunk,
                 chunk_budget=self._fixed_budget or -(-self.max_num_scheduled_tokens // chunk),
                 batch_chunks=neuron_config.prefill_batch_size,
+                by_priority=vllm_config.scheduler_config.policy == SchedulingPolicy.PRIORITY.value,
             )
         self._passes: dict[str, int] = {}  # aging: prefilling steps that passed a request over
         self._slices: dict[str, int] | None = None  # this step's plan while super().schedule() runs
@@ -97,7 +99,15 @@ class NeuronScheduler(Scheduler):
         running = [r for r in self.running if prompt_tokens_left(r) > 0]
         waiting = self._admittable_waiting()
         candidates = [
-            Candidate(r.request_id, left, r.num_tokens - left, self._passes.get(r.request_id, 0), r.arrival_time)
+            Candidate(
+                r.request_id,
+                left,
+                r.num_tokens - left,
+                self._passes.get(r.request_id, 0),
+                r.arrival_time,
+                r.priority,
+                holds_slot=r.status == RequestStatus.WAITING and r.num_computed_tokens > 0,
+            )  # fmt: skip
             for r in running + waiting
             for left in [self._tokens_to_prefill(r)]
         ]
@@ -108,7 +118,8 @@ class NeuronScheduler(Scheduler):
         elif self._fixed_budget is None:  # the latency target before the runner's latencies arrive: one call
             policy = replace(policy, chunk_budget=1)
         plan = plan_slices(candidates, policy, self.max_num_scheduled_tokens - len(decodes), time)
-        self._move_to_front([r for r in waiting if r.request_id in plan])
+        for queue in (self.kv_holding_waiting, self.waiting):
+            self._move_to_front(queue, [r for r in queue if r.request_id in plan])
         self._slices = {c.req_id: plan.get(c.req_id, 0) for c in candidates}
         try:
             output = super().schedule(*args, **kwargs)
@@ -126,20 +137,23 @@ class NeuronScheduler(Scheduler):
         return request.num_tokens - self.prefix_cache.peek(prefix_of(request))
 
     def _admittable_waiting(self) -> list[Request]:
-        """Waiting requests, in queue order, that this step's free slots could take."""
+        """Waiting requests that this step's free slots could take, in the order vLLM's admission loop reaches them:
+        its queue of requests holding KV (resumed streaming-input sessions) first, then the waiting queue."""
         limit = min(self.max_num_running_reqs, self.max_num_active_reqs)
         free = limit - len(self.running) - self.num_waiting_for_streaming_input
         ready = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-        return [r for r in self.waiting if r.status in ready][: max(free, 0)]
+        queued = [*self.kv_holding_waiting, *self.waiting]
+        return [r for r in queued if r.status in ready][: max(free, 0)]
 
-    def _move_to_front(self, requests: list[Request]) -> None:
-        """vLLM admits waiting requests in queue order and stops at the first it cannot schedule."""
-        if requests and isinstance(self.waiting, FCFSRequestQueue):
-            self.waiting.remove_requests(requests)
-            self.waiting.prepend_requests(reversed(requests))
+    @staticmethod
+    def _move_to_front(queue, requests: list[Request]) -> None:
+        """vLLM admits waiting requests in queue order and stops at the first it cannot schedule. A priority queue
+        keeps its own order: under the priority policy the plan takes requests in that order (interleave.py)."""
+        if requests and isinstance(queue, FCFSRequestQueue):
+            queue.remove_requests(requests)
+            queue.prepend_requests(reversed(requests))
 
-    def _reserve_prefill_lookahead(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> int:
-        num_new_tokens = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
+    def prefill_slice_size(self, request: Request, num_computed_tokens: int, num_new_tokens: int) -> int:
         if self._slices is None:
             return num_new_tokens  # serial mode
         if is_decode(request.num_tokens, num_computed_tokens, request.num_output_tokens):
@@ -182,18 +196,20 @@ class NeuronScheduler(Scheduler):
     def _looks_up(self, request: Request) -> bool:
         return self.prefix_cache.enabled and not request.skip_reading_prefix_cache
 
-    def _get_local_prefix_cache_hit(self, request: Request):
+    def local_prefix_hit(self, request: Request) -> int:
         """vLLM's admission asks for the request's cached prefix: claim its slot (released again if the request is
-        not admitted this step). vLLM starts num_computed_tokens at the hit; no vLLM blocks back it."""
+        not admitted this step). vLLM starts num_computed_tokens at the hit."""
         claim = self.prefix_cache.claim(request.request_id, prefix_of(request), self._looks_up(request))
         self._claims.pop(request.request_id, None)  # a claim made again moves to the end: copies run in claim order
         self._claims[request.request_id] = claim.hit
-        return self.kv_cache_manager.empty_kv_cache_blocks, claim.hit, 0, False
+        return claim.hit
 
     def _settle_claims(self, admitted: set[str]) -> tuple[dict[str, int], list[PrefixCopy]]:
         """Keep the claims of admitted requests (their slots and copies, for the runner), undo the others, record the
-        hits."""
-        slots, copies = {}, []
+        hits. An admitted request vLLM asked no hit for is a resumed streaming-input session: it kept its slot, whose
+        rows hold its tokens so far, while it waited for input (vLLM keeps its blocks too)."""
+        slots = {req_id: self.prefix_cache.slot_of(req_id) for req_id in admitted - self._claims.keys()}
+        copies = []
         for req_id, hit in self._claims.items():
             if req_id not in admitted:
                 self.prefix_cache.unclaim(req_id)
@@ -203,19 +219,16 @@ class NeuronScheduler(Scheduler):
             if copy is not None:
                 copies.append(copy)
             request = self.requests[req_id]
-            stats = self.kv_cache_manager.prefix_cache_stats
-            if stats is not None and self._looks_up(request):
-                stats.record(num_tokens=request.num_tokens, num_hits=hit, preempted=request.num_preemptions > 0)
+            if self._looks_up(request):
+                self.record_prefix_hit(request, hit)
         self._claims = {}
         return slots, copies
 
-    def _free_request(self, request: Request, *args, **kwargs):
+    def request_freed(self, request: Request) -> None:
         self.prefix_cache.release(request.request_id)
-        return super()._free_request(request, *args, **kwargs)
 
-    def _preempt_request(self, request: Request, *args, **kwargs) -> None:
+    def request_preempted(self, request: Request) -> None:
         self.prefix_cache.release(request.request_id)
-        super()._preempt_request(request, *args, **kwargs)
 
     def reset_prefix_cache(self, *args, **kwargs) -> bool:
         reset = super().reset_prefix_cache(*args, **kwargs)
