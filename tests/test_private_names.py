@@ -9,8 +9,6 @@ import re
 import tokenize
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "optimum_neuron_plugin"
 VLLM_HOME = "optimum_neuron_plugin/vllm/compat.py"  # vLLM's and argparse's private names
@@ -163,7 +161,6 @@ def crowded_folders(package: Path) -> list[str]:
     ]
 
 
-@pytest.mark.xfail(strict=False, reason="until the compat moves land")
 def test_private_names_live_only_in_the_compat_modules():
     uses = package_private_uses(PACKAGE)
     assert not uses, "\n".join(uses)

@@ -86,6 +86,16 @@ def scheduler_with_hooks() -> type:
             if stats is not None:
                 stats.record(num_tokens=request.num_tokens, num_hits=hit, preempted=request.num_preemptions > 0)
 
+        def take_back_prefix_hit(self, request, hit: int) -> None:
+            """Undo record_prefix_hit's hit (same stats window: the step that recorded it)."""
+            stats = self.kv_cache_manager.prefix_cache_stats
+            if stats is None:
+                return
+            if request.num_preemptions > 0:
+                stats.preempted_hits -= hit
+            else:
+                stats.hits -= hit
+
         def _reserve_prefill_lookahead(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
             num_new_tokens = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
             return self.prefill_slice_size(request, num_computed_tokens, num_new_tokens)

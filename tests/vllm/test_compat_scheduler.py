@@ -99,3 +99,11 @@ def test_record_prefix_hit_counts_in_vllms_metrics(scheduler):
     scheduler.record_prefix_hit(request, HIT)
     stats = scheduler.kv_cache_manager.make_prefix_cache_stats()
     assert (stats.requests, stats.queries, stats.hits) == (1, len(PROMPT), HIT)
+
+
+def test_take_back_prefix_hit_undoes_the_recorded_hit(scheduler):
+    request = new_request("a")
+    scheduler.record_prefix_hit(request, HIT)
+    scheduler.take_back_prefix_hit(request, HIT)
+    stats = scheduler.kv_cache_manager.make_prefix_cache_stats()
+    assert (stats.requests, stats.queries, stats.hits) == (1, len(PROMPT), 0)

@@ -243,19 +243,14 @@ class NeuronScheduler(scheduler_with_hooks()):
         token for them (usage's cached_tokens, taken with their first output, at the earliest this step) and takes
         the hit back from its prefix-cache hit counters (recorded at admission, this step: the same stats window)."""
         hits = {copy.req_id: copy.length for copy in scheduler_output.copies}
-        stats = self.kv_cache_manager.prefix_cache_stats
         for req_id in req_ids:
             request = self.requests.get(req_id)
             if request is None:
                 continue
             if request.prefill_stats is not None:
                 request.prefill_stats.set(request.num_prompt_tokens, 0, 0)
-            if stats is None or not self._looks_up(request):
-                continue
-            if request.num_preemptions > 0:
-                stats.preempted_hits -= hits[req_id]
-            else:
-                stats.hits -= hits[req_id]
+            if self._looks_up(request):
+                self.take_back_prefix_hit(request, hits[req_id])
 
     def update_from_output(self, scheduler_output, model_runner_output: ModelRunnerOutput):
         failed = getattr(model_runner_output, "failed_req_ids", None)
