@@ -126,6 +126,7 @@ class RequestState:
         elif self.generator is None:
             self.generator = make_generator(params.seed)
         self.prompt_logprobs, self.prompt_logprobs_sent = None, False
+        self.penalty_counts = None  # counted again from the new prompt
 
     def resync(self, all_token_ids: list[int]) -> None:
         """Adopt the scheduler's token list (sent when a preempted request resumes)."""
