@@ -233,12 +233,23 @@ def propose_ngrams(
 # ---- engine arguments, requests and step outputs (engine/, contract.py, runner/) ------------------------------
 
 
-def request_block_hasher(request: Request) -> BlockHasher | None:
+def new_request_hasher(block_size: int, algorithm: str) -> BlockHasher:
+    """vLLM's request block hasher for the configured --prefix-caching-hash-algo (what vLLM's engine core builds when
+    its own prefix caching is on; the plugin keeps that off and builds it here)."""
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    hash_fn = get_hash_fn_by_name(algorithm)
+    init_none_hash(hash_fn)
+    return get_request_block_hasher(block_size, hash_fn)
+
+
+def request_hasher(request: Request) -> BlockHasher | None:
     """The block hasher vLLM's engine core gave the request; None while vLLM's own prefix caching is off."""
     return request._block_hasher
 
 
-def set_request_block_hasher(request: Request, hasher: BlockHasher) -> None:
+def set_request_hasher(request: Request, hasher: BlockHasher) -> None:
     """Make vLLM hash the request's full blocks as it appends tokens (Request.update_block_hashes), as when its engine
     core passes the hasher to Request(). Request takes a hasher only in its constructor, and the engine core builds
     one only with vLLM's prefix caching on, which the plugin keeps off (its own cache serves the hits)."""

@@ -13,7 +13,7 @@ from .conftest import REPO
 
 RESULTS_LIMIT_BYTES = 1_500_000
 TOP_LEVEL_FILES_MAX = 8  # besides README.md
-SCRIPT_SUFFIXES = (".py", ".sh")
+SCRIPT_SUFFIXES = (".py", ".sh", ".diff", ".patch")  # a patch is code to apply, not a result
 EXECUTABLE_MODE = "100755"
 
 

@@ -17,7 +17,7 @@ from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.request import Request
 
-from optimum_neuron_plugin.vllm.compat import request_block_hasher, scheduler_output_fields, set_request_block_hasher
+from optimum_neuron_plugin.vllm.compat import request_hasher, scheduler_output_fields, set_request_hasher
 from optimum_neuron_plugin.vllm.contract import NeuronSchedulerOutput
 from optimum_neuron_plugin.vllm.engine.user_args import USER_OPTIONS_KEY, record_user_options
 
@@ -112,9 +112,9 @@ def request(**kwargs) -> Request:
 def test_a_request_given_a_block_hasher_hashes_as_one_created_with_it():
     """The hashes the KV events announce: vLLM's own, for the prompt and for the tokens it appends after."""
     plain, built = request(), request(block_hasher=hasher())
-    assert request_block_hasher(plain) is None and plain.block_hashes == []
-    set_request_block_hasher(plain, hasher())
-    assert request_block_hasher(plain) is not None
+    assert request_hasher(plain) is None and plain.block_hashes == []
+    set_request_hasher(plain, hasher())
+    assert request_hasher(plain) is not None
     plain.update_block_hashes()
     assert len(plain.block_hashes) == 2 and plain.block_hashes == built.block_hashes
     for r in (plain, built):

@@ -29,31 +29,20 @@ from vllm.distributed.kv_events import (
     KVCacheEvent,
     KVEventBatch,
 )
-from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.core.kv_cache_utils import (
-    get_request_block_hasher,
-    init_none_hash,
     maybe_convert_block_hash,
     to_event_extra_keys,
 )
 from vllm.v1.request import Request
 
-from ..compat import request_block_hasher, set_request_block_hasher
+from ..compat import request_hasher, set_request_hasher
 from .prefix_cache import Changes, Prefix
-
-
-def block_hasher(block_size: int, algorithm: str):
-    """vLLM's request block hasher for the configured --prefix-caching-hash-algo (what vLLM's engine core builds when
-    its own prefix caching is on; the plugin keeps that off and builds it here)."""
-    hash_fn = get_hash_fn_by_name(algorithm)
-    init_none_hash(hash_fn)
-    return get_request_block_hasher(block_size, hash_fn)
 
 
 def hash_blocks(request: Request, hasher) -> None:
     """Give the request vLLM's block hashes: computed now and extended by vLLM as it appends tokens."""
-    if request_block_hasher(request) is None:
-        set_request_block_hasher(request, hasher)
+    if request_hasher(request) is None:
+        set_request_hasher(request, hasher)
         request.update_block_hashes()
 
 

@@ -35,12 +35,12 @@ from vllm.v1.request import Request, RequestStatus
 
 from ...artifact import load_neuron_config
 from ...runtime.latency import GraphLatencies
-from ..compat import scheduler_with_hooks
+from ..compat import new_request_hasher, scheduler_with_hooks
 from ..contract import NeuronSchedulerOutput, admitted_ids, is_decode, prompt_tokens_left, rejected_drafts
 from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode, prefill_target_itl, prefix_caching
 from ..log import get_logger
 from .interleave import Candidate, InterleavePolicy, plan_slices
-from .kv_events import block_hasher, hash_blocks, prefix_of, publish
+from .kv_events import hash_blocks, prefix_of, publish
 from .prefix_cache import PrefixCache, PrefixCopy
 from .step_budget import StepTimeModel
 
@@ -62,7 +62,9 @@ class NeuronScheduler(scheduler_with_hooks()):
             report=self.enable_kv_cache_events,
         )
         # vLLM's own block hashes of each request (its prefix caching, which would compute them, stays off).
-        self._hasher = block_hasher(block_size, vllm_config.cache_config.prefix_caching_hash_algo) if enabled else None
+        self._hasher = (
+            new_request_hasher(block_size, vllm_config.cache_config.prefix_caching_hash_algo) if enabled else None
+        )
         self._claims: dict[str, int] = {}  # this step's claims while super().schedule() runs: req_id -> hit
         self.interleave: InterleavePolicy | None = None
         self.step_time: StepTimeModel | None = None  # latency target: set from the runner's first output
