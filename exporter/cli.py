@@ -130,6 +130,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "samples one row, not B)",
     )
     optional.add_argument(
+        *_spellings("block-size"),
+        dest="block_size",
+        metavar="N",
+        type=int,
+        default=None,
+        help="positions per KV cache block: a divisor of the sequence length, the chunk and every bucket, or the "
+        "sequence length (one block per sequence). `vllm serve` uses the same. Default: the largest power of two up "
+        "to 128 that divides them",
+    )
+    optional.add_argument(
+        *_spellings("num-blocks"),
+        dest="num_blocks",
+        metavar="N",
+        type=int,
+        default=None,
+        help="blocks of the KV cache pool the graphs are compiled for, the null block included: the memory the "
+        "batch's sequences share (a request holds only the blocks its tokens fill). Default: B full-length "
+        "sequences, B * S / block size + 1",
+    )
+    optional.add_argument(
         *_spellings("tensor-parallel-size"),
         dest="tensor_parallel_size",
         metavar="T",
@@ -371,6 +391,8 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         speculative_tokens=args.speculative_tokens,
         quantization=args.quantize,
         kv_cache_dtype=None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
     )
     config = resolve_target(config)  # the neuron backend's instance type: --instance-type, else this host's
     workers = getattr(args, "compile_workers", None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -16,7 +17,10 @@ NEURON_CONFIG_FILE = "neuron_config.json"
 # 6: on-device sampling graphs return, next to each sampled token, its logprob, rank and the top max_logprobs.
 # 7: on-device sampling graphs take min_p (a fourth sampling parameter) and max_logit_bias (token id, bias) pairs per
 #    row (logit_bias).
-FORMAT_VERSION = 7
+# 8: the KV cache is a pool of blocks (block_size, num_blocks): every graph row takes a block table.
+FORMAT_VERSION = 8
+# Default block_size: the largest power of two up to this that divides sequence_length, the chunk and every bucket.
+DEFAULT_BLOCK_SIZE = 128
 # Default max_logprobs: vLLM's own default (--max-logprobs 20), capped at max_topk.
 DEFAULT_MAX_LOGPROBS = 20
 # Default max_logit_bias: (token id, bias) pairs per row the decode graphs take.
@@ -114,6 +118,12 @@ class NeuronConfig:
     # "fp8": the KV cache holds FP8 (E4M3) values with one K and one V scale per layer; None: torch_dtype. Absent
     # from older files: None.
     kv_cache_dtype: str | None = None
+    # Positions per KV cache block (models/kv_cache.py): divides sequence_length, the chunk and every bucket, or equals
+    # sequence_length (one block per sequence). None: default_block_size().
+    block_size: int | None = None
+    # Blocks of the KV pool the graphs are compiled for, the null block 0 included. None: batch_size full-length
+    # sequences plus the null block.
+    num_blocks: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -173,6 +183,45 @@ class NeuronConfig:
         object.__setattr__(self, "decode_buckets", self._checked_buckets("decode_buckets", decode))
         object.__setattr__(self, "decode_batch_sizes", self._checked_decode_batch_sizes())
         object.__setattr__(self, "prefill_buckets", self._checked_prefill_buckets())
+        object.__setattr__(self, "block_size", self._checked_block_size())
+        object.__setattr__(self, "num_blocks", self._checked_num_blocks())
+
+    def _block_lengths(self) -> set[int]:
+        """What a block must divide: sequence_length, the chunks and every bucket (0 aside)."""
+        buckets = (*self.context_buckets, *self.decode_buckets, *self.prefill_buckets)
+        return {self.sequence_length, self.prefill_chunk_size, self.prefill_tail_size, *buckets} - {0}
+
+    def _checked_block_size(self) -> int:
+        lengths = self._block_lengths()
+        if self.block_size is None:
+            return default_block_size(lengths)
+        size = self.block_size
+        if type(size) is not int or size < 1:
+            _fail("block_size", size, "an integer >= 1")
+        if size != self.sequence_length and any(length % size for length in lengths):
+            _fail(
+                "block_size", size,
+                f"a divisor of sequence_length, the prefill chunk and every bucket ({sorted(lengths)}), or "
+                f"sequence_length ({self.sequence_length}); {default_block_size(lengths)} is",
+            )  # fmt: skip
+        return size
+
+    def _checked_num_blocks(self) -> int:
+        smallest = self.blocks_per_sequence + 1
+        if self.num_blocks is None:
+            return self.batch_size * self.blocks_per_sequence + 1
+        if type(self.num_blocks) is not int or self.num_blocks < smallest:
+            _fail(
+                "num_blocks", self.num_blocks,
+                f"an integer >= {smallest}: one full-length sequence ({self.blocks_per_sequence} blocks of "
+                f"{self.block_size}) plus the null block",
+            )  # fmt: skip
+        return self.num_blocks
+
+    @property
+    def blocks_per_sequence(self) -> int:
+        """Block table entries per sequence: sequence_length / block_size, rounded up."""
+        return -(-self.sequence_length // self.block_size)
 
     def _check_prefill_tail_size(self) -> None:
         tail = self.prefill_tail_size
@@ -303,7 +352,8 @@ class NeuronConfig:
         if version < FORMAT_VERSION:
             raise NeuronConfigError(
                 f"{path}: format_version {version} was written by an older optimum-neuron-plugin (this one reads "
-                f"{FORMAT_VERSION}: the decode graphs take min_p and logit_bias inputs); export the model again"
+                f"{FORMAT_VERSION}: the KV cache is a pool of blocks and every graph takes block tables); export the "
+                f"model again: {reexport_command(data, Path(directory))}"
             )
         missing = [f.name for f in fields(cls) if f.name not in data and f.name not in OPTIONAL_FIELDS]
         if missing:
@@ -313,6 +363,30 @@ class NeuronConfig:
             return cls.from_dict(data)
         except NeuronConfigError as error:
             raise NeuronConfigError(f"{path}: {error}") from None
+
+
+def default_block_size(lengths: set[int]) -> int:
+    """The largest power of two up to DEFAULT_BLOCK_SIZE that divides every length."""
+    size = DEFAULT_BLOCK_SIZE
+    while any(length % size for length in lengths):
+        size //= 2
+    return size
+
+
+def reexport_command(data: dict, directory: Path) -> str:
+    """The export command that writes `directory` again in this format, from its old neuron_config.json `data`."""
+    model = "<the model's Hugging Face id or path>"
+    with contextlib.suppress(OSError, json.JSONDecodeError):
+        model = json.loads((directory / "config.json").read_text()).get("_name_or_path") or model
+    options = {
+        "batch-size": "batch_size",
+        "sequence-length": "sequence_length",
+        "prefill-chunk-size": "prefill_chunk_size",
+    }
+    if data.get("tp_degree", 1) != 1:
+        options["tensor-parallel-size"] = "tp_degree"
+    flags = " ".join(f"--{flag} {data[name]}" for flag, name in options.items() if name in data)
+    return f"optimum-cli export neuron --model {model} {flags} {directory}"
 
 
 def default_context_buckets(

@@ -5,9 +5,11 @@ by `flat` and read back inside the graph by `unflat` (graphs.py names which kind
 - RowsInputs           chunked_prefill, prompt_logits, context_encoding, verify: token rows
 - DecodeInputs         token_generation: token rows [+ sampling inputs with on-device sampling]
 - ChunkAndDecodeInputs chunk_and_decode: a prompt chunk, the decode rows [+ sampling inputs]
-- CopyInputs           copy_prefix: the source and destination slots
+- CopyInputs           copy_prefix: the source and destination blocks
 
-Token ids, positions, seq ids and slots are int32 (INDEX_DTYPE): the graph widens them only where an op needs int64.
+Token ids, positions and block ids are int32 (INDEX_DTYPE): the graph widens them only where an op needs int64.
+Every row carries its whole block table (spec.blocks entries, sequence_length / block_size, the unused ones the null
+block 0): one input shape for every bucket, of which a graph reads the entries its bucket covers.
 """
 
 from __future__ import annotations
@@ -26,21 +28,24 @@ INDEX_DTYPE = torch.int32
 
 
 class TokenRows(NamedTuple):
-    """n rows of T tokens: their ids [n, T], positions [n, T] and each row's cache slot [n] (models.decoder.Rows)."""
+    """n rows of T tokens: their ids [n, T], positions [n, T] and each row's block table [n, blocks]
+    (models.decoder.Rows, models/kv_cache.py)."""
 
     ids: torch.Tensor
     positions: torch.Tensor
-    seq_ids: torch.Tensor
+    block_tables: torch.Tensor
 
     @classmethod
-    def example(cls, rows: int, tokens: int) -> TokenRows:
+    def example(cls, rows: int, tokens: int, blocks: int) -> TokenRows:
+        """Rows at positions 0.. in blocks 1, 2, ... (each row the same: example values only shape a graph)."""
         positions = torch.arange(tokens, dtype=INDEX_DTYPE).repeat(rows, 1)
-        return cls(torch.zeros(rows, tokens, dtype=INDEX_DTYPE), positions, torch.zeros(rows, dtype=INDEX_DTYPE))
+        tables = torch.arange(1, blocks + 1, dtype=INDEX_DTYPE).repeat(rows, 1)
+        return cls(torch.zeros(rows, tokens, dtype=INDEX_DTYPE), positions, tables)
 
     @classmethod
-    def of(cls, ids: Sequence[Sequence[int]], positions: Sequence[Sequence[int]], seq_ids: Sequence[int]) -> TokenRows:
+    def of(cls, ids: Sequence[Sequence[int]], positions: Sequence[Sequence[int]], tables: torch.Tensor) -> TokenRows:
         as_input = lambda values: torch.tensor(values, dtype=INDEX_DTYPE)  # noqa: E731
-        return cls(as_input(ids), as_input(positions), as_input(seq_ids))
+        return cls(as_input(ids), as_input(positions), tables)
 
     @classmethod
     def stacked(cls, groups: Sequence[TokenRows]) -> TokenRows:
@@ -85,7 +90,7 @@ class RowsInputs:
 
     @classmethod
     def example(cls, spec: GraphSpec) -> RowsInputs:
-        return cls(TokenRows.example(spec.rows, spec.tokens))
+        return cls(TokenRows.example(spec.rows, spec.tokens, spec.blocks))
 
     @classmethod
     def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> RowsInputs:
@@ -99,7 +104,10 @@ class DecodeInputs:
 
     @classmethod
     def example(cls, spec: GraphSpec) -> DecodeInputs:
-        return cls(TokenRows.example(spec.rows, spec.tokens), SamplingInputs.example(spec) if spec.samples else None)
+        return cls(
+            TokenRows.example(spec.rows, spec.tokens, spec.blocks),
+            SamplingInputs.example(spec) if spec.samples else None,
+        )
 
     @classmethod
     def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> DecodeInputs:
@@ -116,7 +124,7 @@ class ChunkAndDecodeInputs:
     @classmethod
     def example(cls, spec: GraphSpec) -> ChunkAndDecodeInputs:
         decode = DecodeInputs.example(spec)
-        return cls(TokenRows.example(1, spec.chunk), decode.rows, decode.sampling)
+        return cls(TokenRows.example(1, spec.chunk, spec.blocks), decode.rows, decode.sampling)
 
     @classmethod
     def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> ChunkAndDecodeInputs:
@@ -127,16 +135,13 @@ class ChunkAndDecodeInputs:
 
 @dataclass(frozen=True)
 class CopyInputs:
-    source: torch.Tensor  # [1] int32: the slot copied from
-    destination: torch.Tensor  # [1] int32: the slot copied onto
-
-    @classmethod
-    def of(cls, source: int, destination: int) -> CopyInputs:
-        return cls(torch.tensor([source], dtype=INDEX_DTYPE), torch.tensor([destination], dtype=INDEX_DTYPE))
+    source: torch.Tensor  # [blocks] int32: the block table copied from
+    destination: torch.Tensor  # [blocks] int32: the block table copied onto
 
     @classmethod
     def example(cls, spec: GraphSpec) -> CopyInputs:
-        return cls.of(0, 0)  # slot 0 onto itself
+        blocks = torch.arange(1, spec.blocks + 1, dtype=INDEX_DTYPE)
+        return cls(blocks, blocks)  # blocks onto themselves
 
     @classmethod
     def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> CopyInputs:

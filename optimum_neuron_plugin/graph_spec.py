@@ -18,7 +18,7 @@ COPY_PREFIX = "copy_prefix"
 class GraphSpec:
     name: str
     rows: int
-    tokens: int  # per row (0: copy_prefix, which takes slots, not tokens)
+    tokens: int  # per row (0: copy_prefix, which takes block tables, not tokens)
     samples: bool  # on-device sampling: returns token ids instead of logits
     bucket: int  # cache positions the graph reads: [0, bucket)
     chunk: int = 0  # chunk_and_decode: tokens of the prompt chunk computed with the rows x tokens batch
@@ -28,6 +28,7 @@ class GraphSpec:
     logprobs: int = 0  # on-device sampling: top logprobs returned per row next to the sampled token's (0: tokens only)
     logit_bias: int = 0  # on-device sampling: (token id, bias) pairs per row of the logit_bias input (0: none)
     tail: bool = False  # a tail graph: its prompt chunk is prefill_tail_size tokens, not prefill_chunk_size
+    blocks: int = 1  # entries of each row's block table input: sequence_length / block_size
 
     @property
     def prompt_tokens(self) -> int:

@@ -31,10 +31,10 @@ weights and the KV cache.
                      row's own positions and attended causally; the host accepts drafts from the logits
                      (draft_acceptance.py). For every n in decode_batch_sizes; a row with fewer drafts repeats its last
                      real token and position (the actual-token mask)
-- copy_prefix      : source slot [1], destination slot [1] -> positions [0, L) of every layer's K and V rows of the
-                     source written onto the destination's, in place (prefix caching: a prefix held by a busy slot
-                     is copied into a new request's slot). No collectives: under tensor parallelism each rank copies
-                     its own KV heads. Chunked exports (NeuronConfig.prefix_copy)
+- copy_prefix      : source block table [blocks], destination block table [blocks] -> the blocks covering positions
+                     [0, L) of every layer's K and V copied onto the destination's, in place (prefix caching: a
+                     prefix held by a busy slot is copied into a new request's blocks). No collectives: under tensor
+                     parallelism each rank copies its own KV heads. Chunked exports (NeuronConfig.prefix_copy)
 
 Each kind is compiled once per bucket L: that graph reads only cache positions [0, L).
 - chunked_prefill and prompt_logits, per prefill bucket (NeuronConfig.prefill_buckets, starting at 0): a chunk attends the prior
@@ -51,6 +51,8 @@ takes per call: graph_inputs.py.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -126,7 +128,7 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
                 specs.append(GraphSpec(VERIFY, rows, tokens, samples=False, bucket=bucket, narrow=rows < nc.batch_size))
         if nc.prefix_copy:
             specs.append(GraphSpec(COPY_PREFIX, 1, 0, samples=False, bucket=bucket))
-    return specs
+    return [replace(spec, blocks=nc.blocks_per_sequence) for spec in specs]
 
 
 class DecoderGraph(nn.Module):
@@ -170,10 +172,13 @@ class DecoderGraph(nn.Module):
         return (self._whole(prompt), *sampled) if self.spec.logprobs else (self._whole(prompt), sampled)
 
     def _copy_prefix(self, caches, inputs: CopyInputs) -> torch.Tensor:
-        """copy_prefix: every layer's K and V; returns the destination (a graph returns a tensor)."""
+        """copy_prefix: the blocks covering the bucket, every layer's K and V; returns the destination blocks (a
+        graph returns a tensor)."""
+        width = kv_cache.table_width(self.spec.bucket, caches[0].shape[1])
+        source, destination = inputs.source[:width], inputs.destination[:width]
         for cache in caches:
-            kv_cache.copy_prefix(cache, inputs.source, inputs.destination, self.spec.bucket)
-        return inputs.destination.clone()
+            kv_cache.copy_blocks(cache, source, destination)
+        return destination.clone()
 
     def _whole(self, logits: torch.Tensor) -> torch.Tensor:
         """Every rank returns the whole logits (host sampling, prefill)."""

@@ -120,7 +120,7 @@ def _compile_rank(rank: int, job: RankJob, degree: int, messages) -> None:
     layout = sharding.layout_for(args, degree)
     shard = sharding.shard_params(torch.load(job.weights, mmap=True, weights_only=True), args, layout, rank)
     caches = empty_cache(
-        args.num_hidden_layers, nc.batch_size, nc.sequence_length, layout.kv_heads, args.head_dim, job.cache_dtype
+        args.num_hidden_layers, nc.num_blocks, nc.block_size, layout.kv_heads, args.head_dim, job.cache_dtype
     )
     cc = Collectives(degree, dist.group.WORLD.group_name)
     local = sharding.local_args(args, layout)

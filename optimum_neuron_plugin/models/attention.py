@@ -43,30 +43,24 @@ def attend(
     op: the rows attend through the op `onp::decode_attention`, which a backend's kernel may run, given `positions`
     [n, T] (the rows' positions); not in a sliding window's span or on an FP8 cache, which take the plain form.
 
-    Writes k/v into the cache at the call's rows and positions, then attends cache positions [0, L) of
-    those rows under `bias` [n, 1, G*T, L] (masks.attention_bias; L: the graph's context bucket), or, given
-    a `window` index (kv_cache.window_index), only the L positions it names.
-    A call with one row per cache row (token_generation) attends every cache row, in slot order: its bias
-    (and window) must already be in slot order (to_slots); other calls read copies of their rows.
+    Writes k/v into the cache at the call's slots, then attends cache positions [0, L) of those rows through
+    their block tables under `bias` [n, 1, G*T, L] (masks.attention_bias; L: the graph's context bucket), or,
+    given a `window` index (kv_cache.window_index), only the L positions it names.
     """
     k_scale, v_scale = kv_scales or (None, None)
     kv_cache.write(k_cache, rows, kv_cache.to_cache(k, k_scale))
     kv_cache.write(v_cache, rows, kv_cache.to_cache(v, v_scale))
     if window is None and kv_scales is None:  # the kernel reads the cache as it is: an FP8 cache takes the plain form
         if op:
-            return decode_attention(q, bias, k_cache, v_cache, rows.seq_ids, positions, scale, sinks)
-        return attend_cache(q, bias, k_cache, v_cache, rows.seq_ids, scale, sinks)
+            return decode_attention(q, bias, k_cache, v_cache, rows.tables, positions, scale, sinks)
+        return attend_cache(q, bias, k_cache, v_cache, rows.tables, scale, sinks)
     length = bias.shape[-1]
     if window is not None:
         keys, values = kv_cache.read_window(k_cache, window, length), kv_cache.read_window(v_cache, window, length)
     else:
-        slots = rows.in_slot_order
-        keys, values = (
-            _read_rows(k_cache, rows.seq_ids, length, slots),
-            _read_rows(v_cache, rows.seq_ids, length, slots),
-        )
+        keys, values = kv_cache.read(k_cache, rows.tables, length), kv_cache.read(v_cache, rows.tables, length)
     keys, values = kv_cache.from_cache(keys, k_scale, q.dtype), kv_cache.from_cache(values, v_scale, q.dtype)
-    return _attend_call_rows(q, bias, keys, values, rows.seq_ids, rows.in_slot_order, scale, sinks)
+    return attend_rows(q, bias, keys, values, scale, sinks)
 
 
 def attend_cache(
@@ -74,32 +68,14 @@ def attend_cache(
     bias: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    seq_ids: torch.Tensor,
+    tables: torch.Tensor,
     scale: float | None,
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Rows seq_ids (q [n, T, H, D]) attend their cache positions [0, L) under `bias` [n, 1, G*T, L] (in slot order
-    for a call of one row per cache row): [n, T, H*D]."""
+    """Rows whose block tables are `tables` [n, W] (q [n, T, H, D]) attend their cache positions [0, L) under
+    `bias` [n, 1, G*T, L]: [n, T, H*D]."""
     length = bias.shape[-1]
-    in_slot_order = seq_ids.shape[0] == k_cache.shape[0]
-    keys, values = (
-        _read_rows(k_cache, seq_ids, length, in_slot_order),
-        _read_rows(v_cache, seq_ids, length, in_slot_order),
-    )
-    return _attend_call_rows(q, bias, keys, values, seq_ids, in_slot_order, scale, sinks)
-
-
-def _read_rows(cache: torch.Tensor, seq_ids: torch.Tensor, length: int, in_slot_order: bool) -> torch.Tensor:
-    """A call of one row per cache row reads the cache in place, in slot order; other calls read copies of their rows."""
-    if in_slot_order:
-        return kv_cache.all_rows(cache, length)
-    return kv_cache.read(cache, seq_ids, length)
-
-
-def _attend_call_rows(q, bias, keys, values, seq_ids, in_slot_order: bool, scale, sinks) -> torch.Tensor:
-    """q [n, T, H, D] against keys and values read for the call: every cache row in slot order, or the call's rows."""
-    if in_slot_order:
-        return attend_rows(to_slots(q, seq_ids), bias, keys, values, scale, sinks).index_select(0, seq_ids)
+    keys, values = kv_cache.read(k_cache, tables, length), kv_cache.read(v_cache, tables, length)
     return attend_rows(q, bias, keys, values, scale, sinks)
 
 
@@ -134,9 +110,9 @@ def attend_chunk(
     kv_cache.write(v_cache, rows, v)
     k, v = kv_cache.from_cache(k, k_scale, q.dtype), kv_cache.from_cache(v, v_scale, q.dtype)
     if op and kv_scales is None:  # the kernel reads the cache as it is: an FP8 cache takes the masked form
-        return chunk_attention(q, k, v, k_cache, v_cache, rows.seq_ids, positions, bias, window, scale, sinks)
+        return chunk_attention(q, k, v, k_cache, v_cache, rows.tables, positions, bias, window, scale, sinks)
     return masked_chunk_attention(
-        q, k, v, k_cache, v_cache, rows.seq_ids, positions, bias, window, scale, sinks, kv_scales
+        q, k, v, k_cache, v_cache, rows.tables, positions, bias, window, scale, sinks, kv_scales
     )  # fmt: skip
 
 
@@ -146,7 +122,7 @@ def masked_chunk_attention(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    seq_ids: torch.Tensor,
+    tables: torch.Tensor,
     positions: torch.Tensor,
     bias: torch.Tensor,
     window: int = 0,
@@ -154,7 +130,8 @@ def masked_chunk_attention(
     sinks: torch.Tensor | None = None,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """The chunk attention's definition: [cache positions 0..P-1 of rows seq_ids | the chunk's own k/v] under `bias`.
+    """The chunk attention's definition: [cache positions 0..P-1 of the rows' blocks (`tables` [n, W]) | the chunk's own
+    k/v] under `bias`.
 
     `positions` [n, T] (each row's positions, padding repeating the last real one) and `window` (the layer's sliding
     window, 0 for none) only say which keys `bias` leaves to a query: for row i starting at s, cache positions
@@ -164,8 +141,8 @@ def masked_chunk_attention(
     keys, values = k.transpose(1, 2), v.transpose(1, 2)  # [n, KVH, T, D]
     if prior:
         k_scale, v_scale = kv_scales or (None, None)
-        prior_keys = kv_cache.from_cache(kv_cache.read(k_cache, seq_ids, prior), k_scale, q.dtype)
-        prior_values = kv_cache.from_cache(kv_cache.read(v_cache, seq_ids, prior), v_scale, q.dtype)
+        prior_keys = kv_cache.from_cache(kv_cache.read(k_cache, tables, prior), k_scale, q.dtype)
+        prior_values = kv_cache.from_cache(kv_cache.read(v_cache, tables, prior), v_scale, q.dtype)
         keys, values = torch.cat((prior_keys, keys), dim=2), torch.cat((prior_values, values), dim=2)
     else:  # the CPU kernel runs ~25% slower on the transposed views
         keys, values = keys.contiguous(), values.contiguous()
@@ -179,7 +156,7 @@ def chunk_attention(
     v: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    seq_ids: torch.Tensor,
+    tables: torch.Tensor,
     positions: torch.Tensor,
     bias: torch.Tensor,
     window: int,
@@ -187,11 +164,11 @@ def chunk_attention(
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """masked_chunk_attention as one op of the exported program: a backend's kernel replaces this form."""
-    return masked_chunk_attention(q, k, v, k_cache, v_cache, seq_ids, positions, bias, window, scale, sinks)
+    return masked_chunk_attention(q, k, v, k_cache, v_cache, tables, positions, bias, window, scale, sinks)
 
 
 @chunk_attention.register_fake
-def _chunk_attention_shape(q, k, v, k_cache, v_cache, seq_ids, positions, bias, window, scale, sinks) -> torch.Tensor:
+def _chunk_attention_shape(q, k, v, k_cache, v_cache, tables, positions, bias, window, scale, sinks) -> torch.Tensor:
     n, t, heads, dim = q.shape
     return q.new_empty(n, t, heads * dim)
 
@@ -202,18 +179,18 @@ def decode_attention(
     bias: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    seq_ids: torch.Tensor,
+    tables: torch.Tensor,
     positions: torch.Tensor,
     scale: float | None,
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     """attend_cache as one op of the exported program: a backend's kernel replaces this form. `positions` [n, T] (the
     rows' positions) only say which keys `bias` leaves: none past the call's last position."""
-    return attend_cache(q, bias, k_cache, v_cache, seq_ids, scale, sinks)
+    return attend_cache(q, bias, k_cache, v_cache, tables, scale, sinks)
 
 
 @decode_attention.register_fake
-def _decode_attention_shape(q, bias, k_cache, v_cache, seq_ids, positions, scale, sinks) -> torch.Tensor:
+def _decode_attention_shape(q, bias, k_cache, v_cache, tables, positions, scale, sinks) -> torch.Tensor:
     n, t, heads, dim = q.shape
     return q.new_empty(n, t, heads * dim)
 
@@ -226,12 +203,6 @@ def _with_sinks(keys, values, bias, sinks: torch.Tensor, tokens: int):
     column = sinks.to(bias.dtype).view(1, kv_heads, -1, 1).repeat_interleave(tokens, dim=2).expand(n, -1, -1, -1)
     bias = torch.cat((bias.expand(n, kv_heads, -1, -1), column), dim=-1)
     return torch.cat((keys, zero), dim=2), torch.cat((values, zero), dim=2), bias
-
-
-def to_slots(x: torch.Tensor, seq_ids: torch.Tensor) -> torch.Tensor:
-    """Row i of x moved to row seq_ids[i] (int64). Padding rows repeat row 0 (same slot, same values);
-    slots without a row get zeros (their queries attend every position equally: finite, and discarded)."""
-    return torch.zeros_like(x).index_copy(0, seq_ids, x)
 
 
 def attend_rows(

@@ -17,7 +17,7 @@ import torch
 
 from . import kv_cache, masks
 from .args import ModelArgs
-from .attention import attend, attend_chunk, to_slots
+from .attention import attend, attend_chunk
 from .collectives import SINGLE, Collectives
 from .fp8 import SCALE_SUFFIX
 from .layers import apply_rope, linear, mlp, rms_norm, rope_attention_factor, rope_cos_sin, rope_inv_freq
@@ -54,7 +54,7 @@ def dense_mlp_names(prefix: str) -> list[str]:
     return [prefix + f"{x}_proj.weight" for x in ("gate", "up", "down")]
 
 
-Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # input_ids, position_ids [n, T]; seq_ids [n]
+Rows = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # input_ids, position_ids [n, T]; block tables [n, W]
 
 
 def decoder_logits(
@@ -64,12 +64,12 @@ def decoder_logits(
     inv_freq: torch.Tensor,
     input_ids: torch.Tensor,
     position_ids: torch.Tensor,
-    seq_ids: torch.Tensor,
+    tables: torch.Tensor,
     bucket: int,
     cc: Collectives = SINGLE,
     chunk: bool = False,
 ) -> torch.Tensor:
-    """Runs n rows of T tokens, writes their K/V into the cache rows seq_ids, returns the fp32
+    """Runs n rows of T tokens, writes their K/V into the blocks of their block tables [n, W], returns the fp32
     logits [n, vocab] of each row's last real token (the last column: padding repeats it).
 
     Only cache positions [0, bucket) are read. Rows attend them up to themselves (every position must be
@@ -77,7 +77,7 @@ def decoder_logits(
     must be <= bucket) and their own tokens causally (models/masks.py).
     Under tensor parallelism (cc.degree > 1) `args` and `params` are one rank's shard (models/sharding.py)
     and the logits are that rank's vocabulary slice, padding columns filled with MASK_FILL."""
-    groups = [(input_ids, position_ids, seq_ids)]
+    groups = [(input_ids, position_ids, tables)]
     return groups_logits(args, params, caches, inv_freq, groups, bucket, cc, chunks=1 if chunk else 0)
 
 
@@ -96,12 +96,12 @@ def groups_logits(
 ) -> torch.Tensor:
     """decoder_logits of several row groups in one pass over the weights, e.g. a prompt chunk [1, C] and a decode
     batch [B, 1] (chunk_and_decode): the linears and the MLP run on every group's tokens at once, attention per
-    group. The groups must use distinct cache rows. Returns the logits of each group's rows, in group order.
+    group. The groups must write distinct blocks. Returns the logits of each group's rows, in group order.
 
     Sliding-window layers rotate with `sliding_inv_freq` when the model gives them their own rope base. The first
     `chunks` groups are prompt chunks (decoder_logits' `chunk`). every_column: the logits of every token [tokens,
     vocab] in group order instead of each row's last (the verify and prompt_logits graphs). kernel_ops: prompt
-    chunks attend through the op `onp::chunk_attention`, decode rows in slot order through `onp::decode_attention`
+    chunks attend through the op `onp::chunk_attention`, decode rows through `onp::decode_attention`
     (models/attention.py), norms, the dense MLPs' gated activation and the rotation run as `onp::rms_norm`,
     `onp::gated_activation` and `onp::rope` (models/layers.py), for a backend that has their kernels."""
     x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
@@ -111,8 +111,8 @@ def groups_logits(
         local = rope_inv_freq(args, sliding=True) if sliding_inv_freq is None else sliding_inv_freq
         rope[True] = rope_cos_sin(positions, local, x.dtype) if args.sliding_rope_theta else rope[False]
     calls = [
-        _AttentionCall.of(args, caches[0], pos, seq, bucket, x.dtype, chunk=i < chunks, op=kernel_ops)
-        for i, (_, pos, seq) in enumerate(groups)
+        _AttentionCall.of(args, caches[0], pos, tables, bucket, x.dtype, chunk=i < chunks, op=kernel_ops)
+        for i, (_, pos, tables) in enumerate(groups)
     ]
 
     def norm(h: torch.Tensor, name: str) -> torch.Tensor:
@@ -175,9 +175,9 @@ def _cat(tensors: list[torch.Tensor], dim: int = 0) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class _AttentionCall:
-    """One row group's cache rows and attention biases, computed once per call and shared by every layer."""
+    """One row group's blocks and attention biases, computed once per call and shared by every layer."""
 
-    rows: kv_cache.CallRows
+    rows: kv_cache.CallRows  # the rows' block tables and write slots
     bias: torch.Tensor  # full-attention layers: cache positions [0, bucket)
     shape: tuple[int, int]  # (n, T)
     sliding_bias: torch.Tensor | None = None  # sliding-window layers: the positions they read
@@ -187,17 +187,16 @@ class _AttentionCall:
     op: bool = False  # through the ops onp::chunk_attention (prompt chunks) and onp::decode_attention (decode rows)
 
     @classmethod
-    def of(cls, args: ModelArgs, cache, position_ids, seq_ids, bucket, dtype, chunk=False, op=False) -> _AttentionCall:
+    def of(cls, args: ModelArgs, cache, position_ids, tables, bucket, dtype, chunk=False, op=False) -> _AttentionCall:
         kv_groups = args.num_attention_heads // args.num_key_value_heads
-        rows = kv_cache.CallRows.of(cache, seq_ids, position_ids)
+        rows = kv_cache.CallRows.of(cache, tables, position_ids)
         shape, call = tuple(position_ids.shape), dict(positions=position_ids, op=op)
         if chunk:  # sliding layers read the whole prior bucket, masked to their window
             bias = masks.chunk_bias(position_ids, bucket, kv_groups, dtype)
             window = args.sliding_window if args.has_sliding_layers else None
             sliding = masks.chunk_bias(position_ids, bucket, kv_groups, dtype, window) if window else None
             return cls(rows, bias, shape, sliding, None, True, **call)
-        slots = (lambda x: to_slots(x, rows.seq_ids)) if rows.in_slot_order else (lambda x: x)
-        bias = slots(masks.attention_bias(position_ids, bucket, kv_groups, dtype))
+        bias = masks.attention_bias(position_ids, bucket, kv_groups, dtype)
         if not args.has_sliding_layers:
             return cls(rows, bias, shape, **call)
         window = args.sliding_window
@@ -205,12 +204,10 @@ class _AttentionCall:
         span = window - 1 + position_ids.shape[1]
         if span >= bucket:
             sliding = masks.attention_bias(position_ids, bucket, kv_groups, dtype, window)
-            return cls(rows, bias, shape, slots(sliding), **call)
+            return cls(rows, bias, shape, sliding, **call)
         starts = masks.window_starts(position_ids, window, span, bucket)
-        sliding = slots(masks.attention_bias(position_ids, span, kv_groups, dtype, window, starts))
-        if rows.in_slot_order:
-            starts, seq_ids = slots(starts), torch.arange(cache.shape[0], dtype=torch.int32, device=cache.device)
-        index = kv_cache.window_index(cache, seq_ids, starts, span)
+        sliding = masks.attention_bias(position_ids, span, kv_groups, dtype, window, starts)
+        index = kv_cache.window_index(cache, tables, starts, span)
         return cls(rows, bias, shape, sliding, index, **call)
 
 

@@ -1,11 +1,16 @@
-"""KV cache: one K and one V tensor per layer, [cache_rows, kv_heads, S, head_dim], written in place.
+"""KV cache: a pool of blocks, one K and one V tensor per layer, [num_blocks, block_size, kv_heads, head_dim],
+written in place.
 
-Row r holds sequence slot seq_id r. A token's K/V for head h lives at flat row
-`(seq_id * kv_heads + h) * S + position` of the cache viewed as [rows * kv_heads * S, head_dim],
-so each graph writes all its new K/V with one scatter (index_copy_) into the state it was given;
-the cache never travels to the host. Reads need no transpose: a row is already [kv_heads, S, head_dim].
+A block holds block_size consecutive positions of one sequence; which blocks a sequence owns is its block table, a
+row of block ids that every graph takes as an input ([n, max_blocks] int32, graph_inputs.TokenRows). Position p of
+row i lives in block tables[i, p // block_size] at offset p % block_size: its slot is block * block_size + offset,
+and the K/V vector of head h is flat row `slot * kv_heads + h` of the cache viewed as [slots * kv_heads, head_dim]
+(vLLM's own block layout: a block is one contiguous region, a write needs no division). Each graph writes all its
+new K/V with one scatter (index_copy_) into the state it was given; the cache never travels to the host.
+Block 0 is the null block (vLLM's BlockPool reserves id 0): table entries past a sequence's blocks point at it and
+attention masks what is read there. Contiguous rows are the case of one block per row (block_size = sequence_length).
 An FP8 cache (NeuronConfig.kv_cache_dtype) stores K/V divided by the layer's scale (to_cache) and attention reads
-them back times the scale in the model dtype (from_cache); copy_prefix copies the stored bytes.
+them back times the scale in the model dtype (from_cache); copy_blocks copies the stored bytes.
 """
 
 from __future__ import annotations
@@ -16,33 +21,46 @@ import torch
 
 from . import fp8
 
+NULL_BLOCK = 0
+
 
 def empty_cache(
-    num_layers: int, rows: int, sequence_length: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+    num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> list[torch.Tensor]:
-    shape = (rows, kv_heads, sequence_length, head_dim)
+    shape = (num_blocks, block_size, kv_heads, head_dim)
     return [torch.zeros(shape, dtype=dtype) for _ in range(2 * num_layers)]
+
+
+def table_width(length: int, block_size: int) -> int:
+    """Block table entries that cover positions [0, length)."""
+    return -(-length // block_size)
+
+
+def slots(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """[n, T] int32: the cache slot of each position [n, T] of rows whose block tables are `tables` [n, W]."""
+    blocks = tables.gather(1, (positions // block_size).long())
+    return blocks * block_size + positions % block_size
 
 
 @dataclass(frozen=True)
 class CallRows:
-    """Where one graph call's tokens go in the cache, computed once per call and shared by every layer."""
+    """Where one graph call's tokens go in the cache and which blocks its rows read, computed once per call and
+    shared by every layer."""
 
-    seq_ids: torch.Tensor  # [n] int64: the cache row of each call row
-    flat_index: torch.Tensor  # [n * T * kv_heads]: the flat cache row of each new K/V vector (see module doc)
-    in_slot_order: bool  # one call row per cache row (token_generation): attention runs on the cache in place
+    tables: torch.Tensor  # [n, W] int32: each call row's block table
+    flat_index: torch.Tensor  # [n * T * kv_heads] int64: the flat cache row of each new K/V vector (see module doc)
 
     @classmethod
-    def of(cls, cache: torch.Tensor, seq_ids: torch.Tensor, position_ids: torch.Tensor) -> CallRows:
-        rows, kv_heads, length, _ = cache.shape
-        seq_ids = seq_ids.long()  # index_copy_ takes int64 indices only (torch checks it)
+    def of(cls, cache: torch.Tensor, tables: torch.Tensor, position_ids: torch.Tensor) -> CallRows:
+        _, block_size, kv_heads, _ = cache.shape
         heads = torch.arange(kv_heads, device=cache.device)
-        flat_index = (seq_ids[:, None, None] * kv_heads + heads) * length + position_ids[:, :, None]
-        return cls(seq_ids, flat_index.reshape(-1), seq_ids.shape[0] == rows)
+        # index_copy_ takes int64 indices only (torch checks it)
+        flat_index = slots(tables, position_ids, block_size).long()[:, :, None] * kv_heads + heads
+        return cls(tables, flat_index.reshape(-1))
 
 
 def write(cache: torch.Tensor, rows: CallRows, values: torch.Tensor) -> None:
-    """The KV scatter: values [n, T, kv_heads, head_dim] to the rows and positions of the call."""
+    """The KV scatter: values [n, T, kv_heads, head_dim] to the slots of the call's positions."""
     # index_copy_ on a view of the cache input: TorchNeuron's Dynamo backend records it as a mutation of
     # that input (aliasing_analysis.py, INPLACE_METHODS) and aliases it to an output, so the cache is
     # updated in place on the device.
@@ -63,37 +81,34 @@ def from_cache(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dt
     return stored if scale is None else fp8.dequantize_kv(stored, scale, dtype)
 
 
-def copy_prefix(cache: torch.Tensor, source: torch.Tensor, destination: torch.Tensor, length: int) -> None:
-    """Positions [0, length) of row source[0] written onto row destination[0] (int tensors [1]), in place: the
-    rows are read first (a copy), then scattered like a call's new K/V, so source == destination changes nothing."""
-    positions = torch.arange(length, dtype=torch.int32, device=cache.device)[None]
-    values = read(cache, source, length).transpose(1, 2)  # [1, length, kv_heads, head_dim]
-    write(cache, CallRows.of(cache, destination, positions), values)
+def copy_blocks(cache: torch.Tensor, source: torch.Tensor, destination: torch.Tensor) -> None:
+    """Blocks source[j] written onto blocks destination[j] (int tensors [W]), in place: the blocks are read first (a
+    copy), so a block copied onto itself is unchanged."""
+    cache.index_copy_(0, destination.long(), cache.index_select(0, source))
 
 
-def read(cache: torch.Tensor, seq_ids: torch.Tensor, bucket: int) -> torch.Tensor:
-    """Positions [0, bucket) of the rows seq_ids: [n, kv_heads, bucket, head_dim] (a copy of n rows)."""
-    return cache[:, :, :bucket].index_select(0, seq_ids)
+def read(cache: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:
+    """Positions [0, length) of the rows whose block tables are `tables` [n, W]: [n, kv_heads, length, head_dim]
+    (a gather copy; positions past a row's blocks read the null block)."""
+    n = tables.shape[0]
+    _, block_size, kv_heads, head_dim = cache.shape
+    blocks = cache.index_select(0, tables[:, : table_width(length, block_size)].reshape(-1))
+    return blocks.view(n, -1, kv_heads, head_dim)[:, :length].transpose(1, 2)
 
 
-def window_index(cache: torch.Tensor, seq_ids: torch.Tensor, starts: torch.Tensor, span: int) -> torch.Tensor:
-    """The flat cache rows of positions [starts[i], starts[i] + span) of rows seq_ids[i], every head:
-    [n * kv_heads * span], in the order read_window returns them."""
-    _, kv_heads, length, _ = cache.shape
+def window_index(cache: torch.Tensor, tables: torch.Tensor, starts: torch.Tensor, span: int) -> torch.Tensor:
+    """The flat cache rows of positions [starts[i], starts[i] + span) of rows i, every head: [n * span * kv_heads],
+    in the order read_window takes them."""
+    _, block_size, kv_heads, _ = cache.shape
+    positions = starts.to(torch.int32)[:, None] + torch.arange(span, dtype=torch.int32, device=cache.device)
+    heads = torch.arange(kv_heads, dtype=torch.int32, device=cache.device)
     # int32 (int64 is emulated on NeuronCores): index_select takes int32 indices, and the flat index stays below
-    # the cache's rows x heads x positions.
-    heads = torch.arange(kv_heads, dtype=torch.int32, device=cache.device)[None, :, None]
-    positions = starts.to(torch.int32)[:, None, None] + torch.arange(span, dtype=torch.int32, device=cache.device)
-    return ((seq_ids.to(torch.int32)[:, None, None] * kv_heads + heads) * length + positions).reshape(-1)
+    # the cache's slots x heads.
+    return (slots(tables, positions, block_size)[:, :, None] * kv_heads + heads).reshape(-1)
 
 
 def read_window(cache: torch.Tensor, index: torch.Tensor, span: int) -> torch.Tensor:
     """A sliding-window layer's read (window_index): [n, kv_heads, span, head_dim], span positions per row
     whatever the context bucket."""
-    _, kv_heads, _, head_dim = cache.shape
-    return cache.view(-1, head_dim).index_select(0, index).view(-1, kv_heads, span, head_dim)
-
-
-def all_rows(cache: torch.Tensor, bucket: int) -> torch.Tensor:
-    """Positions [0, bucket) of every row, in slot order: a view, nothing is copied."""
-    return cache[:, :, :bucket]
+    _, _, kv_heads, head_dim = cache.shape
+    return cache.view(-1, head_dim).index_select(0, index).view(-1, span, kv_heads, head_dim).transpose(1, 2)

@@ -128,7 +128,7 @@ def compile_graphs(backend, args, layout, neuron_config, params, workdir, progre
         return
     shard = sharding.shard_params(params, args, layout, 0)
     caches = empty_cache(
-        args.num_hidden_layers, nc.batch_size, nc.sequence_length, layout.kv_heads, args.head_dim,
+        args.num_hidden_layers, nc.num_blocks, nc.block_size, layout.kv_heads, args.head_dim,
         artifact.cache_dtype(nc),
     )  # fmt: skip
     local = sharding.local_args(args, layout)

@@ -85,7 +85,8 @@ def chunk_inputs(
     chunk = tokens[offset : offset + size]
     positions = list(range(start + offset, start + offset + len(chunk)))
     pad = size - len(chunk)
-    return TokenRows.of([chunk + chunk[-1:] * pad], [positions + positions[-1:] * pad], [seq_id]), positions
+    rows = TokenRows.of([chunk + chunk[-1:] * pad], [positions + positions[-1:] * pad], gs.tables.rows([seq_id]))
+    return rows, positions
 
 
 def checked_prompt(gs: GraphSet, seq_id: int, token_ids: Sequence[int], start: int) -> list[int]:
@@ -99,4 +100,5 @@ def checked_prompt(gs: GraphSet, seq_id: int, token_ids: Sequence[int], start: i
             f"positions {start}..{start + len(tokens) - 1} do not fit sequence_length {nc.sequence_length}: "
             "shorten the prompt or export with a larger --sequence-length"
         )
+    gs.tables.reserve(seq_id, start + len(tokens), restart=start == 0)
     return tokens

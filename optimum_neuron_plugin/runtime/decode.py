@@ -73,9 +73,8 @@ def decode_inputs(gs: GraphSet, batch: DecodeBatch, rows: int) -> DecodeInputs:
     """The decode batch's inputs padded to the graph's rows, with its sampling inputs (on-device sampling)."""
     pad = rows - len(batch.seq_ids)
     padded = lambda values: list(values) + [values[0]] * pad  # noqa: E731
-    inputs = TokenRows.of(
-        [[t] for t in padded(batch.token_ids)], [[p] for p in padded(batch.positions)], padded(batch.seq_ids)
-    )
+    tables = gs.tables.rows(padded(batch.seq_ids))
+    inputs = TokenRows.of([[t] for t in padded(batch.token_ids)], [[p] for p in padded(batch.positions)], tables)
     if not gs.neuron_config.on_device_sampling:
         return DecodeInputs(inputs)
     return DecodeInputs(inputs, sampling_inputs(gs, batch, rows))
@@ -167,6 +166,8 @@ def checked_batch(
     if bitmask is not None:
         check_bitmask(gs, bitmask, n)
     check_logit_bias(gs, batch.sampling)
+    for seq_id, position in zip(batch.seq_ids, batch.positions, strict=True):
+        gs.tables.reserve(seq_id, position + 1)
     return batch
 
 

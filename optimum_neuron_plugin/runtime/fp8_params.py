@@ -76,11 +76,12 @@ def calibrated_kv_scales(args: ModelArgs, params: dict, tokenizer) -> dict[str, 
         generator = torch.Generator().manual_seed(0)
         ids = ids + torch.randint(0, args.vocab_size, (length - len(ids),), generator=generator).tolist()
     dtype = params["model.embed_tokens.weight"].dtype
+    # One block of `length` positions, the whole cache: block table [[0]].
     caches = empty_cache(args.num_hidden_layers, 1, length, args.num_key_value_heads, args.head_dim, dtype)
     input_ids = torch.tensor([ids[:length]], dtype=torch.int32)
     positions = torch.arange(length, dtype=torch.int32)[None]
     decoder_logits(
-        args, params, caches, rope_inv_freq(args), input_ids, positions, torch.zeros(1, dtype=torch.int32), length
+        args, params, caches, rope_inv_freq(args), input_ids, positions, torch.zeros(1, 1, dtype=torch.int32), length
     )
     scales = {}
     for name, cache in zip(kv_scale_names(args), caches, strict=True):

@@ -47,6 +47,7 @@ def fused(
     nc = gs.neuron_config
     if fused_at:
         prefill(gs, seq_id, tokens[:fused_at], start)
+        gs.tables.reserve(seq_id, start + len(tokens))  # that prefill reserved its own positions only
     size = chunk_tokens(nc, len(tokens) - fused_at)  # the tail graph when the rest of the prompt fits in it
     chunk, positions = chunk_inputs(gs, seq_id, tokens, start, fused_at, size)
     tail = size != nc.prefill_length

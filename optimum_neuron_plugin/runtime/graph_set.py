@@ -13,6 +13,7 @@ from ..config import NeuronConfig
 from ..errors import InputError
 from ..graph_inputs import GraphInputs, flat
 from ..graphs import CHUNK_AND_DECODE, COPY_PREFIX, GraphSpec
+from .block_tables import BlockTables
 from .graph_select import GraphSelector
 
 RunGraph = Callable[..., torch.Tensor]  # graphs(spec, *inputs): runs the compiled graph of spec
@@ -47,9 +48,11 @@ class GraphSet:
     vocab_size: int = 0  # the model's: logit_bias ids are checked against it
     selector: GraphSelector = field(init=False, repr=False)  # selector.select(kind, rows, starts, lasts)
     calls: Counter[str] = field(default_factory=Counter, repr=False)  # graph name -> its calls (raised ones too)
+    tables: BlockTables = field(init=False, repr=False)  # each slot's KV cache blocks
 
     def __post_init__(self) -> None:
         self.selector = GraphSelector(self.neuron_config, self.specs)
+        self.tables = BlockTables(self.neuron_config)
 
     def run(self, spec: GraphSpec, inputs: GraphInputs) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """One call of the compiled graph of spec on its inputs (graph_inputs.py)."""

@@ -71,7 +71,7 @@ class NeuronModelForCausalLM:
             return
         self.params = sharding.shard_params(params, args, self.shard_layout, self.rank)
         self.caches = empty_cache(
-            args.num_hidden_layers, nc.batch_size, nc.sequence_length, self.shard_layout.kv_heads, args.head_dim,
+            args.num_hidden_layers, nc.num_blocks, nc.block_size, self.shard_layout.kv_heads, args.head_dim,
             artifact.cache_dtype(nc),
         )  # fmt: skip
         cc = Collectives(nc.tp_degree, self.group.group_name if self.group is not None else None)
@@ -206,9 +206,9 @@ class NeuronModelForCausalLM:
         return chunk_loop.prefill_batch(self.graph_set, prompts)
 
     def copy_prefix(self, source: int, destination: int, length: int) -> None:
-        """Copies cache positions [0, length) of slot `source` onto slot `destination`, every layer's K and V, with the
-        copy_prefix graph of the smallest context bucket >= length (the positions up to that bucket are copied too:
-        what the destination held past `length` is no longer valid)."""
+        """Copies cache positions [0, length) of slot `source` onto slot `destination` (into blocks of its own), every
+        layer's K and V, with the copy_prefix graph of the smallest context bucket >= length (the blocks up to that
+        bucket are copied too: what the destination held past `length` is no longer valid)."""
         gs = self.graph_set
         if not gs.copies_prefixes:
             raise InputError("this artifact has no copy_prefix graphs: export it again with prefill chunks")
@@ -217,7 +217,9 @@ class NeuronModelForCausalLM:
         if not 0 < length <= self.neuron_config.sequence_length:
             raise InputError(f"length {length} is out of range: 1..{self.neuron_config.sequence_length}")
         spec = gs.selector.select(COPY_PREFIX, 1, (), [length - 1])
-        gs.run(spec, CopyInputs.of(source, destination))
+        gs.tables.reserve(destination, length, restart=source != destination)
+        source_blocks, destination_blocks = gs.tables.rows([source, destination])
+        gs.run(spec, CopyInputs(source_blocks, destination_blocks))
 
     def decode(
         self,

@@ -44,7 +44,7 @@ def verify(gs: GraphSet, batch: VerifyBatch) -> torch.Tensor:
     positions = [_padded(list(range(s, s + len(t))), width) for s, t in zip(batch.starts, batch.token_ids, strict=True)]
     spec = gs.selector.select(VERIFY, n, batch.starts, batch.last_positions)
     pad = lambda values: values + values[:1] * (spec.rows - n)  # noqa: E731
-    logits = gs.run(spec, RowsInputs(TokenRows.of(pad(ids), pad(positions), pad(batch.seq_ids))))
+    logits = gs.run(spec, RowsInputs(TokenRows.of(pad(ids), pad(positions), gs.tables.rows(pad(batch.seq_ids)))))
     return logits[:n].clone()
 
 
@@ -75,4 +75,6 @@ def checked_batch(
         )
     if any(s < 0 for s in batch.starts) or max(batch.last_positions) >= nc.sequence_length:
         raise InputError(f"verify positions {batch.last_positions} exceed sequence_length {nc.sequence_length}")
+    for seq_id, last in zip(batch.seq_ids, batch.last_positions, strict=True):
+        gs.tables.reserve(seq_id, last + 1)
     return batch

@@ -117,16 +117,20 @@ def prompt(length: int, seed: int) -> list[int]:
     return torch.randint(0, VOCAB, (length,), generator=generator).tolist()
 
 
-def position_axis(cache: torch.Tensor, sequence_length: int) -> int:
-    """The dimension of a cache row ([kv_heads, S, head_dim] or [S, kv_heads, head_dim]) that indexes positions."""
-    axes = [d for d, size in enumerate(cache.shape[1:]) if size == sequence_length]
-    assert len(axes) == 1, f"cannot tell the position axis of a cache of shape {tuple(cache.shape)}"
-    return axes[0]
+def slot_positions(model, cache: torch.Tensor, seq_id: int) -> torch.Tensor:
+    """Positions [0, sequence_length) of slot seq_id in a layer cache of `model` (or a copy of one), read through the
+    slot's block table: [S, kv_heads, head_dim], a copy (entries past the slot's blocks read the null block)."""
+    blocks = model.graph_set.tables.table[seq_id].long()
+    return cache[blocks].flatten(0, 1)[: model.neuron_config.sequence_length]
 
 
-def slot_positions(cache: torch.Tensor, seq_id: int, sequence_length: int) -> torch.Tensor:
-    """Row seq_id of a layer cache as [S, ...] (indexed by position), whatever the cache layout."""
-    return cache[seq_id].movedim(position_axis(cache, sequence_length), 0)
+def fill_positions(model, cache: torch.Tensor, seq_id: int, start: int, value: float) -> None:
+    """Writes `value` at positions [start, S) of slot seq_id in a layer cache, in its blocks (the null block for
+    positions past them)."""
+    block_size = cache.shape[1]
+    for position in range(start, model.neuron_config.sequence_length):
+        block = int(model.graph_set.tables.table[seq_id, position // block_size])
+        cache[block, position % block_size] = value
 
 
 class CallLog:
