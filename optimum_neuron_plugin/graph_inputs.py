@@ -141,7 +141,7 @@ class CopyInputs:
     @classmethod
     def example(cls, spec: GraphSpec) -> CopyInputs:
         blocks = torch.arange(1, spec.blocks + 1, dtype=INDEX_DTYPE)
-        return cls(blocks, blocks)  # blocks onto themselves
+        return cls(blocks, blocks.clone())  # blocks onto themselves (two inputs: tracing must not see one aliased)
 
     @classmethod
     def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> CopyInputs:
