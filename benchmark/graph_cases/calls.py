@@ -145,6 +145,7 @@ def main() -> None:
     parser.add_argument("--context-buckets", default=None, help="e.g. 512,2048 (default: the exporter's)")
     parser.add_argument("--context", type=int, default=300)
     parser.add_argument("--long-context", type=int, default=0, help="also time decode at this context (decode_long)")
+    parser.add_argument("--block-size", type=int, default=None, help="KV cache block size (default: the exporter's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7)
     add_out(parser, "graph-calls-vs-hf-eager")
@@ -153,10 +154,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     hf = hf_model(model)
     results = {"threads": args.threads, "context": args.context, "chunk": args.chunk, "buckets": args.context_buckets}
+    results["block_size"] = args.block_size
     results["compilers"] = {}
     for compiler in args.compilers.split(","):
         buckets = f"-l{args.context_buckets.replace(',', '_')}" if args.context_buckets else ""
-        out = ARTIFACTS / f"{slug(model)}-b{args.batch_size}-s{args.sequence_length}-c{args.chunk}{buckets}-{compiler}"
+        blocks = f"-k{args.block_size}" if args.block_size else ""
+        shape = f"b{args.batch_size}-s{args.sequence_length}-c{args.chunk}{buckets}{blocks}"
+        out = ARTIFACTS / f"{slug(model)}-{shape}-{compiler}"
         seconds = export(model, out, args, compiler)
         size = sum(p.stat().st_size for p in (out / "graphs").rglob("*") if p.is_file())
         figures = measure(out, hf, args)

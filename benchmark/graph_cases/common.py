@@ -35,7 +35,8 @@ def export(model: Path, out: Path, args: argparse.Namespace, compiler: str) -> f
         [sys.executable, "-m", "exporter", "--model", str(model), "--batch-size", str(args.batch_size),
          "--sequence-length", str(args.sequence_length), "--prefill-chunk-size", str(args.chunk),
          "--backend", "cpu", "--cpu-compiler", compiler, "--overwrite", str(out),
-         *(["--context-buckets", args.context_buckets] if args.context_buckets else [])],
+         *(["--context-buckets", args.context_buckets] if args.context_buckets else []),
+         *(["--block-size", str(args.block_size)] if getattr(args, "block_size", None) else [])],
         check=True,
     )  # fmt: skip
     return time.perf_counter() - began
