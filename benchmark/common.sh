@@ -37,6 +37,8 @@ PREFILL_TAIL_SIZE=${PREFILL_TAIL_SIZE:-0}
 PREFILL_TARGET_ITL_MS=${PREFILL_TARGET_ITL_MS:-}
 # Row counts token_generation is compiled for (--decode-batch-sizes of every plugin export), e.g. "4" for the batch
 # graph only. Default: the exporter's, 1 and the batch size.
+BLOCK_SIZE=${BLOCK_SIZE:-}
+NUM_BLOCKS=${NUM_BLOCKS:-}
 DECODE_BATCH_SIZES=${DECODE_BATCH_SIZES:-$([ "$BATCH_SIZE" = 1 ] && echo 1 || echo "1,$BATCH_SIZE")}
 # Cache lengths the decode-side graphs are compiled for (--context-buckets, e.g. "512,1024,1280,2048" to fit a
 # traffic whose contexts sit just above a doubling); "" = the exporter's default (doubling lengths).
@@ -84,7 +86,7 @@ ARTIFACTS=${ARTIFACTS:-$RESULTS_ROOT/artifacts}
 # Where serve.sh (serving and --drive) puts PID files, logs and raw results; matrix.sh sets a timestamped one.
 RUN_DIR=${RUN_DIR:-$RESULTS_ROOT/manual}
 
-export PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE PREFILL_TAIL_SIZE PREFILL_TARGET_ITL_MS DECODE_BATCH_SIZES CONTEXT_BUCKETS DECODE_BUCKETS TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
+export BLOCK_SIZE NUM_BLOCKS PREFIX_CACHING MODEL BATCH_SIZE SEQUENCE_LENGTH CHUNK_SIZE PREFILL_BATCH_SIZE PREFILL_TAIL_SIZE PREFILL_TARGET_ITL_MS DECODE_BATCH_SIZES CONTEXT_BUCKETS DECODE_BUCKETS TP BACKEND CPU_COMPILER CONCURRENCY INPUT_LEN OUTPUT_LEN NUM_PROMPTS \
   NUM_WARMUPS SEED TEMPERATURE THREADS CONFIGS PEERS HOST PORT SERVER_TIMEOUT RESULTS_ROOT ARTIFACTS RUN_DIR
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TOKENIZERS_PARALLELISM=false
 
@@ -139,6 +141,8 @@ config_artifact() {
   batched=$batched-d${DECODE_BATCH_SIZES//,/_}
   if [ -n "$CONTEXT_BUCKETS" ]; then batched=$batched-l${CONTEXT_BUCKETS//,/_}; fi
   if [ -n "$DECODE_BUCKETS" ]; then batched=$batched-g${DECODE_BUCKETS//,/_}; fi
+  if [ -n "$BLOCK_SIZE" ]; then batched=$batched-k$BLOCK_SIZE; fi
+  if [ -n "$NUM_BLOCKS" ]; then batched=$batched-n$NUM_BLOCKS; fi
   echo "$ARTIFACTS/$variant-$(model_tag)-b$BATCH_SIZE-s$SEQUENCE_LENGTH-c$chunk$batched-tp$TP-$BACKEND-$CPU_COMPILER"
 }
 

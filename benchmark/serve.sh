@@ -69,6 +69,8 @@ export_artifact() {
   args+=(--decode-batch-sizes "$DECODE_BATCH_SIZES")
   [ -z "$CONTEXT_BUCKETS" ] || args+=(--context-buckets "$CONTEXT_BUCKETS")
   [ -z "$DECODE_BUCKETS" ] || args+=(--decode-buckets "$DECODE_BUCKETS")
+  [ -z "$BLOCK_SIZE" ] || args+=(--block-size "$BLOCK_SIZE")
+  [ -z "$NUM_BLOCKS" ] || args+=(--num-blocks "$NUM_BLOCKS")
   log "$name: exporting into $out (optimum-cli export neuron ${args[*]})"
   mkdir -p "$(dirname "$out")"
   "$VENV_BIN/optimum-cli" export neuron "${args[@]}" "$out" >"$RUN_DIR/$name.export.log" 2>&1 ||

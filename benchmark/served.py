@@ -138,6 +138,14 @@ def multi_turn(args: argparse.Namespace) -> None:
     subprocess.run(cmd, check=True)
 
 
+def mixed_chat(args: argparse.Namespace) -> None:
+    """CLIENTS closed-loop clients over log-normal prompt and output lengths (workloads/mixed_chat.py): OUT/NAME.json."""
+    cmd = [sys.executable, str(WORKLOADS / "mixed_chat.py"), "--base-url", args.url, "--seed", str(args.seed)]
+    cmd += ["--clients", args.concurrency.split()[0], "--requests", str(args.num_prompts)]
+    cmd += ["--result", str(args.out / f"{args.name}.json"), *args.extra]
+    subprocess.run(cmd, check=True)
+
+
 def interleave(args: argparse.Namespace) -> None:
     """Long prompts arriving while short requests decode (workloads/interleave.py): OUT/interleave-NAME.json."""
     cmd = [sys.executable, str(WORKLOADS / "interleave.py"), "--name", args.name, "--url", args.url]
@@ -179,6 +187,8 @@ CASES = (
          "prefix_cache.sh", multi_turn,
          dict(conversations=8, turns=4, first_len=500, question_len=50, output_len=64, concurrency="4"),
          "20261127-prefix-cache-multi-turn-2-rounds-vs-vllm-cpu"),
+    Case("mixed-chat", "closed-loop clients over log-normal chat lengths (64-3,000 in, 32-512 out): output tok/s, TTFT",
+         "serve.sh --drive (DRIVE_CASE=mixed-chat)", mixed_chat, dict(num_prompts=64, concurrency="32"), "latest"),
 )  # fmt: skip
 BY_NAME = {case.name: case for case in CASES}
 
