@@ -155,13 +155,13 @@ class MemoryPlan:
         lines = [
             f"KV pool: blocks of {pool.block_size:,} tokens ({pool.block_bytes / 1024**2:,.2f} MiB per rank), block 0 the "
             f"null block; a request of {pool.average_length:,} tokens (--average-length) takes {pool.blocks_per_request:,}",
-            f"  compiled     {pool.holding(pool.num_blocks)} (--num-blocks {pool.num_blocks:,}; {self.rows:,} rows per "
+            f"  compiled     {pool.holding(pool.num_blocks)} (--num-blocks {pool.num_blocks}; {self.rows:,} rows per "
             "graph call)",
         ]
         if self.blocks_that_fit is not None:
             lines.append(
                 f"  core holds   {pool.holding(self.blocks_that_fit)} after the weights (--num-blocks "
-                f"{self.blocks_that_fit:,})"
+                f"{self.blocks_that_fit})"
             )
         return lines
 
@@ -295,7 +295,7 @@ def check_fits(plan: MemoryPlan, args: ModelArgs, nc: NeuronConfig) -> None:
     )
     fixes = []
     if plan.blocks_that_fit >= nc.sequence_length // pool.block_size + 1:  # a full-length request and the null block
-        fixes.append(f"--num-blocks {plan.blocks_that_fit:,}")
+        fixes.append(f"--num-blocks {plan.blocks_that_fit}")
     degree = smallest_fitting_tp(args, nc, chip, plan.lnc)
     if degree is not None:
         fixes.append(f"--tensor-parallel-size {degree} (the smallest that fits)")

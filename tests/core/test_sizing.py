@@ -79,7 +79,7 @@ def test_the_pool_a_core_holds_after_the_weights_in_blocks_tokens_and_requests()
     )
     assert lines[-1] == (
         f"  core holds   {held:,} blocks = {(held - 1) * 256:,} tokens = {(held - 1) // 4:,} requests of 1,000 tokens "
-        f"after the weights (--num-blocks {held:,})"
+        f"after the weights (--num-blocks {held})"
     )
     fitted = plan_memory(args, _config(num_blocks=held), CHIPS["trn2"], 2)
     assert fitted.fits and not plan_memory(args, _config(num_blocks=held + 1), CHIPS["trn2"], 2).fits
@@ -123,7 +123,7 @@ def test_llama_8b_b8_s8192_does_not_fit_one_trn2_core_and_names_the_pool_and_tp_
     message = refused.value.args[0]
     assert "KV cache 8.03 GiB = 257 blocks of 256 tokens" in message
     assert f"after the weights the core holds {held:,} blocks = {(held - 1) * 256:,} tokens = " in message
-    assert message.endswith(f"use --num-blocks {held:,}, or --tensor-parallel-size 2 (the smallest that fits)")
+    assert message.endswith(f"use --num-blocks {held}, or --tensor-parallel-size 2 (the smallest that fits)")
     assert plan_memory(args, _config(target="trn3"), CHIPS["trn3"], 2).fits  # 36 GiB per trn3 logical core
 
 
