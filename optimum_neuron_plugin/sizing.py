@@ -92,7 +92,8 @@ class KVPool:
         """`blocks` blocks (the null block included) in tokens and requests of the average length."""
         usable = max(blocks - 1, 0)
         requests = usable // self.blocks_per_request
-        return f"{blocks:,} blocks = {usable * self.block_size:,} tokens = {requests:,} requests of {self.average_length:,} tokens"
+        tokens = usable * self.block_size
+        return f"{blocks:,} blocks = {tokens:,} tokens = {requests:,} requests of {self.average_length:,} tokens"
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ class MemoryPlan:
         lines = [
             f"memory per rank (tensor parallel {self.tp_degree}):",
             f"  weights      {_gib(self.weights)}",
-            f"  KV cache     {_gib(self.kv_cache)} ({self.pool.num_blocks:,} blocks of {self.pool.block_size:,} tokens)",
+            f"  KV cache     {_gib(self.kv_cache)} ({self.pool.num_blocks:,} blocks of {self.pool.block_size:,} "
+            "tokens)",
             f"  activations  {_gib(self.activations)} (estimate, largest graph {self.largest_graph})",
             f"  reserve      {_gib(RUNTIME_RESERVE)} (Neuron runtime, NEFF I/O)",
             f"  total        {_gib(self.total)}",
@@ -153,8 +155,9 @@ class MemoryPlan:
     def pool_lines(self) -> list[str]:
         pool = self.pool
         lines = [
-            f"KV pool: blocks of {pool.block_size:,} tokens ({pool.block_bytes / 1024**2:,.2f} MiB per rank), block 0 the "
-            f"null block; a request of {pool.average_length:,} tokens (--average-length) takes {pool.blocks_per_request:,}",
+            f"KV pool: blocks of {pool.block_size:,} tokens ({pool.block_bytes / 1024**2:,.2f} MiB per rank), block 0 "
+            f"the null block; a request of {pool.average_length:,} tokens (--average-length) takes "
+            f"{pool.blocks_per_request:,}",
             f"  compiled     {pool.holding(pool.num_blocks)} (--num-blocks {pool.num_blocks}; {self.rows:,} rows per "
             "graph call)",
         ]
