@@ -297,7 +297,7 @@ def check_fits(plan: MemoryPlan, args: ModelArgs, nc: NeuronConfig) -> None:
         f"{_gib(plan.total)} per rank, one {chip.name} logical NeuronCore at LNC={plan.lnc} holds {_gib(plan.capacity)}"
     )
     fixes = []
-    if plan.blocks_that_fit >= nc.sequence_length // pool.block_size + 1:  # a full-length request and the null block
+    if plan.blocks_that_fit >= nc.blocks_per_sequence + 1:  # a full-length request and the null block
         fixes.append(f"--num-blocks {plan.blocks_that_fit}")
     degree = smallest_fitting_tp(args, nc, chip, plan.lnc)
     if degree is not None:
