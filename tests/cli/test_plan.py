@@ -100,3 +100,14 @@ def test_a_dry_run_counts_requests_at_the_average_length_it_is_given(config_only
             done.error_lines[0]
             == f"error: --average-length {length} is not allowed: must be in [1, sequence_length=8192]"
         )
+
+
+def test_the_pool_the_refusal_offers_fits_and_one_block_more_does_not(config_only, tmp_path):
+    shape = (*SHAPE, "--instance-type", "trn2")
+    refused = export_in_process("--model", config_only, *shape, tmp_path / "out")
+    held = int(re.search(r"use --num-blocks (\d+), or", refused.error_lines[0]).group(1))
+    fits = export_in_process("--model", config_only, *shape, "--num-blocks", held, "--dry-run", tmp_path / "out")
+    assert fits.returncode == 0, fits.stderr
+    assert f"  compiled     {held:,} blocks = " in fits.stdout and fits.stdout.count(f"(--num-blocks {held}") == 2
+    over = export_in_process("--model", config_only, *shape, "--num-blocks", held + 1, "--dry-run", tmp_path / "out")
+    assert over.returncode == 1 and f"use --num-blocks {held}, or" in over.error_lines[0]
