@@ -303,6 +303,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(reads only the model's config.json: no weights, no Neuron SDK; OUTPUT is not written)",
     )
     optional.add_argument(
+        *_spellings("average-length"),
+        dest="average_length",
+        metavar="L",
+        type=int,
+        default=None,
+        help="tokens of an average request (prompt plus output), to count the requests the KV pool holds in the "
+        "memory plan (default: half the sequence length)",
+    )
+    optional.add_argument(
         *_spellings("compile-workers"),
         dest="compile_workers",
         metavar="N",
@@ -359,6 +368,7 @@ class ExportRequest:
     overwrite: bool
     dry_run: bool = False
     compile_workers: int | None = None  # None: exporter.workers.default_workers()
+    average_length: int | None = None  # the memory plan's average request; None: half of sequence_length
 
 
 def request_from_args(args: argparse.Namespace) -> ExportRequest:
@@ -398,9 +408,14 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
     workers = getattr(args, "compile_workers", None)
     if workers is not None and workers < 1:
         raise ValueError(f"--compile-workers {workers} is not allowed: must be an integer >= 1")
+    average = getattr(args, "average_length", None)
+    if average is not None and not 1 <= average <= config.sequence_length:
+        raise ValueError(
+            f"--average-length {average} is not allowed: must be in [1, sequence_length={config.sequence_length}]"
+        )
     return ExportRequest(
         model=args.model, neuron_config=config, output=args.output, overwrite=args.overwrite,
-        dry_run=getattr(args, "dry_run", False), compile_workers=workers,
+        dry_run=getattr(args, "dry_run", False), compile_workers=workers, average_length=average,
     )  # fmt: skip
 
 

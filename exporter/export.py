@@ -270,7 +270,7 @@ def export(request: ExportRequest, progress: Callable[[str], None] = _progress) 
     from optimum_neuron_plugin.sources import gguf_read_once
 
     with gguf_read_once():  # the plan and the export parse a GGUF's metadata once between them
-        plan_export(source, config, progress)  # refuses an export that cannot fit before any weight is read
+        plan_export(source, config, progress, request.average_length)  # refuses a misfit before reading weights
         options = compile_options(request, target)
         start = time.monotonic()
         try:
@@ -351,7 +351,7 @@ def dry_run(request: ExportRequest) -> None:
     """Prints the graphs the export would compile and the memory plan per rank; reads only config.json."""
     source = resolve_model_source(request.model, _progress, patterns=["config.json"])
     print(describe_config(request.neuron_config), flush=True)
-    plan_export(source, request.neuron_config, lambda line: print(line, flush=True))
+    plan_export(source, request.neuron_config, lambda line: print(line, flush=True), request.average_length)
 
 
 def _quiet_libraries() -> None:

@@ -46,26 +46,30 @@ def chip_for(neuron_config):
     return CHIPS[neuron_config.target or UNKNOWN_TARGET_CHIP]
 
 
-def make_plan(args, neuron_config, lnc: int | None = None) -> ExportPlan:
+def make_plan(args, neuron_config, lnc: int | None = None, average_length: int | None = None) -> ExportPlan:
     from optimum_neuron_plugin.graphs import graph_specs
     from optimum_neuron_plugin.sizing import lnc_from_env, plan_memory
 
     chip = chip_for(neuron_config)
     lnc = lnc or (lnc_from_env(chip) if chip else None)
     specs = graph_specs(neuron_config, args.vocab_size)
-    return ExportPlan([graph_line(spec) for spec in specs], plan_memory(args, neuron_config, chip, lnc))
+    memory = plan_memory(args, neuron_config, chip, lnc, average_length)
+    return ExportPlan([graph_line(spec) for spec in specs], memory)
 
 
-def plan_export(model: Path, neuron_config, progress: Callable[[str], None]) -> ExportPlan:
-    """Reads the model's config (no weights), checks the options against it, prints the plan and refuses a neuron
-    export that does not fit (SizingError naming the smallest tensor-parallel degree that does)."""
+def plan_export(
+    model: Path, neuron_config, progress: Callable[[str], None], average_length: int | None = None
+) -> ExportPlan:
+    """Reads the model's config (no weights), checks the options against it, prints the plan (the KV pool counted in
+    requests of `average_length` tokens) and refuses a neuron export that does not fit (SizingError naming the pool
+    the core holds and the smallest tensor-parallel degree that fits)."""
     from optimum_neuron_plugin.runtime.artifact_io import check_model
     from optimum_neuron_plugin.sizing import check_fits
     from optimum_neuron_plugin.sources import read_config
 
     _, args = read_config(model)
     check_model(neuron_config, args)
-    plan = make_plan(args, neuron_config)
+    plan = make_plan(args, neuron_config, average_length=average_length)
     for line in plan.lines():
         progress(line)
     if neuron_config.backend == "neuron" and neuron_config.target is None:

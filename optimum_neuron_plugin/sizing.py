@@ -3,13 +3,18 @@
 Per rank (tensor parallelism splits heads, the MLP and the vocabulary; models/sharding.py):
 - weights: every weight of the rank's shard in the export's dtype (the same count as models/sharding.py slices),
   one byte for the FP8 projections of a --quantize fp8 or FP8-checkpoint export;
-- KV cache: layers x batch_size x sequence_length x 2 (K and V) x the rank's KV heads x head_dim, in that dtype
-  (one byte with --kv-cache-dtype fp8);
+- KV cache: the compiled pool of num_blocks blocks (the null block included), each block_size tokens x layers x 2
+  (K and V) x the rank's KV heads x head_dim, in that dtype (one byte with --kv-cache-dtype fp8);
 - activations: an estimate of the largest graph's live tensors (activation_bytes), the largest over the export's
   graphs;
 - a runtime reserve (RUNTIME_RESERVE): the Neuron runtime's own buffers, the NEFF's instructions and I/O tensors.
 The estimate is conservative on purpose: refusing an export that would have fitted costs a flag, accepting one that
 does not costs hours of compilation before the load fails.
+
+The plan speaks of the KV cache in blocks: the pool compiled, and the pool the core can hold once the weights,
+activations and reserve are placed, in blocks, tokens and requests of an average length (a request of L tokens takes
+ceil(L / block_size) blocks). On Neuron the pool's size is a shape of every graph that reads the cache (a NEFF is
+compiled per input shape), so it is chosen at export.
 """
 
 from __future__ import annotations
@@ -67,18 +72,56 @@ class SizingError(ValueError):
 
 
 @dataclass(frozen=True)
+class KVPool:
+    """The compiled KV pool of one rank: num_blocks blocks of block_size tokens, block 0 the null block."""
+
+    num_blocks: int
+    block_size: int
+    block_bytes: int  # one block's K and V over every layer of the rank
+    average_length: int  # tokens of an average request, to count requests
+
+    @property
+    def bytes(self) -> int:
+        return self.num_blocks * self.block_bytes
+
+    @property
+    def blocks_per_request(self) -> int:
+        return -(-self.average_length // self.block_size)
+
+    def holding(self, blocks: int) -> str:
+        """`blocks` blocks (the null block included) in tokens and requests of the average length."""
+        usable = max(blocks - 1, 0)
+        requests = usable // self.blocks_per_request
+        tokens = usable * self.block_size
+        return f"{blocks:,} blocks = {tokens:,} tokens = {requests:,} requests of {self.average_length:,} tokens"
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     tp_degree: int
     weights: int
-    kv_cache: int
+    pool: KVPool
     activations: int
     largest_graph: str
     chip: Chip | None  # None: the cpu backend (no device limit)
     lnc: int
+    rows: int  # batch_size: the requests a graph call runs at once
+
+    @property
+    def kv_cache(self) -> int:
+        return self.pool.bytes
 
     @property
     def total(self) -> int:
         return self.weights + self.kv_cache + self.activations + RUNTIME_RESERVE
+
+    @property
+    def blocks_that_fit(self) -> int | None:
+        """The pool (null block included) the core holds besides the weights, activations and reserve."""
+        if self.capacity is None:
+            return None
+        free = self.capacity - self.weights - self.activations - RUNTIME_RESERVE
+        return max(free // self.pool.block_bytes, 0)
 
     @property
     def capacity(self) -> int | None:
@@ -92,7 +135,8 @@ class MemoryPlan:
         lines = [
             f"memory per rank (tensor parallel {self.tp_degree}):",
             f"  weights      {_gib(self.weights)}",
-            f"  KV cache     {_gib(self.kv_cache)}",
+            f"  KV cache     {_gib(self.kv_cache)} ({self.pool.num_blocks:,} blocks of {self.pool.block_size:,} "
+            "tokens)",
             f"  activations  {_gib(self.activations)} (estimate, largest graph {self.largest_graph})",
             f"  reserve      {_gib(RUNTIME_RESERVE)} (Neuron runtime, NEFF I/O)",
             f"  total        {_gib(self.total)}",
@@ -106,6 +150,22 @@ class MemoryPlan:
                 f"({self.chip.hbm_gib} GiB per chip / {self.chip.physical_cores // self.lnc} logical cores, a fair "
                 f"share): {verdict}"
             )
+        return lines + self.pool_lines()
+
+    def pool_lines(self) -> list[str]:
+        pool = self.pool
+        lines = [
+            f"KV pool: blocks of {pool.block_size:,} tokens ({pool.block_bytes / 1024**2:,.2f} MiB per rank), block 0 "
+            f"the null block; a request of {pool.average_length:,} tokens (--average-length) takes "
+            f"{pool.blocks_per_request:,}",
+            f"  compiled     {pool.holding(pool.num_blocks)} (--num-blocks {pool.num_blocks}; {self.rows:,} rows per "
+            "graph call)",
+        ]
+        if self.blocks_that_fit is not None:
+            lines.append(
+                f"  core holds   {pool.holding(self.blocks_that_fit)} after the weights (--num-blocks "
+                f"{self.blocks_that_fit})"
+            )
         return lines
 
 
@@ -114,20 +174,33 @@ def lnc_from_env(chip: Chip) -> int:
     return int(value) if value in ("1", "2") else chip.default_lnc
 
 
-def plan_memory(args: ModelArgs, nc: NeuronConfig, chip: Chip | None, lnc: int | None = None) -> MemoryPlan:
-    """What one rank of the export `nc` of the model `args` holds (raises ShardingError for a bad tp_degree)."""
+def plan_memory(
+    args: ModelArgs, nc: NeuronConfig, chip: Chip | None, lnc: int | None = None, average_length: int | None = None
+) -> MemoryPlan:
+    """What one rank of the export `nc` of the model `args` holds (raises ShardingError for a bad tp_degree);
+    requests are counted at `average_length` tokens (default: half of sequence_length)."""
     lnc = lnc or (chip.default_lnc if chip else 1)
     specs = graph_specs(nc, args.vocab_size)
     largest = max(specs, key=lambda spec: activation_bytes(args, nc, spec))
     return MemoryPlan(
         tp_degree=nc.tp_degree,
         weights=weight_bytes(args, nc),
-        kv_cache=kv_cache_bytes(args, nc),
+        pool=kv_pool(args, nc, average_length),
         activations=activation_bytes(args, nc, largest),
         largest_graph=largest.key,
         chip=chip,
         lnc=lnc,
+        rows=nc.batch_size,
     )
+
+
+def kv_pool(args: ModelArgs, nc: NeuronConfig, average_length: int | None = None) -> KVPool:
+    length = max(nc.sequence_length // 2, 1) if average_length is None else average_length
+    if not 1 <= length <= nc.sequence_length:
+        raise ValueError(
+            f"--average-length {length} is not allowed: must be in [1, sequence_length={nc.sequence_length}]"
+        )
+    return KVPool(nc.num_blocks, nc.block_size, nc.block_size * kv_bytes_per_token(args, nc), length)
 
 
 def weight_bytes(args: ModelArgs, nc: NeuronConfig) -> int:
@@ -164,11 +237,11 @@ def weight_count(args: ModelArgs, degree: int) -> int:
     return count
 
 
-def kv_cache_bytes(args: ModelArgs, nc: NeuronConfig) -> int:
+def kv_bytes_per_token(args: ModelArgs, nc: NeuronConfig) -> int:
+    """One token's K and V over every layer of a rank."""
     kv_heads = layout_for(args, nc.tp_degree).kv_heads
     width = 1 if nc.kv_cache_dtype == "fp8" else DTYPE_BYTES[nc.torch_dtype]
-    per_token = 2 * kv_heads * args.head_dim * width
-    return args.num_hidden_layers * nc.batch_size * nc.sequence_length * per_token
+    return args.num_hidden_layers * 2 * kv_heads * args.head_dim * width
 
 
 def activation_bytes(args: ModelArgs, nc: NeuronConfig, spec: GraphSpec) -> int:
@@ -179,7 +252,9 @@ def activation_bytes(args: ModelArgs, nc: NeuronConfig, spec: GraphSpec) -> int:
     - q, k, v: T x (heads + 2 kv heads) x head_dim; MLP: 2 x T x the rank's intermediate (gate, up), or per routed
       expert for a MoE layer;
     - attention scores in fp32: the rank's heads x T x (bucket + T) (the chunk attends the bucket and itself);
-    - logits in fp32: each output row x the rank's vocabulary, and the whole vocabulary once gathered."""
+    - logits in fp32: each output row x the rank's vocabulary, and the whole vocabulary once gathered;
+    - neuron backend: the K and V blocks of the bucket gathered through each row's block table (the prompt chunk of
+      chunk_and_decode a row of its own), in the cache's dtype."""
     if spec.name == COPY_PREFIX:
         return 0
     plan = layout_for(args, nc.tp_degree)
@@ -193,7 +268,9 @@ def activation_bytes(args: ModelArgs, nc: NeuronConfig, spec: GraphSpec) -> int:
     every_row = spec.name in (PROMPT_LOGITS, VERIFY)
     rows = (tokens if every_row else spec.rows) + (1 if spec.chunk else 0)
     logits = rows * (plan.local_vocab + (args.vocab_size if nc.tp_degree > 1 else 0)) * 4
-    return layer + scores + logits
+    reading = spec.rows + (1 if spec.chunk else 0)
+    gathered = reading * spec.bucket * kv_bytes_per_token(args, nc) // args.num_hidden_layers
+    return layer + scores + logits + (gathered if nc.backend == "neuron" else 0)
 
 
 def smallest_fitting_tp(args: ModelArgs, nc: NeuronConfig, chip: Chip, lnc: int) -> int | None:
@@ -211,21 +288,25 @@ def smallest_fitting_tp(args: ModelArgs, nc: NeuronConfig, chip: Chip, lnc: int)
 
 
 def check_fits(plan: MemoryPlan, args: ModelArgs, nc: NeuronConfig) -> None:
-    """Refuses an export whose rank cannot fit one logical NeuronCore, naming the smallest degree that fits."""
+    """Refuses an export whose rank cannot fit one logical NeuronCore, naming the pool the core holds after the
+    weights (when it holds a request of sequence_length tokens) and the smallest tensor-parallel degree that fits."""
     if plan.fits:
         return
-    chip = plan.chip
+    chip, pool = plan.chip, plan.pool
     need = (
         f"{_gib(plan.total)} per rank, one {chip.name} logical NeuronCore at LNC={plan.lnc} holds {_gib(plan.capacity)}"
     )
+    fixes = []
+    if plan.blocks_that_fit >= nc.blocks_per_sequence + 1:  # a full-length request and the null block
+        fixes.append(f"--num-blocks {plan.blocks_that_fit}")
     degree = smallest_fitting_tp(args, nc, chip, plan.lnc)
     if degree is not None:
-        fix = f"use --tensor-parallel-size {degree} (the smallest that fits)"
-    else:
-        fix = "no tensor-parallel degree fits: lower --batch-size or --sequence-length"
+        fixes.append(f"--tensor-parallel-size {degree} (the smallest that fits)")
+    fix = "use " + ", or ".join(fixes) if fixes else "lower --num-blocks or --sequence-length"
     raise SizingError(
-        f"this export does not fit: {need} (weights {_gib(plan.weights)}, KV cache {_gib(plan.kv_cache)}, "
-        f"activations {_gib(plan.activations)}); {fix}"
+        f"this export does not fit: {need} (weights {_gib(plan.weights)}, KV cache {_gib(plan.kv_cache)} = "
+        f"{pool.num_blocks:,} blocks of {pool.block_size:,} tokens, activations {_gib(plan.activations)}); after the "
+        f"weights the core holds {pool.holding(plan.blocks_that_fit)}: {fix}"
     )
 
 

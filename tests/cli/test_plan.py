@@ -4,6 +4,7 @@ first plan; the other checks run the same command in this process (tests/support
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -35,6 +36,10 @@ def test_dry_run_prints_the_graphs_and_the_plan_and_compiles_nothing(config_only
     assert sum(line.split()[1] == "token_generation" for line in graphs) == 3
     assert "memory per rank (tensor parallel 2):" in lines[count + 1]
     assert any("one trn2 logical NeuronCore at LNC=2: 24.00 GiB" in line and line.endswith(": fits") for line in lines)
+    pool = lines.index(next(line for line in lines if line.startswith("KV pool: blocks of ")))
+    assert re.search(r"a request of 4,096 tokens \(--average-length\) takes \d+$", lines[pool])
+    assert lines[pool + 1].startswith("  compiled ") and "8 rows per graph call" in lines[pool + 1]
+    assert lines[pool + 2].startswith("  core holds ") and "after the weights (--num-blocks " in lines[pool + 2]
     assert not out.exists()
 
 
@@ -50,8 +55,13 @@ def test_an_export_that_cannot_fit_is_refused_before_reading_weights(config_only
     done = export_in_process("--model", config_only, *SHAPE, "--instance-type", "trn2", out)
     assert done.returncode == 1
     assert len(done.error_lines) == 1 and "Traceback" not in done.stderr
-    assert "does not fit: 25.20 GiB per rank" in done.error_lines[0]
-    assert "use --tensor-parallel-size 2 (the smallest that fits)" in done.error_lines[0]
+    error = done.error_lines[0]
+    assert re.search(r"does not fit: [\d.]+ GiB per rank, one trn2 logical NeuronCore at LNC=2 holds 24.00 GiB", error)
+    assert re.search(r"KV cache [\d.]+ GiB = [\d,]+ blocks of [\d,]+ tokens", error)
+    assert re.search(
+        r"after the weights the core holds [\d,]+ blocks = [\d,]+ tokens = [\d,]+ requests of 4,096 tokens: ", error
+    )
+    assert re.search(r"use --num-blocks \d+, or --tensor-parallel-size 2 \(the smallest that fits\)$", error)
     assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["llama-3.1-8b"]
 
 
@@ -73,3 +83,31 @@ def test_a_dry_run_without_instance_type_on_a_host_that_is_not_neuron_says_it_si
         "  sized for trn2: no --instance-type, and this host is not a Neuron instance; pass --instance-type trn3 "
         "to size for a trn3" in lines
     )
+
+
+def test_a_dry_run_counts_requests_at_the_average_length_it_is_given(config_only, tmp_path):
+    shape = (*SHAPE, "--instance-type", "trn3", "--dry-run")
+    done = export_in_process("--model", config_only, *shape, "--average-length", 1000, tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    pool = next(line for line in lines if line.startswith("KV pool: "))
+    assert re.search(r"a request of 1,000 tokens \(--average-length\) takes \d+$", pool)
+    assert sum(" requests of 1,000 tokens" in line for line in lines) == 2  # the compiled pool, what the core holds
+    for length in (0, 8193):
+        done = export_in_process("--model", config_only, *shape, "--average-length", length, tmp_path / "out")
+        assert done.returncode == 1 and len(done.error_lines) == 1
+        assert (
+            done.error_lines[0]
+            == f"error: --average-length {length} is not allowed: must be in [1, sequence_length=8192]"
+        )
+
+
+def test_the_pool_the_refusal_offers_fits_and_one_block_more_does_not(config_only, tmp_path):
+    shape = (*SHAPE, "--instance-type", "trn2")
+    refused = export_in_process("--model", config_only, *shape, tmp_path / "out")
+    held = int(re.search(r"use --num-blocks (\d+), or", refused.error_lines[0]).group(1))
+    fits = export_in_process("--model", config_only, *shape, "--num-blocks", held, "--dry-run", tmp_path / "out")
+    assert fits.returncode == 0, fits.stderr
+    assert f"  compiled     {held:,} blocks = " in fits.stdout and fits.stdout.count(f"(--num-blocks {held}") == 2
+    over = export_in_process("--model", config_only, *shape, "--num-blocks", held + 1, "--dry-run", tmp_path / "out")
+    assert over.returncode == 1 and f"use --num-blocks {held}, or" in over.error_lines[0]
