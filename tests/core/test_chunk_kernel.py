@@ -17,8 +17,8 @@ import torch
 from optimum_neuron_plugin.backends import cpu_serde
 from optimum_neuron_plugin.backends.cpu_attention import chunk_attention_cpu
 from optimum_neuron_plugin.graphs import PREFILL_CHUNKS
-from optimum_neuron_plugin.models import fp8, masks
-from optimum_neuron_plugin.models.attention import attend_rows
+from optimum_neuron_plugin.models import fp8, kv_cache, masks
+from optimum_neuron_plugin.models.attention import attend_chunk, attend_rows, masked_chunk_attention
 
 from .kernel_blocks import block_tables, read, unread, write
 
@@ -59,9 +59,9 @@ def _case(
         return torch.randn(*shape, generator=generator).to(dtype)
 
     q, k, v = rand(n, t, heads, dim), rand(n, t, kv_heads, dim), rand(n, t, kv_heads, dim)
-    if repeat_padding:  # as the chunk loop pads: the last real token again, so its query again
+    if repeat_padding:  # as the chunk loop pads: the last real token again, so its query, key and value again
         for i, r in enumerate(real):
-            q[i, r:] = q[i, r - 1]
+            q[i, r:], k[i, r:], v[i, r:] = q[i, r - 1], k[i, r - 1], v[i, r - 1]
     own = [list(range(s, s + r)) for s, r in zip(starts, real, strict=True)]  # the real tokens' positions
     ends = [s + r for s, r in zip(starts, real, strict=True)]
     if one_request:
@@ -213,11 +213,36 @@ def test_a_table_that_does_not_cover_the_prior_or_names_no_block_of_the_pool_is_
         chunk_attention_cpu(q, k, v, k_cache, v_cache, tables, *rest)
 
 
-def test_the_kernel_refuses_an_fp8_cache():
-    q, k, v, k_cache, v_cache, *rest = _case(**CASES["sinks"])
+def test_the_reference_is_the_ops_masked_definition():
+    for case in ("a prefix shared between rows", "several tiles, window and sinks"):
+        inputs = _case(**CASES[case], block_size=16)
+        assert torch.equal(_definition(*inputs), masked_chunk_attention(*inputs))
+
+
+def test_attend_chunk_writes_the_cache_then_attends_through_the_op():
+    q, k, v, k_cache, v_cache, tables, positions, bias, window, scale, sinks = _case(
+        **CASES["sinks"], repeat_padding=True
+    )
+    rows = kv_cache.CallRows.of(k_cache, tables, positions)
+    caches = (k_cache.clone(), v_cache.clone())
+    out = attend_chunk(q, k, v, *caches, rows, bias, positions, window, scale, sinks, op=True)
+    assert torch.equal(caches[0], k_cache) and torch.equal(caches[1], v_cache)  # the case wrote the same K/V
+    torch.testing.assert_close(
+        out, masked_chunk_attention(q, k, v, k_cache, v_cache, tables, positions, bias, 0, scale, sinks)
+    )
+
+
+def test_an_fp8_cache_takes_the_masked_form_and_the_kernel_refuses_it():
+    q, k, v, k_cache, v_cache, tables, positions, bias, window, scale, sinks = _case(**CASES["sinks"])
+    kv_scales = (torch.tensor(0.05), torch.tensor(0.04))
+    rows = kv_cache.CallRows.of(k_cache, tables, positions)
     caches = [torch.zeros(k_cache.shape, dtype=fp8.FP8_DTYPE) for _ in range(2)]
+    out = attend_chunk(q, k, v, *caches, rows, bias, positions, window, scale, sinks, kv_scales, op=True)
+    fresh = [torch.zeros(k_cache.shape, dtype=fp8.FP8_DTYPE) for _ in range(2)]
+    expected = attend_chunk(q, k, v, *fresh, rows, bias, positions, window, scale, sinks, kv_scales, op=False)
+    assert torch.equal(out, expected)
     with pytest.raises(RuntimeError, match="an FP8 cache takes the masked form"):
-        chunk_attention_cpu(q, k, v, *caches, *rest)
+        chunk_attention_cpu(q, k, v, *caches, tables, positions, bias, window, scale, sinks)
 
 
 def test_the_chunk_graphs_call_the_op_and_load_from_their_record(llama_logits):

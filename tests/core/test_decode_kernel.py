@@ -15,8 +15,8 @@ import torch
 
 from optimum_neuron_plugin.backends.cpu_attention import decode_attention_cpu
 from optimum_neuron_plugin.graphs import PREFILL_CHUNKS, TOKEN_GENERATION
-from optimum_neuron_plugin.models import masks
-from optimum_neuron_plugin.models.attention import attend_rows
+from optimum_neuron_plugin.models import kv_cache, masks
+from optimum_neuron_plugin.models.attention import attend, attend_cache, attend_rows
 
 from .kernel_blocks import block_tables, read, unread
 
@@ -122,6 +122,24 @@ def test_a_table_that_does_not_cover_the_positions_or_names_no_block_of_the_pool
     tables[1, 0] = k_cache.shape[0]
     with pytest.raises(RuntimeError, match=f"row 1 names block {k_cache.shape[0]} of a pool of {k_cache.shape[0]}"):
         decode_attention_cpu(q, bias, k_cache, v_cache, tables, positions, scale, sinks)
+
+
+def test_the_reference_is_the_ops_definition():
+    for case in ("a prefix shared between rows", "rows of verify sharing a prefix"):
+        q, bias, k_cache, v_cache, tables, positions, scale, sinks = inputs = _case(**CASES[case], block_size=4)
+        assert torch.equal(_definition(*inputs), attend_cache(q, bias, k_cache, v_cache, tables, scale, sinks))
+
+
+def test_attend_writes_the_cache_then_attends_through_the_op():
+    q, bias, k_cache, v_cache, tables, positions, scale, sinks = _case(**CASES["sinks"], block_size=4)
+    generator = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(2, 1, 2, DIM, generator=generator) for _ in range(2))
+    rows = kv_cache.CallRows.of(k_cache, tables, positions)
+    plain = (k_cache.clone(), v_cache.clone())
+    expected = attend(q, k, v, *plain, rows, bias, scale=scale, sinks=sinks)
+    out = attend(q, k, v, k_cache, v_cache, rows, bias, scale=scale, sinks=sinks, positions=positions, op=True)
+    assert torch.equal(k_cache, plain[0]) and torch.equal(v_cache, plain[1])  # the same K/V written
+    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
 
 
 def test_the_decode_graphs_call_the_op(llama_logits):
