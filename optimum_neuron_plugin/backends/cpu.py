@@ -59,7 +59,7 @@ FORMATS = {
         aoti_load_package,
         kernel_ops=False,
     ),
-    "export": ProgramFormat(".pt2", "torch.export", save_program, load_program, kernel_ops=False),
+    "export": ProgramFormat(".pt2", "torch.export", save_program, load_program, kernel_ops=True),
 }
 
 

@@ -1,25 +1,27 @@
-// The CPU kernel of onp::chunk_attention (models/attention.py, masked_chunk_attention).
+// The CPU kernel of onp::chunk_attention (models/attention.py).
 //
-// Call row i (cache row seq_ids[i], its chunk starting at s, `real` real tokens) attends, in one pass over its keys,
-// its prior, cache positions [low, end) read in place (end = min(s, prior bucket), low = max(0, s - window + 1), 0
-// without a window), followed by its own block's keys from k/v: own query t sees own keys [0, min(t, real - 1)], a
-// padded query every real own key, as the mask has it. Each query's keys are thus a prefix of [prior | own], and of
-// the own block's upper triangle only what shares a vector of queries with attended pairs is computed (then masked).
-// In a sliding layer the scores also add the bias's columns for
-// those keys (the window inside the prior and the own block). A key the bias masks for every query weighs exactly 0
-// in the masked form (exp of the -1e9 fill underflows), so leaving it out changes the result by the rounding of a
-// different summation order only. A padded query that repeats the last real one bit for bit (the chunk loop pads with
-// the last token and position) attends the same keys under the same mask: it is computed once and its output copied
-// (outside sliding layers, whose bias rows are not compared).
+// The caches are pools of blocks [num_blocks, block_size, KVH, D] read in place: row i's cache position p is at
+// cache[block_tables[i, p / block_size], p % block_size]. Call row i (its chunk starting at s, `real` real tokens)
+// attends, in one pass over its keys, its prior, cache positions [low, end) (end = min(s, prior bucket),
+// low = max(0, s - window + 1), 0 without a window), followed by its own block's keys from k/v: own query t sees own
+// keys [0, min(t, real - 1)], a padded query every real own key, as the mask has it. Each query's keys are thus a
+// prefix of [prior | own], and of the own block's upper triangle only what shares a vector of queries with attended
+// pairs is computed (then masked). In a sliding layer the scores also add the bias's columns for those keys (the
+// window inside the prior and the own block). A key the bias masks for every query weighs exactly 0 in the masked
+// form (exp of the -1e9 fill underflows), so leaving it out changes the result by the rounding of a different
+// summation order only. A padded query that repeats the last real one bit for bit (the chunk loop pads with the last
+// token and position) attends the same keys under the same mask: it is computed once and its output copied (outside
+// sliding layers, whose bias rows are not compared).
 //
 // Flash attention, register-blocked (csrc/chunk_tiles.h): one work item per (call row, KV head, block of QB of its
 // G*T queries, laid out as the bias's rows), its queries packed once, scaled and transposed ([D][QB], fp32). Its keys
-// stream in tiles of KT (a tile ends where the prior does): the scores S [KT][QB] by a micro-kernel that broadcasts
-// key values read in place against vectors of queries, R keys x N vectors of accumulators in registers; the online
-// softmax in fp32, vectors across queries (each query's running max and sum; its output rescaled when the max
-// grows); the tile's values read in place (fp32 rows of whole vectors) or converted to such rows, then O += P V by a
-// micro-kernel that broadcasts weights against vectors of the head dim. An attention sink is one more term of the
-// sum, with no value.
+// stream in tiles of KT (a tile ends where the prior does), the tile's key and value rows addressed once, block by
+// block of the table: the scores S [KT][QB] by a micro-kernel that broadcasts key values read in place against
+// vectors of queries, R keys x N vectors of accumulators in registers; the online softmax in fp32, vectors across
+// queries (each query's running max and sum; its output rescaled when the max grows); the tile's values converted to
+// adjacent fp32 rows of whole vectors, then O += P V by a micro-kernel that broadcasts weights against vectors of the
+// head dim. The tile's values are prefetched while its scores are computed, the next tile's keys while its values are
+// weighed. An attention sink is one more term of the sum, with no value.
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -33,26 +35,27 @@
 #include <cstring>
 #include <limits>
 #include <optional>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
+#include "block_rows.h"
 #include "chunk_tiles.h"
 #include "work_queue.h"
 
 namespace {
 
 using namespace onp_chunk;
+using onp_blocks::BlockRows;
+using onp_blocks::prefetch;
 
 constexpr float NEG_INF = -std::numeric_limits<float>::infinity();
 
 // What every work item reads: shapes, pointers, strides (in elements).
 template <typename scalar_t>
 struct Inputs {
-  int64_t tokens, heads, kv_heads, groups, dim, width, prior, window;
+  int64_t tokens, heads, kv_heads, groups, dim, width, prior, window, block_size, table_width;
   const scalar_t *q, *k, *v, *k_cache, *v_cache, *bias;
   const int64_t *qs, *ks, *vs, *kcs, *vcs, *bs;
-  const int64_t* seq_ids;
+  const int64_t* tables;  // [n, table_width]
   const float* sinks;  // [H] or null
   float scale;
   scalar_t* out;  // [n, T, H * D]
@@ -81,13 +84,21 @@ inline int64_t attended_keys(const Keys& keys, int64_t u) {
   return keys.prior + std::min(u, keys.real - 1) + 1;
 }
 
-// Keys [k0, k0 + len) (all in the prior or all in the own block): the first one's row and the stride between rows.
+// Where the tile starting at key k0 may end at the latest: tiles end where the prior does.
+inline int64_t tile_end(const Keys& keys, int64_t total, int64_t k0) { return k0 < keys.prior ? keys.prior : total; }
+
+// The rows of keys [k0, k0 + len) (all in the prior or all in the own block) into rows[0..len): the prior's through
+// the row's block table, the own block's from k or v.
 template <typename scalar_t>
-std::pair<const scalar_t*, int64_t> key_rows(const Inputs<scalar_t>& in, const Keys& keys, const scalar_t* cache,
-                                             const int64_t* cs, const scalar_t* own, const int64_t* os, int64_t i,
-                                             int64_t h, int64_t k0) {
-  if (k0 < keys.prior) return {cache + in.seq_ids[i] * cs[0] + h * cs[1] + (keys.low + k0) * cs[2], cs[2]};
-  return {own + i * os[0] + (k0 - keys.prior) * os[1] + h * os[2], os[1]};
+void key_rows(const Inputs<scalar_t>& in, const Keys& keys, const scalar_t* cache, const int64_t* cs,
+              const scalar_t* own, const int64_t* os, int64_t i, int64_t h, int64_t k0, int64_t len,
+              const scalar_t** rows) {
+  if (k0 < keys.prior) {
+    BlockRows<scalar_t>(cache, cs, in.block_size, in.tables + i * in.table_width, h).address(keys.low + k0, len, rows);
+    return;
+  }
+  const scalar_t* row = own + i * os[0] + (k0 - keys.prior) * os[1] + h * os[2];
+  for (int64_t j = 0; j < len; ++j) rows[j] = row + j * os[1];
 }
 
 // max(top, the column's first `len` scores (rows of QB)), in four independent chains of max ops: one would wait on
@@ -159,19 +170,16 @@ void softmax_tile(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
   }
 }
 
-// A tile's `len` value rows as fp32 rows of a multiple of W, and their stride: read in place where they already are
-// (fp32 with a head dim of whole vectors), else converted into the scratch.
+// A tile's `len` value rows (rows value[0..len)) as adjacent fp32 rows of `width` (a multiple of W) in the scratch:
+// read in place, a head's values are kv_heads * D apart, rows that often share their L1 set, and every block of
+// queries reads them again.
 template <typename scalar_t>
-std::pair<const float*, int64_t> value_rows(const scalar_t* value, int64_t stride, int64_t len, int64_t dim,
-                                            int64_t width, Scratch& sc) {
-  if constexpr (std::is_same_v<scalar_t, float>) {
-    if (dim == width) return {value, stride};
-  }
+const float* value_rows(const scalar_t* const* value, int64_t len, int64_t dim, int64_t width, Scratch& sc) {
   for (int64_t j = 0; j < len; ++j) {
     float* dst = sc.values.data() + j * width;
-    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<float>(value[j * stride + d]);
+    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<float>(value[j][d]);
   }
-  return {sc.values.data(), width};
+  return sc.values.data();
 }
 
 // The first of the item's columns whose query attends key k0: the columns before it skip the tile (every one of its
@@ -187,8 +195,8 @@ inline int64_t first_attending(const Scratch& sc, int64_t rows, int64_t k0) {
 // are past their query's last key: the softmax masks them. Returns the first column scored (for key k0, the
 // leftmost).
 template <typename scalar_t>
-int64_t score_tile(const scalar_t* key, int64_t stride, int64_t dim, int64_t rows, int64_t k0, int64_t len,
-                   bool diagonal, Scratch& sc) {
+int64_t score_tile(const scalar_t* const* key, int64_t dim, int64_t rows, int64_t k0, int64_t len, bool diagonal,
+                   Scratch& sc) {
   const int64_t columns = whole_vectors(rows);
   int64_t first = 0;
   for (int64_t j = 0; j < len;) {
@@ -197,10 +205,10 @@ int64_t score_tile(const scalar_t* key, int64_t stride, int64_t dim, int64_t row
     const float* queries = sc.queries.data() + from;
     float* s = sc.scores.data() + j * QB + from;
     if (j + RQ <= len) {
-      scores<RQ>(key + j * stride, stride, dim, queries, columns - from, s);
+      scores<RQ>(key + j, dim, queries, columns - from, s);
       j += RQ;
     } else {
-      scores<1>(key + j * stride, stride, dim, queries, columns - from, s);
+      scores<1>(key + j, dim, queries, columns - from, s);
       j += 1;
     }
   }
@@ -210,14 +218,13 @@ int64_t score_tile(const scalar_t* key, int64_t stride, int64_t dim, int64_t row
 // Queries [x, x + R) add the tile's weighted values: on a diagonal tile only up to the last key one of them attends
 // (the weights past it are 0).
 template <int R>
-void value_tile(const float* v, int64_t stride, int64_t width, int64_t x, int64_t k0, int64_t len, bool diagonal,
-                Scratch& sc) {
+void value_tile(const float* v, int64_t width, int64_t x, int64_t k0, int64_t len, bool diagonal, Scratch& sc) {
   int64_t keys = len;
   if (diagonal) {
     const float last = *std::max_element(sc.limit.begin() + x, sc.limit.begin() + x + R);
     keys = std::clamp(static_cast<int64_t>(last) - k0, int64_t{0}, len);
   }
-  if (keys > 0) values<R>(&sc.scores[x], v, stride, width, keys, &sc.out[x * width]);
+  if (keys > 0) values<R>(&sc.scores[x], v, width, width, keys, &sc.out[x * width]);
 }
 
 // Work item: row i, KV head h, the computed queries among [r0, r0 + queries) of the head's G*T.
@@ -246,17 +253,25 @@ void attend_block(const Inputs<scalar_t>& in, const Keys& keys, int64_t i, int64
   std::fill(sc.sum.begin(), sc.sum.end(), 0.f);
   std::fill(sc.out.begin(), sc.out.begin() + rows * width, 0.f);
   const int64_t whole = static_cast<int64_t>(*std::min_element(sc.limit.begin(), sc.limit.begin() + rows));
-  for (int64_t k0 = 0; k0 < total;) {  // tiles end where the prior does
-    const int64_t len = std::min(KT, (k0 < keys.prior ? keys.prior : total) - k0);
+  const scalar_t *key[KT], *value[KT];
+  const int64_t bytes = dim * static_cast<int64_t>(sizeof(scalar_t));
+  key_rows(in, keys, in.k_cache, in.kcs, in.k, in.ks, i, h, 0, std::min(KT, tile_end(keys, total, 0)), key);
+  for (int64_t k0 = 0; k0 < total;) {
+    const int64_t len = std::min(KT, tile_end(keys, total, k0) - k0);
     const bool diagonal = k0 + len > whole;  // some query's last key is inside the tile
-    auto [key, stride] = key_rows(in, keys, in.k_cache, in.kcs, in.k, in.ks, i, h, k0);
-    const int64_t from = score_tile(key, stride, dim, rows, k0, len, diagonal, sc);
+    key_rows(in, keys, in.v_cache, in.vcs, in.v, in.vs, i, h, k0, len, value);
+    prefetch(value, len, bytes);  // fetched while the scores are computed
+    const int64_t from = score_tile(key, dim, rows, k0, len, diagonal, sc);
     softmax_tile(in, keys, i, from, rows, k0, len, sc);
-    auto [value, vstride] = key_rows(in, keys, in.v_cache, in.vcs, in.v, in.vs, i, h, k0);
-    const auto [v, v_stride] = value_rows(value, vstride, len, dim, width, sc);
+    const float* v = value_rows(value, len, dim, width, sc);
+    if (k0 + len < total) {  // the next tile's keys, fetched while the values are weighed
+      const int64_t next = std::min(KT, tile_end(keys, total, k0 + len) - k0 - len);
+      key_rows(in, keys, in.k_cache, in.kcs, in.k, in.ks, i, h, k0 + len, next, key);
+      prefetch(key, next, bytes);
+    }
     int64_t x = from;
-    for (; x + RQ <= rows; x += RQ) value_tile<RQ>(v, v_stride, width, x, k0, len, diagonal, sc);
-    for (; x < rows; ++x) value_tile<1>(v, v_stride, width, x, k0, len, diagonal, sc);
+    for (; x + RQ <= rows; x += RQ) value_tile<RQ>(v, width, x, k0, len, diagonal, sc);
+    for (; x < rows; ++x) value_tile<1>(v, width, x, k0, len, diagonal, sc);
     k0 += len;
   }
   for (int64_t x = 0; x < rows; ++x) {  // out [n, T, H * D]
@@ -324,7 +339,7 @@ void copy_padded_outputs(const Inputs<scalar_t>& in, const std::vector<Keys>& ro
 
 template <typename scalar_t>
 void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
-         const at::Tensor& v_cache, const at::Tensor& bias, const at::Tensor& ids, int64_t window, float scale,
+         const at::Tensor& v_cache, const at::Tensor& bias, const at::Tensor& tables, int64_t window, float scale,
          const float* sinks, std::vector<Keys> rows, at::Tensor& out) {
   const int64_t t = q.size(1), heads = q.size(2), dim = q.size(3), kv_heads = k.size(2);
   const Inputs<scalar_t> in{t,
@@ -335,6 +350,8 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at
                             whole_vectors(dim),
                             bias.size(-1) - t,
                             window,
+                            k_cache.size(1),
+                            tables.size(1),
                             q.data_ptr<scalar_t>(),
                             k.data_ptr<scalar_t>(),
                             v.data_ptr<scalar_t>(),
@@ -347,7 +364,7 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at
                             k_cache.strides().data(),
                             v_cache.strides().data(),
                             bias.strides().data(),
-                            ids.data_ptr<int64_t>(),
+                            tables.data_ptr<int64_t>(),
                             sinks,
                             scale,
                             out.data_ptr<scalar_t>()};
@@ -359,28 +376,33 @@ void run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at
 }
 
 at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& k_cache,
-                           const at::Tensor& v_cache, const at::Tensor& seq_ids, const at::Tensor& positions,
+                           const at::Tensor& v_cache, const at::Tensor& block_tables, const at::Tensor& positions,
                            const at::Tensor& bias, int64_t window, std::optional<double> scale,
                            const std::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && k_cache.dim() == 4 && bias.dim() == 4,
-              "chunk_attention: q [n, T, H, D], k/v [n, T, KVH, D], caches [rows, KVH, S, D], bias [n, 1, G*T, P+T]");
+              "chunk_attention: q [n, T, H, D], k/v [n, T, KVH, D], caches [blocks, block_size, KVH, D], "
+              "bias [n, 1, G*T, P+T]");
   for (const auto* tensor : {&k, &v, &k_cache, &v_cache, &bias}) {
     TORCH_CHECK(tensor->scalar_type() == q.scalar_type(),
                 "chunk_attention: q, k, v, the caches and the bias share one dtype (an FP8 cache takes the masked "
                 "form), got ", tensor->scalar_type(), " for ", q.scalar_type());
   }
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.size(2) == k.size(2) && k_cache.size(3) == q.size(3),
+              "chunk_attention: the caches [blocks, block_size, KVH, D] share one shape, KVH and D those of k");
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "chunk_attention: cache rows are contiguous");
   const int64_t n = q.size(0), t = q.size(1), heads = q.size(2), dim = q.size(3);
   const auto keys = k.stride(3) == 1 ? k : k.contiguous(), values = v.stride(3) == 1 ? v : v.contiguous();
-  const auto ids = seq_ids.to(at::kLong).contiguous();
   const auto pos = positions.to(at::kLong).contiguous();
   const int64_t prior = bias.size(-1) - t;
   std::vector<Keys> rows(n);
+  std::vector<int64_t> ends(n);  // the cache positions each row reads: [low, low + prior)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t* p = pos.data_ptr<int64_t>() + i * t;
     const int64_t start = p[0], low = window ? std::max<int64_t>(0, start - window + 1) : 0;
     rows[i] = {low, std::max<int64_t>(0, std::min(start, prior) - low), p[t - 1] - start + 1, t};
+    ends[i] = rows[i].prior ? low + rows[i].prior : 0;
   }
+  const auto tables = onp_blocks::checked_tables("chunk_attention", block_tables, k_cache, ends);
   std::vector<float> sink_logits;
   if (sinks.has_value()) {  // rounded like the definition's, through the bias dtype
     const auto rounded = sinks->to(bias.scalar_type()).to(at::kFloat).contiguous();
@@ -391,9 +413,9 @@ at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   const float* sink = sink_logits.empty() ? nullptr : sink_logits.data();
   AT_DISPATCH_SWITCH(q.scalar_type(), "chunk_attention",
                      AT_DISPATCH_CASE(at::kFloat, [&] {
-                       run<float>(q, keys, values, k_cache, v_cache, bias, ids, window, softmax_scale, sink, rows, out);
+                       run<float>(q, keys, values, k_cache, v_cache, bias, tables, window, softmax_scale, sink, rows, out);
                      }) AT_DISPATCH_CASE(at::kBFloat16, [&] {
-                       run<c10::BFloat16>(q, keys, values, k_cache, v_cache, bias, ids, window, softmax_scale, sink,
+                       run<c10::BFloat16>(q, keys, values, k_cache, v_cache, bias, tables, window, softmax_scale, sink,
                                           rows, out);
                      }));
   return out;

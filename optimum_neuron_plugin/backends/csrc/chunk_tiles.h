@@ -105,10 +105,13 @@ inline vf vexp(vf x) {
 
 inline float exp1(float x) { return vexp(splat(x))[0]; }
 
-// s[j][c..c + N W) = key_j . qt[:, c..c + N W) for R keys (rows of `stride`) against N W queries (transposed and
+// s[j][c..c + N W) = key_j . qt[:, c..c + N W) for R keys (rows key[0..R)) against N W queries (transposed and
 // scaled, qt: [dim][QB]); s rows of QB. R x N accumulators stay in registers; each step broadcasts one key value.
 template <int R, int N, typename scalar_t>
-inline void score_block(const scalar_t* key, int64_t stride, int64_t dim, const float* qt, float* s) {
+inline void score_block(const scalar_t* const* key, int64_t dim, const float* qt, float* s) {
+  const scalar_t* k[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) k[r] = key[r];
   vf acc[R][N] = {};
   for (int64_t d = 0; d < dim; ++d) {
     vf q[N];
@@ -116,7 +119,7 @@ inline void score_block(const scalar_t* key, int64_t stride, int64_t dim, const 
     for (int n = 0; n < N; ++n) q[n] = load(qt + d * QB + n * W);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const vf x = splat(static_cast<float>(key[r * stride + d]));
+      const vf x = splat(static_cast<float>(k[r][d]));
 #pragma GCC unroll 8
       for (int n = 0; n < N; ++n) acc[r][n] += x * q[n];
     }
@@ -156,12 +159,12 @@ inline void value_block(const float* p, const float* v, int64_t stride, int64_t 
   }
 }
 
-// R keys' scores against the first `queries` (a multiple of W) of qt.
+// R keys' scores (rows key[0..R)) against the first `queries` (a multiple of W) of qt.
 template <int R, typename scalar_t>
-inline void scores(const scalar_t* key, int64_t stride, int64_t dim, const float* qt, int64_t queries, float* s) {
+inline void scores(const scalar_t* const* key, int64_t dim, const float* qt, int64_t queries, float* s) {
   int64_t c = 0;
-  for (; c + NV * W <= queries; c += NV * W) score_block<R, NV>(key, stride, dim, qt + c, s + c);
-  for (; c < queries; c += W) score_block<R, 1>(key, stride, dim, qt + c, s + c);
+  for (; c + NV * W <= queries; c += NV * W) score_block<R, NV>(key, dim, qt + c, s + c);
+  for (; c < queries; c += W) score_block<R, 1>(key, dim, qt + c, s + c);
 }
 
 // R queries' outputs (rows of `width`, a multiple of W) plus the tile's first `keys` weighted values (rows of
