@@ -177,11 +177,33 @@ def data_parallel(asked: Asked, fitted: Fitted) -> str | None:
     return "; ".join(data_parallel_problems(asked.vllm_config.parallel_config)) or None
 
 
+def block_size(asked: Asked, fitted: Fitted) -> str | None:
+    cache, compiled = asked.vllm_config.cache_config, asked.artifact.block_size
+    if not cache.user_specified_block_size or cache.block_size == compiled:
+        return None
+    return (
+        f"block_size={cache.block_size} does not match the artifact's KV block size {compiled} (fixed at export: the "
+        f"graphs read the cache by blocks of {compiled} positions): pass --block-size {compiled} or omit it, or export "
+        f"the model again with --block-size {cache.block_size}"
+    )
+
+
+def kv_pool(asked: Asked, fitted: Fitted) -> str | None:
+    asked_blocks, compiled = asked.vllm_config.cache_config.num_gpu_blocks_override, asked.artifact.num_blocks
+    if asked_blocks is None or asked_blocks <= compiled:
+        return None
+    return (
+        f"num_gpu_blocks_override={asked_blocks} exceeds the artifact's KV pool of {compiled} blocks (the null block "
+        f"included; its graphs are compiled for it): pass --num-gpu-blocks-override {compiled} or less, or export the "
+        f"model again with --num-blocks {asked_blocks}"
+    )
+
+
 def kv_events_without_prefix_cache(asked: Asked, fitted: Fitted) -> str | None:
     events = asked.vllm_config.kv_events_config
-    if events is None or not events.enable_kv_cache_events or (fitted.prefix_caching and asked.artifact.chunked):
+    if events is None or not events.enable_kv_cache_events or fitted.prefix_caching:
         return None
-    why = "--no-enable-prefix-caching" if not fitted.prefix_caching else "an export without prefill chunks"
+    why = "an export without prefill chunks" if not asked.artifact.chunked else "--no-enable-prefix-caching"
     return (
         f"--kv-events-config publishes what the prefix cache holds, but it is off ({why}): remove --kv-events-config, "
         "or serve with prefix caching (a chunked export, without --no-enable-prefix-caching)"
@@ -348,6 +370,8 @@ RULES: tuple[Rule, ...] = (
     scheduler_cls,
     kv_cache_dtype,
     data_parallel,
+    block_size,
+    kv_pool,
     kv_events_without_prefix_cache,
     load_format,
     logprobs_mode,
