@@ -41,11 +41,12 @@ def make_scheduler(model, scheduling_policy: str = "fcfs", **additional):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
+    from optimum_neuron_plugin.artifact import load_neuron_config
     from optimum_neuron_plugin.vllm.engine.kv_spec import layer_names
 
     config = interleaved_config(model, scheduling_policy, **additional)
     cache = config.cache_config
-    cache.num_gpu_blocks = cache.num_gpu_blocks_override
+    cache.num_gpu_blocks = load_neuron_config(str(model)).num_blocks
     spec = FullAttentionSpec(block_size=cache.block_size, num_kv_heads=2, head_size=16, dtype=config.model_config.dtype)
     kv_cache_config = KVCacheConfig(
         num_blocks=cache.num_gpu_blocks,

@@ -1,4 +1,6 @@
-"""Too few KV blocks on purpose: vLLM preempts requests; they are prefilled again and lose or repeat no token."""
+"""A KV pool smaller than the running requests' contexts (--num-gpu-blocks-override below the artifact's pool): vLLM
+preempts requests when blocks run out; they are prefilled again (from their own blocks still in vLLM's prefix cache,
+when it is on) and lose or repeat no token."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import pytest
 from support.engine import close_llm, make_llm
 from support.references import hf_greedy
 from support.served import prompt_of
+
+from optimum_neuron_plugin.artifact import load_neuron_config
 
 pytestmark = pytest.mark.slow  # an in-process vLLM engine
 
@@ -30,11 +34,11 @@ def llm(chunked_dir, stats_file, prefix_caching):
     stats_file.unlink(missing_ok=True)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("ONP_STATS_FILE", str(stats_file))
-        # 16 usable blocks of 16 tokens: four 50-token prompts fit, their 40 new tokens do not.
+        # Four 50-token prompts and half their 40 new tokens fit in the pool; their whole contexts do not.
+        block = load_neuron_config(str(chunked_dir)).block_size
         engine = make_llm(
             chunked_dir,
-            block_size=16,
-            num_gpu_blocks_override=17,
+            num_gpu_blocks_override=1 + 4 * -(-(PROMPT + NEW_TOKENS // 2) // block),
             enable_prefix_caching=prefix_caching,
             disable_log_stats=False,
         )
@@ -55,5 +59,3 @@ def test_preempted_requests_resume_exactly(llm, tokenizer, tiny_hf, stats_file, 
     if not prefix_caching:
         records = [json.loads(line) for line in stats_file.read_text().splitlines()]
         assert any(r["prefill_steps"] > 1 for r in records), "no preempted request was prefilled again"
-    # With prefix caching a preempted request resumes from its own slot: it prefills at most the chunk of its last
-    # tokens (none when only its last sampled token is missing, which then goes through decode).
