@@ -36,14 +36,13 @@ class GuardedCalls:
         self.graph_files = graph_files  # graph name -> its files, for the log
 
     def run(self, calls: Sequence[GraphCall], producers: Mapping[str, Collection[str]] | None = None) -> StepResult:
-        """producers: req_id -> the requests whose writes this step its slice reads (rows.py): it fails with them."""
+        """producers: req_id -> the requests whose writes this step its slice reads (rows.py)."""
         step, pending = StepResult(), list(calls)
         while pending:
-            call = pending.pop(0)
-            step.failed += self._orphans(call, step.failed, producers or {})
-            call = call.without(step.failed)
+            call = pending.pop(0).without(step.failed)
             if call is None:
                 continue
+            call = self._restart_orphans(call, step.failed, producers or {})
             if call.fallback and self.retired(call.kind):
                 pending[:0] = call.fallback
                 continue
@@ -65,15 +64,17 @@ class GuardedCalls:
         return step
 
     @staticmethod
-    def _orphans(call: GraphCall, failed: list[str], producers: Mapping[str, Collection[str]]) -> list[str]:
-        """The call's requests whose context another request of the step was to write in a call that failed."""
-        orphans = [r for r in call.req_ids if r not in failed and set(producers.get(r, ())) & set(failed)]
-        if orphans:
-            logger.error(
-                "request(s) %s read KV blocks that a failed graph call was to write: failing them too",
-                ", ".join(orphans),
-            )
-        return orphans
+    def _restart_orphans(call: GraphCall, failed: list[str], producers: Mapping[str, Collection[str]]) -> GraphCall:
+        """A slice whose first blocks a failed call of the step was to write is prefilled from position 0: it writes
+        them itself (a hit's blocks hold its own first tokens), at the cost of their compute."""
+        orphans = {r for r in call.req_ids if set(producers.get(r, ())) & set(failed)}
+        if not orphans:
+            return call
+        logger.warning(
+            "request(s) %s share KV blocks that a failed graph call was to write: prefilled from position 0",
+            ", ".join(sorted(orphans)),
+        )
+        return call.restarted(orphans)
 
     def retired(self, kind: CallKind) -> bool:
         """The kind's calls run as their fallback for the life of the server (health.py)."""

@@ -73,6 +73,14 @@ class GraphCall:
             kind, fallback = CallKind.PREFILL, ()
         return replace(self, kind=kind, decodes=decodes, prefills=prefills, fallback=fallback)
 
+    def restarted(self, req_ids: Collection[str]) -> GraphCall:
+        """This call with the prompt slices of req_ids starting at position 0 (the same end: the same sampling)."""
+        prefills = tuple(
+            replace(w, start=0, count=w.start + w.count) if w.req_id in req_ids else w for w in self.prefills
+        )
+        fallback = tuple(f.restarted(req_ids) for f in self.fallback)
+        return replace(self, prefills=prefills, fallback=fallback)
+
 
 def plan_calls(
     verifies: Sequence[ScheduledSlice],
