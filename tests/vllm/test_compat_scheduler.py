@@ -4,6 +4,7 @@ vLLM still calls the private hook, with the arguments the public method expects,
 from __future__ import annotations
 
 import pytest
+from support.engine import block_hasher
 
 from optimum_neuron_plugin.vllm.compat import scheduler_with_hooks
 
@@ -45,11 +46,12 @@ def recording_scheduler(model):
     )
 
 
-def new_request(req_id: str):
+def new_request(req_id: str, block_size: int):
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
-    return Request(req_id, list(PROMPT), SamplingParams(max_tokens=2, ignore_eos=True), None, arrival_time=0.0)
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    return Request(req_id, list(PROMPT), params, None, arrival_time=0.0, block_hasher=block_hasher(block_size))
 
 
 @pytest.fixture
@@ -58,7 +60,7 @@ def scheduler(chunked_dir):
 
 
 def test_admission_asks_the_slice_size(scheduler):
-    scheduler.add_request(new_request("a"))
+    scheduler.add_request(new_request("a", scheduler.block_size))
     output = scheduler.schedule()
     assert scheduler.calls == [("slice", "a", 0, len(PROMPT))]
     assert output.num_scheduled_tokens == {"a": SLICE}

@@ -14,7 +14,7 @@ import math
 from itertools import count
 
 import pytest
-from support.engine import close_llm, make_llm
+from support.engine import block_hasher, close_llm, make_llm
 from support.references import hf_greedy
 from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
 
@@ -69,7 +69,10 @@ def add(scheduler, req_id: str, prompt_len: int, max_tokens: int = 4, priority: 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     # A first token of its own: no prompt shares a prefix with another, so no prefix-cache hit shortens a prefill.
     prompt = [100 + len(scheduler.requests), *range(2, prompt_len + 1)]
-    request = Request(req_id, prompt, params, None, arrival_time=float(next(_arrivals)), priority=priority)
+    request = Request(
+        req_id, prompt, params, None, arrival_time=float(next(_arrivals)), priority=priority,
+        block_hasher=block_hasher(scheduler.block_size),
+    )  # fmt: skip
     scheduler.add_request(request)
 
 
