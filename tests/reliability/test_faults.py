@@ -8,7 +8,7 @@ Serving: the interleaved server's model has a 1000-row embedding table behind a 
 a prompt holding id >= 1000 passes vLLM's checks and makes the prefill graph raise (IndexError),
 a real run-time graph failure with no mock. Decision (README, Serve): the requests of the failing
 graph call finish with an error (HTTP 500, "Internal server error"; the server log names the graph
-file and the error), their cache slots are freed, and every other request is served.
+file and the error), their KV blocks and batch rows are freed, and every other request is served.
 """
 
 from __future__ import annotations
