@@ -69,6 +69,22 @@ def scheduler_with_hooks() -> type:
     return SchedulerWithHooks
 
 
+def prefix_cache_hit(scheduler, request) -> int:
+    """The tokens of vLLM's prefix-cache hit a waiting request would get now (a lookup: nothing is touched)."""
+    _, hit, _ = scheduler.kv_cache_manager.get_computed_blocks(request)
+    return hit
+
+
+def uncache_blocks_from(scheduler, request_id: str, position: int) -> None:
+    """Take out of vLLM's prefix cache the blocks of request_id from the one holding `position` on (their hashes
+    go, with a BlockRemoved event each; the request keeps the blocks until vLLM frees it)."""
+    manager = scheduler.kv_cache_manager
+    (block_ids, *_) = manager.get_block_ids(request_id)
+    stale = block_ids[position // scheduler.block_size :]
+    if stale:
+        manager.evict_blocks(set(stale))
+
+
 # ---- sampling and speculative decoding (sampling/, spec_decode/) ----------------------------------------------
 # vLLM's V1 sampler (vllm/v1/sample/), its structured-output helper and its n-gram proposer are its GPU runner's
 # internals: no public API exposes them. Imported inside each entry: this module is loaded at plugin registration.

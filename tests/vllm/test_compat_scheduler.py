@@ -1,12 +1,13 @@
-"""compat.py's scheduler hook on vLLM's real Scheduler (the tiny artifact's configuration, vLLM's prefix caching on):
-vLLM still calls the private hook, with the arguments the public method expects, and honours what it returns."""
+"""compat.py's scheduler entries on vLLM's real Scheduler (the tiny artifact's configuration, vLLM's prefix caching
+on): vLLM still calls the private hook, with the arguments the public method expects, and honours what it returns;
+the prefix-cache lookup and uncaching act on vLLM's KV cache manager."""
 
 from __future__ import annotations
 
 import pytest
 from support.engine import block_hasher
 
-from optimum_neuron_plugin.vllm.compat import scheduler_with_hooks
+from optimum_neuron_plugin.vllm.compat import prefix_cache_hit, scheduler_with_hooks, uncache_blocks_from
 
 PROMPT = list(range(100, 140))  # 40 tokens
 SLICE = 8
@@ -23,10 +24,11 @@ def recording_scheduler(model):
 
     class Recording(scheduler_with_hooks()):
         calls: list[tuple] = []
+        slice = SLICE
 
         def prefill_slice_size(self, request, num_computed_tokens, num_new_tokens):
             self.calls.append(("slice", request.request_id, num_computed_tokens, num_new_tokens))
-            return min(num_new_tokens, SLICE)
+            return min(num_new_tokens, self.slice)
 
     # prefill_mode serial: vLLM's own scheduling, with its chunked prefill (the tiny artifact has chunks).
     args = EngineArgs(model=str(model), additional_config={"prefill_mode": "serial"}, enable_chunked_prefill=True)
@@ -68,3 +70,14 @@ def test_admission_asks_the_slice_size(scheduler):
     scheduler.calls.clear()
     scheduler.schedule()
     assert scheduler.calls == [("slice", "a", SLICE, len(PROMPT) - SLICE)]
+
+
+def test_a_lookup_finds_the_cached_blocks_and_uncaching_drops_them(scheduler):
+    block = scheduler.block_size
+    scheduler.slice = len(PROMPT)
+    scheduler.add_request(new_request("a", block))
+    scheduler.schedule()  # vLLM allocates a's blocks and caches its full ones
+    other = new_request("b", block)
+    assert prefix_cache_hit(scheduler, other) == (len(PROMPT) - 1) // block * block > block
+    uncache_blocks_from(scheduler, "a", block + 3)  # from the block holding position block + 3 on
+    assert prefix_cache_hit(scheduler, other) == block

@@ -37,7 +37,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from ...artifact import load_neuron_config
 from ...runtime.latency import GraphLatencies
-from ..compat import scheduler_with_hooks
+from ..compat import prefix_cache_hit, scheduler_with_hooks, uncache_blocks_from
 from ..contract import computed_tokens, is_decode, prompt_tokens_left
 from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode, prefill_target_itl
 from ..log import get_logger
@@ -113,8 +113,7 @@ class NeuronScheduler(scheduler_with_hooks()):
         """Prompt tokens left; for a request not yet admitted, after vLLM's prefix-cache hit it would get now."""
         if request.status == RequestStatus.RUNNING or request.num_computed_tokens:
             return prompt_tokens_left(request)
-        _, hit, _ = self.kv_cache_manager.get_computed_blocks(request)
-        return request.num_tokens - hit
+        return request.num_tokens - prefix_cache_hit(self, request)
 
     def _admittable_waiting(self) -> list[Request]:
         """Waiting requests that this step's free slots could take, in the order vLLM's admission loop reaches them:
@@ -174,14 +173,9 @@ class NeuronScheduler(scheduler_with_hooks()):
         cache (a BlockRemoved event each) before vLLM frees the request. Blocks before that position were written
         by earlier steps, or are hits of other requests, and stay."""
         starts = computed_tokens(scheduler_output)
-        block_size = self.cache_config.block_size
-        stale: set[int] = set()
         for req_id in failed:
             if req_id in self.requests and req_id in starts:
-                (block_ids, *_) = self.kv_cache_manager.get_block_ids(req_id)
-                stale.update(block_ids[starts[req_id] // block_size :])
-        if stale:
-            self.kv_cache_manager.evict_blocks(stale)
+                uncache_blocks_from(self, req_id, starts[req_id])
 
     def update_from_output(self, scheduler_output, model_runner_output: ModelRunnerOutput):
         failed = getattr(model_runner_output, "failed_req_ids", None)
