@@ -215,26 +215,30 @@ def test_a_failing_verify_decodes_its_rows_without_drafts(speculative, tokenizer
     assert after[0] > drafts and after[1] == accepted  # drafts scheduled, none accepted
 
 
-def test_a_failed_prefill_leaves_no_block_cached_and_its_sharers_prefill_them(llm, small_vocab):
-    """A prompt sharing its first blocks with the requests of its step fails in its prefill (an id beyond the
-    embedding table after the shared part). vLLM had hashed its blocks when it allocated them: they leave its prefix
-    cache, and the requests of the step that were to share them prefill them themselves (from position 0); each gets
-    what transformers generates. A later request with the same prefix finds nothing cached."""
+def test_a_failed_prefill_leaves_no_block_cached_and_its_sharers_prefill_them(small_vocab):
+    """Serial prefill: a prompt and the requests sharing its first blocks arrive in one step, and its prefill fails
+    (an id beyond the embedding table after the shared part). vLLM had hashed its blocks when it allocated them: they
+    leave its prefix cache, and the requests of the step that were to share them prefill them themselves (from
+    position 0); each gets what transformers generates. A later request with the same prefix finds nothing cached."""
     from vllm import SamplingParams
 
     greedy = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
     system = good_prompt(40, 4 * CHUNK)
     writer = system + bad_prompt()
     sharers = {f"sharer{i}": system + good_prompt(50 + i, 6 + i) for i in range(BATCH_SIZE - 1)}
-    outputs = run(llm, {"writer": (writer, greedy)} | {r: (p, greedy) for r, p in sharers.items()}, {}, 0)
+    llm = make_llm(small_vocab[0], additional_config={"prefill_mode": "serial"})
+    try:
+        outputs = run(llm, {"writer": (writer, greedy)} | {r: (p, greedy) for r, p in sharers.items()}, {}, 0)
+        later = system + good_prompt(60, 5)
+        out = run(llm, {"later": (later, greedy)}, {}, 0)["later"]
+    finally:
+        close_llm(llm)
     assert outputs["writer"].outputs[0].finish_reason == "error"
-    assert {r: tokens(outputs[r]) for r in sharers} == {
-        r: hf_greedy(small_vocab[1], p, NEW_TOKENS) for r, p in sharers.items()
-    }
-    later = system + good_prompt(60, 5)
-    out = run(llm, {"later": (later, greedy)}, {}, 0)["later"]
+    assert [outputs[r].num_cached_tokens for r in sharers] == [len(system)] * len(sharers)  # the writer's blocks
+    hf = small_vocab[1]
+    assert {r: tokens(outputs[r]) for r in sharers} == {r: hf_greedy(hf, p, NEW_TOKENS) for r, p in sharers.items()}
     assert out.num_cached_tokens == 0
-    assert tokens(out) == hf_greedy(small_vocab[1], later, NEW_TOKENS)
+    assert tokens(out) == hf_greedy(hf, later, NEW_TOKENS)
 
 
 def test_a_graph_that_keeps_failing_is_retired_after_three_calls(llm, small_vocab, monkeypatch, warnings):
