@@ -115,20 +115,14 @@ class NeuronWorker(WorkerBase):
         return list(SUPPORTED_LAYOUTS)
 
     def determine_available_memory(self) -> int:
-        """The bytes vLLM sizes its block pool from (kv_spec.py): --kv-cache-memory-bytes, else the compiled pool."""
-        compiled = self.model.neuron_config.num_blocks
-        pool = bytes_for_blocks(self.get_kv_cache_spec(), compiled)
+        """The bytes vLLM sizes its block pool from (kv_spec.py): --kv-cache-memory-bytes (fit.py refuses one above
+        the compiled pool), else the compiled pool's."""
         asked = self.cache_config.kv_cache_memory_bytes
-        if asked is None:
-            return pool
-        if asked > pool:
-            blocks = asked // bytes_for_blocks(self.get_kv_cache_spec(), 1)
-            raise ValueError(
-                f"kv_cache_memory_bytes={asked} exceeds the artifact's KV pool of {compiled} blocks ({pool} bytes per "
-                f"rank; its graphs are compiled for it): pass --kv-cache-memory-bytes {pool} or less, or export the "
-                f"model again with --num-blocks {blocks}"
-            )
-        return asked
+        return (
+            asked
+            if asked is not None
+            else bytes_for_blocks(self.get_kv_cache_spec(), self.model.neuron_config.num_blocks)
+        )
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
         """Nothing to allocate (the runtime owns the pool): vLLM's block count, at most the compiled one, is logged."""

@@ -107,6 +107,10 @@ REFUSED = {
         f"(the null block included; its graphs are compiled for it): pass --num-gpu-blocks-override {ARTIFACT_BLOCKS} "
         f"or less, or export the model again with --num-blocks {ARTIFACT_BLOCKS + 1}",
     ),
+    "kv-cache-memory-bytes": (
+        dict(kv_cache_memory_bytes=10**9),
+        f"kv_cache_memory_bytes=1000000000 exceeds the artifact's KV pool of {ARTIFACT_BLOCKS} blocks",
+    ),
     "kv-events-without-prefix-cache": (
         dict(kv_events_config={"enable_kv_cache_events": True, "publisher": "null"}, enable_prefix_caching=False),
         "--kv-events-config publishes what the prefix cache holds, but it is off (--no-enable-prefix-caching)",

@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import vllm.envs as envs
 from vllm.config import VllmConfig
 
+from ...artifact import cache_dtype, load_config
 from ...config import NeuronConfig
+from ...models.sharding import layout_for
 from ..spec_decode.methods import speculation_problems
 from .data_parallel import data_parallel_problems
 from .fitted import Fitted
@@ -189,14 +192,31 @@ def block_size(asked: Asked, fitted: Fitted) -> str | None:
 
 
 def kv_pool(asked: Asked, fitted: Fitted) -> str | None:
-    asked_blocks, compiled = asked.vllm_config.cache_config.num_gpu_blocks_override, asked.artifact.num_blocks
-    if asked_blocks is None or asked_blocks <= compiled:
-        return None
-    return (
-        f"num_gpu_blocks_override={asked_blocks} exceeds the artifact's KV pool of {compiled} blocks (the null block "
-        f"included; its graphs are compiled for it): pass --num-gpu-blocks-override {compiled} or less, or export the "
-        f"model again with --num-blocks {asked_blocks}"
-    )
+    cache, compiled = asked.vllm_config.cache_config, asked.artifact.num_blocks
+    problems = []
+    if cache.num_gpu_blocks_override is not None and cache.num_gpu_blocks_override > compiled:
+        problems.append(
+            f"num_gpu_blocks_override={cache.num_gpu_blocks_override} exceeds the artifact's KV pool of {compiled} "
+            f"blocks (the null block included; its graphs are compiled for it): pass --num-gpu-blocks-override "
+            f"{compiled} or less, or export the model again with --num-blocks {cache.num_gpu_blocks_override}"
+        )
+    if cache.kv_cache_memory_bytes is not None:
+        block = kv_block_bytes(asked.vllm_config.model_config.model, asked.artifact)
+        if cache.kv_cache_memory_bytes > compiled * block:
+            problems.append(
+                f"kv_cache_memory_bytes={cache.kv_cache_memory_bytes} exceeds the artifact's KV pool of {compiled} "
+                f"blocks ({compiled * block} bytes per rank; its graphs are compiled for it): pass "
+                f"--kv-cache-memory-bytes {compiled * block} or less, or export the model again with --num-blocks "
+                f"{cache.kv_cache_memory_bytes // block}"
+            )
+    return "; ".join(problems) or None
+
+
+def kv_block_bytes(model: str, artifact: NeuronConfig) -> int:
+    """One block of every layer's K and V on a rank (its KV heads): what vLLM divides the pool's memory by."""
+    _, args = load_config(Path(model))
+    kv_heads = layout_for(args, artifact.tp_degree).kv_heads
+    return args.num_hidden_layers * 2 * artifact.block_size * kv_heads * args.head_dim * cache_dtype(artifact).itemsize
 
 
 def kv_events_without_prefix_cache(asked: Asked, fitted: Fitted) -> str | None:
