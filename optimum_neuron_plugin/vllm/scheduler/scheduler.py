@@ -85,7 +85,7 @@ class NeuronScheduler(scheduler_with_hooks()):
                 self._passes.get(r.request_id, 0),
                 r.arrival_time,
                 r.priority,
-                holds_slot=r.status == RequestStatus.WAITING and r.num_computed_tokens > 0,
+                holds_kv=r.status == RequestStatus.WAITING and r.num_computed_tokens > 0,
             )  # fmt: skip
             for r in running + waiting
             for left in [self._tokens_to_prefill(r)]
@@ -116,8 +116,9 @@ class NeuronScheduler(scheduler_with_hooks()):
         return request.num_tokens - prefix_cache_hit(self, request)
 
     def _admittable_waiting(self) -> list[Request]:
-        """Waiting requests that this step's free slots could take, in the order vLLM's admission loop reaches them:
-        its queue of requests holding KV (resumed streaming-input sessions) first, then the waiting queue."""
+        """Waiting requests that this step's free places (max_num_seqs) could take, in the order vLLM's admission loop
+        reaches them: its queue of requests holding KV (resumed streaming-input sessions) first, then the waiting
+        queue."""
         limit = min(self.max_num_running_reqs, self.max_num_active_reqs)
         free = limit - len(self.running) - self.num_waiting_for_streaming_input
         ready = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
