@@ -4,12 +4,12 @@
 The draft is loaded with the runtime in the same worker, on the same backend, and keeps its own KV cache (its own
 block allocator, runtime/block_tables.py): its slot i belongs to the request in the target's batch row i (the
 runner's rows, runner/rows.py), so it is reused with it. Each slot remembers which tokens its draft cache holds
-(position j holds record[j]); a request's drafts start from the longest prefix of its tokens the record shares, so whatever a slot held before (an earlier request, a
-preempted one, a prefix-cache hit) is reused as far as it is true, and rejected drafts fall out of the record. The
-record also remembers the token list it was last matched with and how far it agrees with it: a request's list only
-grows (RequestState.all_token_ids), so the next proposal compares only what was fed after that point (the drafts, at
-most k tokens), and a step's host work does not grow with the context. A target's prefix-cache hit is not the
-draft's: the draft prefills what its slot's record does not hold.
+(position j holds record[j]); a request's drafts start from the longest prefix of its tokens the record shares, so
+whatever a slot held before (an earlier request, a preempted one, a prefix-cache hit) is reused as far as it is true,
+and rejected drafts fall out of the record. The record also remembers the token list it was last matched with and how
+far it agrees with it: a request's list only grows (RequestState.all_token_ids), so the next proposal compares only
+what was fed after that point (the drafts, at most k tokens), and a step's host work does not grow with the context.
+A target's prefix-cache hit is not the draft's: the draft prefills what its slot's record does not hold.
 
 Per proposal, for each request with tokens t_0..t_{N-1}:
 - catch up: the draft cache must hold t_0..t_{N-2}. A long gap (a new prompt, a resumed request) goes through the
