@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from packaging.version import Version
 
@@ -20,13 +20,9 @@ if TYPE_CHECKING:  # register() imports this module: it must not import vLLM
     import torch
     from vllm.config import VllmConfig
     from vllm.sampling_params import SamplingParams as VllmSamplingParams
-    from vllm.v1.core.kv_cache_utils import BlockHash
     from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
     from vllm.v1.outputs import LogprobsTensors
-    from vllm.v1.request import Request
     from vllm.v1.spec_decode.ngram_proposer import NgramProposer
-
-    BlockHasher = Callable[[Request], list[BlockHash]]
 
 SUPPORTED_VLLM = (Version("0.32.0"), Version("0.33.0"))  # [first, last): the releases these entries were checked on
 
@@ -52,19 +48,13 @@ def check_vllm_version(installed: str | None = None) -> Version:
 
 @functools.cache
 def scheduler_with_hooks() -> type:
-    """vLLM's v1 Scheduler whose private per-request hooks call public methods a subclass overrides (vLLM 0.32 has
-    no public extension point for them). Built on the first call: register() imports this module before vLLM may
+    """vLLM's v1 Scheduler whose private per-request hook calls a public method a subclass overrides (vLLM 0.32 has
+    no public extension point for it). Built on the first call: register() imports this module before vLLM may
     load its scheduler.
 
     - prefill_slice_size(request, num_computed_tokens, num_new_tokens) -> int: the final token count of a running or
       waiting request this step (`_reserve_prefill_lookahead`, after vLLM's own lookahead reservation); 0 skips a
       running request and stops the admission of waiting ones.
-    - local_prefix_hit(request) -> int: a waiting request's prefix-cache hit, asked at admission when it has no
-      computed tokens (`_get_local_prefix_cache_hit`); no vLLM blocks back it.
-    - request_freed(request): before vLLM frees a finished request (`_free_request`).
-    - request_preempted(request): before vLLM preempts a running one (`_preempt_request`).
-    - record_prefix_hit(request, hit): counts a lookup in vLLM's prefix-cache metrics (the manager's
-      `prefix_cache_stats`, which its own recording skips while vLLM's prefix caching is off).
     """
     from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -72,46 +62,27 @@ def scheduler_with_hooks() -> type:
         def prefill_slice_size(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
             return num_new_tokens
 
-        def local_prefix_hit(self, request) -> int:
-            return 0
-
-        def request_freed(self, request) -> None:
-            pass
-
-        def request_preempted(self, request) -> None:
-            pass
-
-        def record_prefix_hit(self, request, hit: int) -> None:
-            stats = self.kv_cache_manager.prefix_cache_stats
-            if stats is not None:
-                stats.record(num_tokens=request.num_tokens, num_hits=hit, preempted=request.num_preemptions > 0)
-
-        def take_back_prefix_hit(self, request, hit: int) -> None:
-            """Undo record_prefix_hit's hit (same stats window: the step that recorded it)."""
-            stats = self.kv_cache_manager.prefix_cache_stats
-            if stats is None:
-                return
-            if request.num_preemptions > 0:
-                stats.preempted_hits -= hit
-            else:
-                stats.hits -= hit
-
         def _reserve_prefill_lookahead(self, request, num_computed_tokens: int, num_new_tokens: int) -> int:
             num_new_tokens = super()._reserve_prefill_lookahead(request, num_computed_tokens, num_new_tokens)
             return self.prefill_slice_size(request, num_computed_tokens, num_new_tokens)
 
-        def _get_local_prefix_cache_hit(self, request):
-            return self.kv_cache_manager.empty_kv_cache_blocks, self.local_prefix_hit(request), 0, False
-
-        def _free_request(self, request, *args, **kwargs):
-            self.request_freed(request)
-            return super()._free_request(request, *args, **kwargs)
-
-        def _preempt_request(self, request, *args, **kwargs) -> None:
-            self.request_preempted(request)
-            super()._preempt_request(request, *args, **kwargs)
-
     return SchedulerWithHooks
+
+
+def prefix_cache_hit(scheduler, request) -> int:
+    """The tokens of vLLM's prefix-cache hit a waiting request would get now (a lookup: nothing is touched)."""
+    _, hit, _ = scheduler.kv_cache_manager.get_computed_blocks(request)
+    return hit
+
+
+def uncache_blocks_from(scheduler, request_id: str, position: int) -> None:
+    """Take out of vLLM's prefix cache the blocks of request_id from the one holding `position` on (their hashes
+    go, with a BlockRemoved event each; the request keeps the blocks until vLLM frees it)."""
+    manager = scheduler.kv_cache_manager
+    (block_ids, *_) = manager.get_block_ids(request_id)
+    stale = block_ids[position // scheduler.block_size :]
+    if stale:
+        manager.evict_blocks(set(stale))
 
 
 # ---- sampling and speculative decoding (sampling/, spec_decode/) ----------------------------------------------
@@ -228,37 +199,3 @@ def propose_ngrams(
         sampled[row] = [0]  # vLLM proposes for the requests that sampled a token this step
     drafts = proposer.propose(k, sampled, lengths, table)
     return [drafts[row] for row in rows]
-
-
-# ---- engine arguments, requests and step outputs (engine/, contract.py, runner/) ------------------------------
-
-
-def new_request_hasher(block_size: int, algorithm: str) -> BlockHasher:
-    """vLLM's request block hasher for the configured --prefix-caching-hash-algo (what vLLM's engine core builds when
-    its own prefix caching is on; the plugin keeps that off and builds it here)."""
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-
-    hash_fn = get_hash_fn_by_name(algorithm)
-    init_none_hash(hash_fn)
-    return get_request_block_hasher(block_size, hash_fn)
-
-
-def request_hasher(request: Request) -> BlockHasher | None:
-    """The block hasher vLLM's engine core gave the request; None while vLLM's own prefix caching is off."""
-    return request._block_hasher
-
-
-def set_request_hasher(request: Request, hasher: BlockHasher) -> None:
-    """Make vLLM hash the request's full blocks as it appends tokens (Request.update_block_hashes), as when its engine
-    core passes the hasher to Request(). Request takes a hasher only in its constructor, and the engine core builds
-    one only with vLLM's prefix caching on, which the plugin keeps off (its own cache serves the hits)."""
-    request._block_hasher = hasher
-
-
-def scheduler_output_fields(output: SchedulerOutput) -> dict[str, Any]:
-    """Every field of vLLM's SchedulerOutput, by name: the keyword arguments that make a subclass carry the same step.
-    SchedulerOutput has no copy constructor and its field set changes between vLLM releases."""
-    from vllm.v1.core.sched.output import SchedulerOutput
-
-    return {field.name: getattr(output, field.name) for field in fields(SchedulerOutput)}

@@ -94,7 +94,7 @@ class NeuronPlatform(Platform):
 
     @classmethod
     def update_block_size_for_backend(cls, vllm_config: VllmConfig) -> None:
-        """No vLLM attention backend: the block size is bookkeeping only."""
+        """No vLLM attention backend: the block size is the artifact's (engine/fit.py sets it)."""
 
     @classmethod
     def pre_register_and_update(cls, parser=None) -> None:

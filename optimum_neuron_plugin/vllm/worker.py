@@ -108,19 +108,39 @@ class NeuronWorker(WorkerBase):
         return ("generate",)
 
     def get_kv_cache_spec(self) -> dict[str, KVCacheSpec]:
-        return kv_cache_spec(self.model, self.cache_config.block_size)
+        return kv_cache_spec(self.model)
 
     def get_supported_kv_cache_layouts(self) -> list[str]:
         # The default asks vLLM's attention backends, which this worker does not use.
         return list(SUPPORTED_LAYOUTS)
 
     def determine_available_memory(self) -> int:
-        # The block count is pinned by num_gpu_blocks_override (engine_config._fit_kv_cache).
-        return bytes_for_blocks(self.get_kv_cache_spec(), self.cache_config.num_gpu_blocks_override)
+        """The bytes vLLM sizes its block pool from (kv_spec.py): --kv-cache-memory-bytes (fit.py refuses one above
+        the compiled pool), else the compiled pool's."""
+        asked = self.cache_config.kv_cache_memory_bytes
+        return (
+            asked
+            if asked is not None
+            else bytes_for_blocks(self.get_kv_cache_spec(), self.model.neuron_config.num_blocks)
+        )
 
     def initialize_from_config(self, kv_cache_config: KVCacheConfig) -> None:
-        # Nothing to allocate: the runtime owns the KV cache; vLLM's blocks are bookkeeping.
-        self.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+        """Nothing to allocate (the runtime owns the pool): vLLM's block count, at most the compiled one, is logged."""
+        blocks, nc = kv_cache_config.num_blocks, self.model.neuron_config
+        if blocks > nc.num_blocks:
+            raise ValueError(
+                f"vLLM sized the KV pool at {blocks} blocks, above the artifact's {nc.num_blocks}: pass "
+                f"--num-gpu-blocks-override {nc.num_blocks} or less, or export the model again with --num-blocks {blocks}"
+            )
+        self.cache_config.num_gpu_blocks = blocks
+        usable = blocks - 1  # vLLM's block pool keeps the null block back
+        logger.info(
+            "KV cache pool: %d blocks of %d tokens (%d tokens, %d full-length sequences of %d; %.1f MiB per rank) of "
+            "the artifact's %d",
+            usable, nc.block_size, usable * nc.block_size, usable * nc.block_size // self.model_config.max_model_len,
+            self.model_config.max_model_len, bytes_for_blocks(self.get_kv_cache_spec(), blocks) / 2**20,
+            nc.num_blocks - 1,
+        )  # fmt: skip
 
     def update_max_model_len(self, max_model_len: int) -> None:
         self.model_config.max_model_len = max_model_len

@@ -8,7 +8,7 @@ Serving: the interleaved server's model has a 1000-row embedding table behind a 
 a prompt holding id >= 1000 passes vLLM's checks and makes the prefill graph raise (IndexError),
 a real run-time graph failure with no mock. Decision (README, Serve): the requests of the failing
 graph call finish with an error (HTTP 500, "Internal server error"; the server log names the graph
-file and the error), their cache slots are freed, and every other request is served.
+file and the error), their KV blocks and batch rows are freed, and every other request is served.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from support.served import BATCH_SIZE
 
 from optimum_neuron_plugin import NeuronModelForCausalLM
 from optimum_neuron_plugin.artifact import ArtifactError, load_neuron_config
+from optimum_neuron_plugin.config import FORMAT_VERSION
 
 from .conftest import SMALL_VOCAB, SMALL_VOCAB_PREFILL_BUCKETS, STARTUP_RUNS
 
@@ -29,7 +30,10 @@ pytestmark = pytest.mark.slow  # a live `vllm serve`
 CORRUPT = {
     "missing-graph": ("graphs/token_generation_128.pt2", "missing compiled graph; export the model again"),
     "truncated-weights": ("model.safetensors", "unreadable or truncated"),
-    "newer-format": ("neuron_config.json", "format_version 8 is not supported by this optimum-neuron-plugin"),
+    "newer-format": (
+        "neuron_config.json",
+        f"format_version {FORMAT_VERSION + 1} is not supported by this optimum-neuron-plugin",
+    ),
     "missing-field": ("neuron_config.json", "missing field(s) sequence_length; export the model again"),
     "foreign-graph": ("graphs/token_generation_128.pt2", "the compiled graph token_generation fails on its first call"),
 }

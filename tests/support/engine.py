@@ -63,3 +63,13 @@ def serve_config(model: Path, usage: str = "OPENAI_API_SERVER", **options):
     args = make_arg_parser(FlexibleArgumentParser(exit_on_error=False)).parse_args(argv)
     args.model = args.model_tag
     return AsyncEngineArgs.from_cli_args(args).create_engine_config(UsageContext(usage))
+
+
+def block_hasher(block_size: int):
+    """vLLM's request block hasher (sha256), as its engine core gives each request with prefix caching on: a Request
+    built by hand for a bare scheduler needs one."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+    init_none_hash(sha256)
+    return get_request_block_hasher(block_size, sha256)

@@ -14,7 +14,7 @@ import math
 from itertools import count
 
 import pytest
-from support.engine import close_llm, make_llm
+from support.engine import block_hasher, close_llm, make_llm
 from support.references import hf_greedy
 from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
 
@@ -41,11 +41,12 @@ def make_scheduler(model, scheduling_policy: str = "fcfs", **additional):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
+    from optimum_neuron_plugin.artifact import load_neuron_config
     from optimum_neuron_plugin.vllm.engine.kv_spec import layer_names
 
     config = interleaved_config(model, scheduling_policy, **additional)
     cache = config.cache_config
-    cache.num_gpu_blocks = cache.num_gpu_blocks_override
+    cache.num_gpu_blocks = load_neuron_config(str(model)).num_blocks
     spec = FullAttentionSpec(block_size=cache.block_size, num_kv_heads=2, head_size=16, dtype=config.model_config.dtype)
     kv_cache_config = KVCacheConfig(
         num_blocks=cache.num_gpu_blocks,
@@ -68,7 +69,10 @@ def add(scheduler, req_id: str, prompt_len: int, max_tokens: int = 4, priority: 
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     # A first token of its own: no prompt shares a prefix with another, so no prefix-cache hit shortens a prefill.
     prompt = [100 + len(scheduler.requests), *range(2, prompt_len + 1)]
-    request = Request(req_id, prompt, params, None, arrival_time=float(next(_arrivals)), priority=priority)
+    request = Request(
+        req_id, prompt, params, None, arrival_time=float(next(_arrivals)), priority=priority,
+        block_hasher=block_hasher(scheduler.block_size),
+    )  # fmt: skip
     scheduler.add_request(request)
 
 

@@ -8,6 +8,7 @@ import pytest
 from support.engine import serve_config
 from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, SPECULATIVE_TOKENS
 
+from optimum_neuron_plugin.artifact import load_neuron_config
 from optimum_neuron_plugin.devices import neuron_devices_present
 from optimum_neuron_plugin.vllm import PLATFORM, register
 from optimum_neuron_plugin.vllm.engine.options import PrefillMode, asked_prefill_mode, backend_requested
@@ -108,14 +109,14 @@ def test_defaults_come_from_the_artifact(chunked_dir, usage, monkeypatch):
     assert config.scheduler_config.enable_chunked_prefill is True
     assert config.scheduler_config.max_num_batched_tokens == -(-SEQUENCE_LENGTH // CHUNK) * CHUNK + BATCH_SIZE
     assert config.scheduler_config.async_scheduling is False
-    assert config.cache_config.enable_prefix_caching is False  # vLLM's block caching; the plugin's is on:
-    assert config.additional_config["prefix_caching"] is True
+    assert config.cache_config.enable_prefix_caching is True  # vLLM's own, on the artifact's blocks
     assert config.parallel_config.distributed_executor_backend == "uni"
     assert config.parallel_config.worker_cls == "optimum_neuron_plugin.vllm.worker.NeuronWorker"
     assert config.model_config.enforce_eager is True
     assert config.compilation_config.mode == 0  # CompilationMode.NONE
-    blocks_per_request = -(-SEQUENCE_LENGTH // config.cache_config.block_size)
-    assert config.cache_config.num_gpu_blocks_override == BATCH_SIZE * blocks_per_request + 1
+    artifact = load_neuron_config(str(chunked_dir))
+    assert config.cache_config.block_size == artifact.block_size
+    assert config.cache_config.num_gpu_blocks_override is None  # the pool: the artifact's (worker.py)
 
 
 def test_explicit_smaller_limits_are_kept(chunked_dir):
@@ -195,7 +196,7 @@ def test_the_python_api_fits_vllms_resolved_values(chunked_dir):
     assert python_config().scheduler_config.max_num_seqs == BATCH_SIZE  # vLLM's 256 lowered to the artifact's
     config = python_config(max_num_seqs=2, max_model_len=64, enable_prefix_caching=False)
     assert (config.scheduler_config.max_num_seqs, config.model_config.max_model_len) == (2, 64)
-    assert config.additional_config["prefix_caching"] is False
+    assert config.cache_config.enable_prefix_caching is False
     with pytest.raises(ValueError, match="max_model_len=256 exceeds"):  # vLLM keeps what max_model_len was given
         python_config(max_model_len=2 * SEQUENCE_LENGTH)
 

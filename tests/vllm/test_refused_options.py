@@ -17,6 +17,10 @@ def engine_config(model, usage="OPENAI_API_SERVER", **kwargs):
 
 
 INTERLEAVED = {"additional_config": {"prefill_mode": "interleaved"}}
+# chunked_dir's defaults: the largest power of two dividing its chunk, sequence length and buckets; every row at full
+# length plus the null block.
+ARTIFACT_BLOCK = CHUNK
+ARTIFACT_BLOCKS = BATCH_SIZE * SEQUENCE_LENGTH // ARTIFACT_BLOCK + 1
 SERIAL = {"prefill_mode": "serial"}
 
 REFUSED = {
@@ -91,6 +95,22 @@ REFUSED = {
         f"max_num_seqs=256 exceeds the artifact's compiled batch_size={BATCH_SIZE}: pass --max-num-seqs {BATCH_SIZE}",
     ),
     "kv-cache-dtype": (dict(kv_cache_dtype="fp8"), "remove --kv-cache-dtype"),
+    "block-size": (
+        dict(block_size=2 * ARTIFACT_BLOCK),
+        f"block_size={2 * ARTIFACT_BLOCK} does not match the artifact's KV block size {ARTIFACT_BLOCK} (fixed at "
+        f"export: the graphs read the cache by blocks of {ARTIFACT_BLOCK} positions): pass --block-size "
+        f"{ARTIFACT_BLOCK} or omit it, or export the model again with --block-size {2 * ARTIFACT_BLOCK}",
+    ),
+    "num-gpu-blocks-override": (
+        dict(num_gpu_blocks_override=ARTIFACT_BLOCKS + 1),
+        f"num_gpu_blocks_override={ARTIFACT_BLOCKS + 1} exceeds the artifact's KV pool of {ARTIFACT_BLOCKS} blocks "
+        f"(the null block included; its graphs are compiled for it): pass --num-gpu-blocks-override {ARTIFACT_BLOCKS} "
+        f"or less, or export the model again with --num-blocks {ARTIFACT_BLOCKS + 1}",
+    ),
+    "kv-cache-memory-bytes": (
+        dict(kv_cache_memory_bytes=10**9),
+        f"kv_cache_memory_bytes=1000000000 exceeds the artifact's KV pool of {ARTIFACT_BLOCKS} blocks",
+    ),
     "kv-events-without-prefix-cache": (
         dict(kv_events_config={"enable_kv_cache_events": True, "publisher": "null"}, enable_prefix_caching=False),
         "--kv-events-config publishes what the prefix cache holds, but it is off (--no-enable-prefix-caching)",
@@ -165,10 +185,10 @@ def test_explicit_values_that_fit_are_kept(chunked_dir, monkeypatch):
     assert engine_config(chunked_dir, max_logprobs=5).model_config.max_logprobs == 5
     config = engine_config(chunked_dir, enable_prefix_caching=False, async_scheduling=False, dtype="float32")
     assert config.cache_config.enable_prefix_caching is False
-    assert config.additional_config["prefix_caching"] is False  # --no-enable-prefix-caching: the plugin's cache off
-    config = engine_config(chunked_dir, enable_prefix_caching=True)  # accepted: the plugin caches prefixes
-    assert config.additional_config["prefix_caching"] is True
-    assert config.cache_config.enable_prefix_caching is False  # vLLM's blocks stay bookkeeping
+    config = engine_config(chunked_dir, enable_prefix_caching=True, block_size=ARTIFACT_BLOCK)
+    assert (config.cache_config.enable_prefix_caching, config.cache_config.block_size) == (True, ARTIFACT_BLOCK)
+    config = engine_config(chunked_dir, num_gpu_blocks_override=ARTIFACT_BLOCKS - 8)  # a smaller pool: kept
+    assert config.cache_config.num_gpu_blocks_override == ARTIFACT_BLOCKS - 8
     interleaved = engine_config(chunked_dir, enable_chunked_prefill=True, max_num_batched_tokens=40, **INTERLEAVED)
     assert interleaved.scheduler_config.max_num_batched_tokens == 40
     chunk_and_decodes = CHUNK + BATCH_SIZE  # the smallest budget interleaved prefill can schedule a chunk in

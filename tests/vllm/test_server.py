@@ -8,10 +8,11 @@ HTTP (streamed and not), stopped by PID.
 - `host`: the context-encoding tiny model whose token_generation returns logits (vLLM's bitmask application on the
   host), in serial prefill mode, with the same structured-output options: the structured-output tests run on both.
 
-KV-cache events (kv_events.py) are read the way a prefix-aware router reads them: a ZMQ subscriber decoding vLLM's own
-KVEventBatch. A served prompt's full blocks arrive as BlockStored with the hashes vLLM's kv_cache_utils computes for
-the same tokens; a request sharing those blocks hits them (usage.prompt_tokens_details.cached_tokens); once misses
-have reused every slot the blocks arrive as BlockRemoved and the same prompt misses.
+KV-cache events (vLLM's own, from its KV cache manager) are read the way a prefix-aware router reads them: a ZMQ
+subscriber decoding vLLM's KVEventBatch. A served prompt's full blocks arrive as BlockStored with the hashes vLLM's
+kv_cache_utils computes for the same tokens; a request sharing those blocks hits them
+(usage.prompt_tokens_details.cached_tokens); once misses have taken every free block the blocks arrive as
+BlockRemoved and the same prompt misses.
 
 Structured outputs: both servers run with `--enable-auto-tool-choice --tool-call-parser hermes` (SmolLM2's ChatML
 template) and VLLM_ENFORCE_STRICT_TOOL_CALLING=0 (see TOOLS), and `disable_any_whitespace`: a random-weight model would
@@ -236,8 +237,8 @@ def test_echo_with_logprobs_serves_prompt_logprobs(server, runtime, tokenizer):
 
 
 def test_cached_tokens_and_metrics_report_the_runners_hits(server, tokenizer, vllm_root):
-    """Prefix caching is on by default: vLLM's cached_tokens and prefix-cache counters count the hits the runner
-    started from (its ONP_STATS_FILE record), no more."""
+    """Prefix caching (vLLM's) is on by default: vLLM's cached_tokens and prefix-cache counters count the hits the
+    runner started from (its ONP_STATS_FILE record), no more."""
     prompt = prompt_of(3 * CHUNK + 5, tokenizer, offset=17)
     follow_up = prompt + prompt_of(6, tokenizer, offset=2)
     before = wait_idle(server.port)
@@ -246,7 +247,8 @@ def test_cached_tokens_and_metrics_report_the_runners_hits(server, tokenizer, vl
     call(server.port, "/v1/completions", completion(server, prompt_of(2, tokenizer, offset=3), max_tokens=1))
     after = wait_idle(server.port)
     cached = [(b["usage"].get("prompt_tokens_details") or {}).get("cached_tokens", 0) for b in bodies]
-    assert cached == [0, len(prompt)]  # the hit ends mid-chunk, where the follow-up leaves the first prompt
+    hit = len(prompt) // BLOCK * BLOCK
+    assert cached == [0, hit]  # the full blocks of the first prompt: the follow-up leaves it mid-block
     records = [json.loads(line) for line in (vllm_root / "server-stats.jsonl").read_text().splitlines()]
     runner = [next(r["cached_tokens"] for r in records if r["req_id"].startswith(b["id"])) for b in bodies]
     assert runner == cached
@@ -254,7 +256,7 @@ def test_cached_tokens_and_metrics_report_the_runners_hits(server, tokenizer, vl
     def delta(name: str) -> float:
         return sum(after.get(n, 0) - before.get(n, 0) for n in (f"vllm:{name}", f"vllm:{name}_total"))
 
-    assert delta("prefix_cache_hits") == len(prompt)
+    assert delta("prefix_cache_hits") == hit
     assert delta("prefix_cache_queries") == len(prompt) + len(follow_up) + 2
 
 
@@ -267,14 +269,16 @@ def cached_tokens(server, prompt: list[int]) -> int:
     return body["usage"]["prompt_tokens_details"]["cached_tokens"]
 
 
-def test_events_announce_the_blocks_a_request_then_hits_and_their_removal(server, events_port, tokenizer):
+def test_events_announce_the_blocks_the_cache_holds_and_their_removal(server, events_port, tokenizer):
     subscriber = Subscriber(events_port)
     time.sleep(1)  # a SUB socket misses what is published before its subscription reaches the publisher
-    prompt = prompt_of(2 * BLOCK + 8, tokenizer, offset=1)
+    prompt = prompt_of(2 * BLOCK + 8, tokenizer, offset=1)[::-1]  # reversed: no earlier prompt starts with it
     assert cached_tokens(server, prompt) == 0
-    # The slot holds the prompt and 3 of its 4 outputs (the last one's K/V is never computed): two full blocks.
+    # The prompt and 3 of its 4 outputs were computed (the last one's K/V never is): vLLM's cache holds two full
+    # blocks of it, and announces exactly those.
     expected = vllm_block_hashes(prompt)
     events = subscriber.until(lambda events: set(expected) <= set(stored(events)))
+    assert set(stored(events)) == set(expected)
     blocks = stored(events)
     assert [blocks[h].token_ids for h in expected] == [prompt[:BLOCK], prompt[BLOCK : 2 * BLOCK]]
     assert [blocks[h].parent_block_hash for h in expected] == [None, expected[0]]
@@ -283,10 +287,13 @@ def test_events_announce_the_blocks_a_request_then_hits_and_their_removal(server
     sharing = prompt[: 2 * BLOCK] + prompt_of(8, tokenizer, offset=11)
     assert sharing[2 * BLOCK] != prompt[2 * BLOCK]
     assert cached_tokens(server, sharing) == 2 * BLOCK
-    # Misses take the least recently used slots, the one holding those blocks last: then they are gone.
-    for i in range(BATCH_SIZE):
-        assert cached_tokens(server, prompt_of(BLOCK + 3, tokenizer, offset=3 + i)[::-1]) == 0
-    subscriber.until(lambda events: set(expected) <= removed(events))
+    # Misses that allocate more blocks than the pool holds take the least recently used cached ones: the prompt's
+    # blocks leave the cache, announced as removed, and the same prompt misses.
+    misses = [prompt_of(5 * BLOCK + 3, tokenizer, offset=3 + i)[::-1] for i in range(4 * BATCH_SIZE)]
+    for miss in misses:
+        assert cached_tokens(server, miss) == 0
+    events = subscriber.until(lambda events: set(expected) <= removed(events))
+    assert removed(events) <= set(stored(events))  # only blocks it announced
     assert cached_tokens(server, prompt) == 0
 
 

@@ -1,6 +1,7 @@
 """Speculative decoding (n-gram prompt lookup) through an in-process vllm.LLM: the served tokens are the tokens
 greedy decoding without drafts gives (transformers), whatever the drafts' fate, and stopping inside an accepted
-run; the prefix cache records only tokens whose K/V the slot really holds; options it cannot serve are refused.
+run; vLLM's prefix cache holds only blocks whose K/V are their tokens' (never a rejected draft's); options it cannot
+serve are refused.
 
 One artifact: the served tiny Llama (chunk 16, on-device sampling) with verify graphs of K drafts. Per-request
 draft and acceptance counts come from the runner's stats file (ONP_STATS_FILE).
@@ -129,29 +130,46 @@ def test_stopping_inside_an_accepted_run(llm, tokenizer, tiny_hf, stats_file):
     assert all(r["accepted_tokens"] >= 3 for r in records if r["output_tokens"] >= 16), records
 
 
-def test_the_prefix_cache_holds_no_rejected_draft(llm, tokenizer, tiny_hf):
-    """After each request, every free slot's recorded tokens have, in the slot, the K/V transformers computes for
-    them: a rejected draft's K/V (left past a request's last token) is never recorded as part of its prefix. The
+def test_the_prefix_cache_holds_no_rejected_draft(llm, tokenizer, tiny_hf, monkeypatch):
+    """After each request, every block of it that vLLM's prefix cache holds (a hashed block) has the K/V transformers
+    computes for its tokens: a rejected draft's K/V (left past a request's last token) is never in a cached block. The
     requests end right after a run of accepted drafts, where the last step rejects drafts."""
     base = prompt_of(61, tokenizer, offset=2)
     prompt = base + hf_greedy(tiny_hf, base, 24)
     core = llm.llm_engine.engine_core.engine_core
-    caches = core.model_executor.driver_worker.worker.runner.model.caches
+    serving = runner(llm)
+    last: dict[str, tuple[list[int], list[int]]] = {}  # req_id -> (block ids, tokens computed) after its last step
+    execute = serving.execute
+
+    def recording(*args, **kwargs):
+        output = execute(*args, **kwargs)
+        for req_id, state in serving.requests.items():
+            last[req_id] = (list(state.block_ids), list(state.all_token_ids[:-1]))  # the last token's K/V: not yet
+        return output
+
+    monkeypatch.setattr(serving, "execute", recording)
+    pool = core.scheduler.kv_cache_manager.block_pool
+    block, checked = serving.block_size, 0
     for max_tokens in (23, 24, 25, 26):
+        last.clear()
         generate(llm, [prompt], greedy(max_tokens))
-        for slot in core.scheduler.prefix_cache.slots:
-            if slot.tokens:
-                check_slot(caches, slot, tiny_hf)
+        ((block_ids, computed),) = last.values()
+        for index, block_id in enumerate(block_ids[: len(computed) // block]):
+            if pool.blocks[block_id].block_hash is not None:
+                check_block(serving.model.caches, block_id, computed[: (index + 1) * block], block, tiny_hf)
+                checked += 1
+    assert checked > 0
 
 
-def check_slot(caches, slot, hf) -> None:
-    n = len(slot.tokens)
+def check_block(caches, block_id: int, tokens: list[int], block: int, hf) -> None:
+    """Block block_id holds the K/V of the last `block` of tokens (positions len(tokens) - block ...)."""
     with torch.no_grad():
-        cache = hf(torch.tensor([slot.tokens]), use_cache=True).past_key_values
+        cache = hf(torch.tensor([tokens]), use_cache=True).past_key_values
     for layer in range(hf.config.num_hidden_layers):
-        keys, values = cache.layers[layer].keys[0], cache.layers[layer].values[0]
-        torch.testing.assert_close(caches[2 * layer][slot.index, :, :n], keys, atol=1e-4, rtol=0)
-        torch.testing.assert_close(caches[2 * layer + 1][slot.index, :, :n], values, atol=1e-4, rtol=0)
+        keys, values = cache.layers[layer].keys[0, :, -block:], cache.layers[layer].values[0, :, -block:]
+        # The pool's block is [block_size, kv_heads, head_dim]; transformers' [kv_heads, positions, head_dim].
+        torch.testing.assert_close(caches[2 * layer][block_id].transpose(0, 1), keys, atol=1e-4, rtol=0)
+        torch.testing.assert_close(caches[2 * layer + 1][block_id].transpose(0, 1), values, atol=1e-4, rtol=0)
 
 
 def test_sampled_requests_speculate_and_reproduce(llm, tokenizer):
@@ -167,7 +185,7 @@ class GraphCallLog:
     """The runner's graph calls, by step: (runtime method, the requests of its rows by their caller's id). The
     runtime methods are wrapped, and call through: what runs is the real model."""
 
-    METHODS = ("copy_prefix", "verify", "decode", "prefill_and_decode", "prefill", "prefill_batch", "prefill_positions")
+    METHODS = ("verify", "decode", "prefill_and_decode", "prefill", "prefill_batch", "prefill_positions")
 
     def __init__(self, runner, monkeypatch) -> None:
         self.runner, self.steps, self._depth = runner, [], 0
@@ -190,7 +208,6 @@ class GraphCallLog:
 
     def _requests(self, name: str, args) -> list[str]:
         slots = {
-            "copy_prefix": lambda: [args[1]],
             "verify": lambda: list(args[0]),
             "decode": lambda: list(args[0]),
             "prefill_and_decode": lambda: [*args[3], args[0]],
@@ -201,10 +218,10 @@ class GraphCallLog:
 
 
 def test_a_steps_graph_calls_run_in_the_documented_order(llm, tokenizer, tiny_hf, monkeypatch):
-    """One step holding every kind of work (runner/call_plan.py): a prefix copy for a request whose prefix a decoding
-    request holds, the verify call of the request with drafts, the decode of a request that may not speculate (it
-    asks for logprobs) riding in the first prompt slice's chunk, then the other prompt slice. Every request gets
-    transformers' greedy tokens."""
+    """One step holding every kind of work (runner/call_plan.py): the verify call of the request with drafts, the
+    decode of a request that may not speculate (it asks for logprobs) riding in the first prompt slice's chunk (a
+    request sharing the decoding request's first blocks: it prefills from there), then the other prompt slice. Every
+    request gets transformers' greedy tokens."""
     from vllm import SamplingParams
 
     engine, calls = llm.llm_engine, GraphCallLog(runner(llm), monkeypatch)
@@ -226,7 +243,6 @@ def test_a_steps_graph_calls_run_in_the_documented_order(llm, tokenizer, tiny_hf
         engine.add_request(name, {"prompt_token_ids": prompts[name]}, params[name])
     finished.update({o.request_id: o for o in engine.step() if o.finished})
     assert calls.steps[-1] == [
-        ("copy_prefix", ["copier"]),
         ("verify", ["holder"]),
         ("prefill_and_decode", ["plain", "copier"]),
         ("prefill", ["fresh"]),
@@ -362,10 +378,10 @@ def test_drafts_that_do_not_pay_never_reach_vllm(llm, priced_runner, tokenizer, 
 
 def test_startup_times_every_decode_and_verify_graph(llm, priced_runner):
     """VerifyCosts.measure (the warm-up's, with drafts gated) times each token_generation and verify graph; it runs
-    them on slot 0, so the prefix cache is reset after it here (at startup nothing is cached yet)."""
+    them on row 0, whose block table points at the null block while no request runs (at startup too): no block of
+    vLLM's is written."""
     model = priced_runner.model
     measured = VerifyCosts.measure(model).latencies.seconds
-    llm.reset_prefix_cache()
     wanted = {s for s in model.specs if s.name in (TOKEN_GENERATION, VERIFY)}
     assert set(measured) == {spec_key(s) for s in wanted} and {s.rows for s in wanted} == {1, 4}
     assert all(0 < seconds < 10 for seconds in measured.values())

@@ -1,5 +1,6 @@
 """vLLM's streaming input (AsyncLLM.generate with an async generator of StreamingInput): a session's next input
-continues in the slot that holds its tokens so far, and its tokens are those of one request with the whole context."""
+continues from the KV blocks vLLM kept for its tokens so far, and its tokens are those of one request with the whole
+context."""
 
 from __future__ import annotations
 

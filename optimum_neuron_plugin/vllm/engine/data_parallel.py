@@ -1,7 +1,7 @@
 """vLLM's data parallelism with compiled artifacts: which modes serve, where each engine runs, what is refused.
 
-vLLM 0.32 runs data_parallel_size engine processes, each with its own workers, artifact instance, cache slots and
-KV cache; the plugin needs nothing from the other engines. Every mode of vLLM's multiprocess ("mp") DP backend
+vLLM 0.32 runs data_parallel_size engine processes, each with its own workers, artifact instance, KV pool and
+vLLM block manager; the plugin needs nothing from the other engines. Every mode of vLLM's multiprocess ("mp") DP backend
 serves, because each is only a different way of starting and addressing those engines:
 
 - one node: `--data-parallel-size N`; vLLM's front end balances requests (its DP coordinator collects queue stats);

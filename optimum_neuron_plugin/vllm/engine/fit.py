@@ -1,15 +1,18 @@
 """Fit vLLM's engine configuration to a compiled artifact (called from NeuronPlatform.check_and_update_config).
 
-The artifact fixes the shapes: batch_size rows of KV cache, sequence_length positions per row, tp_degree inside the
-graphs. vLLM must never schedule beyond them. Fitting is two steps:
+The artifact fixes the shapes: batch_size rows per graph call, sequence_length positions per sequence, a KV pool of
+num_blocks blocks of block_size positions (the null block included), tp_degree inside the graphs. vLLM must never
+schedule beyond them. Fitting is two steps:
 
 - fit(vllm_config, artifact) -> Fitted reads the configuration, the artifact and the options the user set
   (user_args.py) and decides everything: max_num_seqs / max_model_len from the artifact where unset, the token
-  budget, the executor, the KV block count, the environment. It changes nothing, and raises ConfigMismatchError
-  naming every option the artifact cannot honour (the rules in refusals.py, all reported at once).
+  budget, the executor, the KV block size, prefix caching, the environment. It changes nothing, and raises
+  ConfigMismatchError naming every option the artifact cannot honour (the rules in refusals.py, all reported at once).
 - apply(fitted, vllm_config) writes the decisions into the configuration and the environment, and switches off
-  every vLLM feature that would run vLLM's own model code (torch.compile, CUDA graphs, vLLM's block prefix caching
-  (the plugin caches prefixes in its own slots: prefix_cache.py), async scheduling).
+  every vLLM feature that would run vLLM's own model code (torch.compile, CUDA graphs, async scheduling).
+
+vLLM's KV cache manager owns the blocks: the pool is the artifact's (worker.py reports its bytes), or less with
+--num-gpu-blocks-override / --kv-cache-memory-bytes; vLLM's prefix caching, preemption and KV events work on it.
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from .limits import ServingLimits
 from .options import (
     DATA_PARALLEL_SIZE_KEY,
     PREFILL_MODE_KEY,
-    PREFIX_CACHING_KEY,
     PrefillMode,
     asked_prefill_mode,
     default_prefill_mode,
@@ -74,7 +76,6 @@ def fit(vllm_config: VllmConfig, artifact: NeuronConfig) -> Fitted:
     max_num_seqs = min(scheduler.max_num_seqs, artifact.batch_size)
     tokens, warnings = _token_budget(asked, max_model_len, max_num_seqs)
     overrides, dropped = _generation_overrides(vllm_config, artifact)
-    blocks, blocks_warning = _kv_blocks(vllm_config, max_num_seqs, max_model_len)
     fitted = Fitted(
         max_model_len=max_model_len,
         max_num_seqs=max_num_seqs,
@@ -83,15 +84,15 @@ def fit(vllm_config: VllmConfig, artifact: NeuronConfig) -> Fitted:
         tensor_parallel_size=tp,
         executor="uni" if tp == 1 else "mp",
         data_parallel_size=local_engines(vllm_config.parallel_config),
-        # A configuration fitted before (e.g. the engine process's copy) keeps its recorded choice.
-        prefix_caching=vllm_config.additional_config.get(PREFIX_CACHING_KEY, cache.enable_prefix_caching is not False),
-        num_gpu_blocks_override=blocks,
+        # An export without prefill chunks prefills whole prompts from position 0: no hit could be used.
+        prefix_caching=cache.enable_prefix_caching is not False and artifact.chunked,
+        block_size=artifact.block_size,
         max_logprobs=_max_logprobs(asked),
         dtype=_artifact_dtype(artifact),
         limits=_limits(artifact, max_model_len, mode),
         generation_overrides=overrides,
         environment=_environment(tp),
-        warnings=tuple(warnings) + dropped + blocks_warning,
+        warnings=tuple(warnings) + dropped,
     )
     problems = refusals.problems(asked, fitted)
     if problems:
@@ -122,9 +123,8 @@ def apply(fitted: Fitted, vllm_config: VllmConfig) -> None:
     parallel.worker_cls = WORKER_CLS
     vllm_config.additional_config[PREFILL_MODE_KEY] = fitted.prefill_mode.value  # the scheduler and runner read it
     vllm_config.additional_config[DATA_PARALLEL_SIZE_KEY] = fitted.data_parallel_size
-    vllm_config.additional_config[PREFIX_CACHING_KEY] = fitted.prefix_caching
-    cache.enable_prefix_caching = False  # the plugin's prefix cache does the caching; vLLM's blocks are bookkeeping
-    cache.num_gpu_blocks_override = fitted.num_gpu_blocks_override
+    cache.enable_prefix_caching = fitted.prefix_caching
+    cache.block_size = fitted.block_size
     _disable_compilation(vllm_config)
     for name, value in fitted.environment:
         os.environ.setdefault(name, value)
@@ -211,29 +211,6 @@ def _max_logprobs(asked: Asked) -> int:
     if not asked.artifact.on_device_sampling or asked.user.max_logprobs is not None or 0 <= current <= compiled:
         return current
     return compiled
-
-
-def kv_blocks_needed(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
-    """Blocks for every admitted request at full length, plus the null block vLLM's pool keeps back.
-
-    With this many blocks vLLM's scheduler never runs out of KV blocks, so it never preempts a
-    running request to admit another: admission is bounded by max_num_seqs (<= batch_size) alone.
-    """
-    return max_num_seqs * -(-max_model_len // block_size) + 1
-
-
-def _kv_blocks(vllm_config: VllmConfig, max_num_seqs: int, max_model_len: int) -> tuple[int, tuple[str, ...]]:
-    """The runtime owns the KV cache (batch_size rows); vLLM's blocks are bookkeeping only: enough for every
-    request at full length, drafts included (and the slots vLLM reserves past them for a draft model)."""
-    length = max_model_len + num_speculative_tokens(vllm_config) + vllm_config.num_lookahead_tokens
-    needed = kv_blocks_needed(max_num_seqs, length, vllm_config.cache_config.block_size)
-    explicit = vllm_config.cache_config.num_gpu_blocks_override
-    if explicit is not None and explicit < needed:
-        return explicit, (
-            f"num_gpu_blocks_override={explicit} is below the {needed} blocks that max_num_seqs requests of "
-            "max_model_len need: vLLM may preempt requests, which are then prefilled again",
-        )
-    return max(needed, explicit or 0), ()
 
 
 def _artifact_dtype(artifact: NeuronConfig) -> torch.dtype:

@@ -21,8 +21,8 @@ class Fitted:
     tensor_parallel_size: int
     executor: str  # vLLM's distributed_executor_backend
     data_parallel_size: int
-    prefix_caching: bool  # the plugin's prefix cache (prefix_cache.py)
-    num_gpu_blocks_override: int
+    prefix_caching: bool  # vLLM's own (cache_config.enable_prefix_caching)
+    block_size: int  # vLLM's KV block size: the artifact's
     max_logprobs: int
     dtype: torch.dtype
     limits: ServingLimits  # what validate_request checks each request against

@@ -1,15 +1,13 @@
-"""The KV cache as vLLM's scheduler sees it.
+"""The KV cache as vLLM's KV cache manager sees it: the artifact's pool of blocks.
 
-Decision: one FullAttentionSpec per decoder layer, with the block count pinned (in
-engine_config.kv_blocks_needed, through num_gpu_blocks_override) to max_num_seqs full-length
-requests plus the null block. The alternative, an empty spec, makes vLLM treat the model as
-attention-free: chunked prefill is switched off (so a prompt longer than max_num_batched_tokens
-waits forever) and scheduler-driven chunking (prefill_mode=interleaved) is impossible.
+One FullAttentionSpec per decoder layer, all alike, so vLLM makes one KV cache group: one block table per request
+that every layer shares, as the graphs take it (a row's table, runtime/block_tables.py). A layer with a sliding
+window is a full-attention layer to vLLM too: the graphs mask what lies outside its window.
 
-With enough blocks for every admitted request at max_model_len, admission is bounded by
-max_num_seqs (<= batch_size) alone and the scheduler never preempts a running request for
-lack of blocks. The blocks are bookkeeping only: nothing is allocated for them; the runtime
-owns the real cache ([batch_size, sequence_length] per layer) and a request's cache row is its slot.
+The pool's size: vLLM divides the memory the worker reports (determine_available_memory) by a block's bytes over
+the layers. The worker reports the artifact's compiled pool (NeuronConfig.num_blocks, the null block included),
+or --kv-cache-memory-bytes when it is set; --num-gpu-blocks-override replaces the count. Either may ask for less
+than the compiled pool, never more (the graphs index blocks up to num_blocks - 1).
 """
 
 from __future__ import annotations
@@ -19,7 +17,8 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 from ...artifact import cache_dtype
 from ...runtime import NeuronModelForCausalLM
 
-# Any layout: vLLM allocates nothing for us. NHD order, the usual default.
+# The graphs' layout, vLLM's NHD (LBNHC): per layer a K and a V pool [num_blocks, block_size, kv_heads, head_dim]
+# (models/kv_cache.py). vLLM allocates nothing for it: the runtime owns the pool.
 SUPPORTED_LAYOUTS = ["LBNHC"]
 
 
@@ -27,17 +26,17 @@ def layer_names(num_layers: int) -> list[str]:
     return [f"model.layers.{i}.self_attn.attn" for i in range(num_layers)]
 
 
-def kv_cache_spec(model: NeuronModelForCausalLM, block_size: int) -> dict[str, KVCacheSpec]:
-    args = model.args
+def kv_cache_spec(model: NeuronModelForCausalLM) -> dict[str, KVCacheSpec]:
+    """This rank's layers (its shard of the KV heads under tensor parallelism), in the artifact's block size."""
     spec = FullAttentionSpec(
-        block_size=block_size,
-        num_kv_heads=args.num_key_value_heads,
-        head_size=args.head_dim,
+        block_size=model.neuron_config.block_size,
+        num_kv_heads=model.shard_layout.kv_heads,
+        head_size=model.args.head_dim,
         dtype=cache_dtype(model.neuron_config),
     )
-    return {name: spec for name in layer_names(args.num_hidden_layers)}
+    return {name: spec for name in layer_names(model.args.num_hidden_layers)}
 
 
 def bytes_for_blocks(specs: dict[str, KVCacheSpec], num_blocks: int) -> int:
-    """What vLLM's block pool would occupy: reported as 'available memory', never allocated."""
+    """What num_blocks blocks of every layer occupy: the unit vLLM divides memory by."""
     return num_blocks * sum(spec.page_size_bytes for spec in specs.values())

@@ -44,9 +44,6 @@ PREFILL_TARGET_ITL_ENV = "ONP_PREFILL_TARGET_ITL_MS"
 PREFILL_TARGET_ITL_KEY = "prefill_target_itl_ms"
 # Set by the plugin (engine_config): the server's --data-parallel-size, which vLLM resets to 1 in each engine.
 DATA_PARALLEL_SIZE_KEY = "data_parallel_size"
-# Set by the plugin (engine_config): prefix caching on (default) or off (--no-enable-prefix-caching); vLLM's own
-# cache_config.enable_prefix_caching stays off (its blocks are bookkeeping only; prefix_cache.py does the caching).
-PREFIX_CACHING_KEY = "prefix_caching"
 BACKEND_VALUES = ("cpu", "neuron", "off", "auto")
 
 
@@ -158,13 +155,6 @@ def data_parallel_size(additional_config: object = None) -> int:
     if isinstance(additional_config, dict):
         return int(additional_config.get(DATA_PARALLEL_SIZE_KEY, 1))
     return 1
-
-
-def prefix_caching(additional_config: object = None) -> bool:
-    """Whether the plugin's prefix cache is on (engine_config records the user's choice in additional_config)."""
-    if isinstance(additional_config, dict):
-        return bool(additional_config.get(PREFIX_CACHING_KEY, True))
-    return True
 
 
 def _additional(additional_config: object, key: str, env: str) -> object:

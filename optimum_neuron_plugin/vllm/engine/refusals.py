@@ -10,11 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
+from pathlib import Path
 
 import vllm.envs as envs
 from vllm.config import VllmConfig
 
+from ...artifact import cache_dtype, load_config
 from ...config import NeuronConfig
+from ...models.sharding import layout_for
 from ..spec_decode.methods import speculation_problems
 from .data_parallel import data_parallel_problems
 from .fitted import Fitted
@@ -177,11 +180,50 @@ def data_parallel(asked: Asked, fitted: Fitted) -> str | None:
     return "; ".join(data_parallel_problems(asked.vllm_config.parallel_config)) or None
 
 
+def block_size(asked: Asked, fitted: Fitted) -> str | None:
+    cache, compiled = asked.vllm_config.cache_config, asked.artifact.block_size
+    if not cache.user_specified_block_size or cache.block_size == compiled:
+        return None
+    return (
+        f"block_size={cache.block_size} does not match the artifact's KV block size {compiled} (fixed at export: the "
+        f"graphs read the cache by blocks of {compiled} positions): pass --block-size {compiled} or omit it, or export "
+        f"the model again with --block-size {cache.block_size}"
+    )
+
+
+def kv_pool(asked: Asked, fitted: Fitted) -> str | None:
+    cache, compiled = asked.vllm_config.cache_config, asked.artifact.num_blocks
+    problems = []
+    if cache.num_gpu_blocks_override is not None and cache.num_gpu_blocks_override > compiled:
+        problems.append(
+            f"num_gpu_blocks_override={cache.num_gpu_blocks_override} exceeds the artifact's KV pool of {compiled} "
+            f"blocks (the null block included; its graphs are compiled for it): pass --num-gpu-blocks-override "
+            f"{compiled} or less, or export the model again with --num-blocks {cache.num_gpu_blocks_override}"
+        )
+    if cache.kv_cache_memory_bytes is not None:
+        block = kv_block_bytes(asked.vllm_config.model_config.model, asked.artifact)
+        if cache.kv_cache_memory_bytes > compiled * block:
+            problems.append(
+                f"kv_cache_memory_bytes={cache.kv_cache_memory_bytes} exceeds the artifact's KV pool of {compiled} "
+                f"blocks ({compiled * block} bytes per rank; its graphs are compiled for it): pass "
+                f"--kv-cache-memory-bytes {compiled * block} or less, or export the model again with --num-blocks "
+                f"{cache.kv_cache_memory_bytes // block}"
+            )
+    return "; ".join(problems) or None
+
+
+def kv_block_bytes(model: str, artifact: NeuronConfig) -> int:
+    """One block of every layer's K and V on a rank (its KV heads): what vLLM divides the pool's memory by."""
+    _, args = load_config(Path(model))
+    kv_heads = layout_for(args, artifact.tp_degree).kv_heads
+    return args.num_hidden_layers * 2 * artifact.block_size * kv_heads * args.head_dim * cache_dtype(artifact).itemsize
+
+
 def kv_events_without_prefix_cache(asked: Asked, fitted: Fitted) -> str | None:
     events = asked.vllm_config.kv_events_config
-    if events is None or not events.enable_kv_cache_events or (fitted.prefix_caching and asked.artifact.chunked):
+    if events is None or not events.enable_kv_cache_events or fitted.prefix_caching:
         return None
-    why = "--no-enable-prefix-caching" if not fitted.prefix_caching else "an export without prefill chunks"
+    why = "an export without prefill chunks" if not asked.artifact.chunked else "--no-enable-prefix-caching"
     return (
         f"--kv-events-config publishes what the prefix cache holds, but it is off ({why}): remove --kv-events-config, "
         "or serve with prefix caching (a chunked export, without --no-enable-prefix-caching)"
@@ -348,6 +390,8 @@ RULES: tuple[Rule, ...] = (
     scheduler_cls,
     kv_cache_dtype,
     data_parallel,
+    block_size,
+    kv_pool,
     kv_events_without_prefix_cache,
     load_format,
     logprobs_mode,

@@ -37,7 +37,7 @@ SUPPORTED = frozenset(
         "output_text_buffer_length",
         "flat_logprobs",
         "repetition_detection",  # a stop condition of vLLM's scheduler
-        "skip_reading_prefix_cache",  # nothing to read: prefix caching is off
+        "skip_reading_prefix_cache",  # vLLM's prefix cache honours it
         "watermarking",  # vLLM's input processor resolves it (off without a watermark config)
         "_watermarking_skipped",
         "_eos_token_id",

@@ -13,7 +13,7 @@ import time
 
 from vllm.v1.core.sched.output import SchedulerOutput
 
-from ...graphs import CHUNK_AND_DECODE, COPY_PREFIX, PROMPT_LOGITS, TOKEN_GENERATION, VERIFY
+from ...graphs import CHUNK_AND_DECODE, PROMPT_LOGITS, TOKEN_GENERATION, VERIFY
 from ...models.sampling import bitmask_words
 from ...runtime import NeuronModelForCausalLM
 from ...sampling import GREEDY
@@ -38,20 +38,18 @@ class CallExecutor:
         self.speculation = speculation
         self.grammar = StepGrammar(SchedulerOutput.make_empty(), None)  # the step's (NeuronModelRunner.execute)
         self._run = {
-            CallKind.COPY: self._copy,
             CallKind.VERIFY: self._verify,
             CallKind.FUSED: self._fused,
             CallKind.DECODE: self._decode,
             CallKind.PREFILL: self._prefill,
             CallKind.PREFILL_TOGETHER: self._prefill_together,
             CallKind.PROMPT_LOGITS: self._prompt_logits,
-            CallKind.PREFIX: self._prefix,
         }
 
     def graph(self, call: GraphCall) -> str:
         """The name of the graphs the call runs (logs, health)."""
-        names = {CallKind.COPY: COPY_PREFIX, CallKind.VERIFY: VERIFY, CallKind.FUSED: CHUNK_AND_DECODE,
-                 CallKind.DECODE: TOKEN_GENERATION, CallKind.PROMPT_LOGITS: PROMPT_LOGITS}  # fmt: skip
+        names = {CallKind.VERIFY: VERIFY, CallKind.FUSED: CHUNK_AND_DECODE, CallKind.DECODE: TOKEN_GENERATION,
+                 CallKind.PROMPT_LOGITS: PROMPT_LOGITS}  # fmt: skip
         return names.get(call.kind, self.model.neuron_config.prefill_graph)
 
     def graph_calls(self, call: GraphCall) -> int:
@@ -62,12 +60,6 @@ class CallExecutor:
         result = StepResult()
         self._run[call.kind](call, result)
         return result
-
-    def _copy(self, call: GraphCall, result: StepResult) -> None:
-        copy = call.copy
-        self.model.copy_prefix(copy.source, copy.destination, copy.length)
-        self.speculation.copy_prefix(copy.source, copy.destination, copy.length)  # the draft model's cache
-        self.requests[copy.req_id].stats.copied = True
 
     def _verify(self, call: GraphCall, result: StepResult) -> None:
         """Each row keeps its accepted drafts and one more token (spec_decode/bookkeeping.py)."""
@@ -163,15 +155,6 @@ class CallExecutor:
         if done is not None:
             result.prompt_logprobs[work.req_id] = done
         self._prefilled(call, work, logits[-1], began, result)
-
-    def _prefix(self, call: GraphCall, result: StepResult) -> None:
-        """A failed copy's prefix prefilled in the request's slot: no token of the request came from the cache."""
-        (work,) = call.prefills
-        state, tokens, began = self._prompt_slice(work)
-        self.model.prefill(state.slot, tokens, start=0)
-        seconds, calls = time.perf_counter() - began, self.model.prefill_calls(work.count)
-        result.prefilled.append(PrefillRecord(work.req_id, seconds, calls, False, False, new_step=False))
-        result.refilled.append(work.req_id)
 
     def _prompt_slice(self, work: ScheduledSlice) -> tuple[RequestState, list[int], float]:
         state = self.requests[work.req_id]

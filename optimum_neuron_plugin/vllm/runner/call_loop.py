@@ -14,7 +14,7 @@ For each call, less the requests that failed earlier in the step:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from ..log import get_logger
 from .call_executor import CallExecutor
@@ -35,12 +35,14 @@ class GuardedCalls:
         self.health = health
         self.graph_files = graph_files  # graph name -> its files, for the log
 
-    def run(self, calls: Sequence[GraphCall]) -> StepResult:
+    def run(self, calls: Sequence[GraphCall], producers: Mapping[str, Collection[str]] | None = None) -> StepResult:
+        """producers: req_id -> the requests whose writes this step its slice reads (rows.py)."""
         step, pending = StepResult(), list(calls)
         while pending:
             call = pending.pop(0).without(step.failed)
             if call is None:
                 continue
+            call = self._restart_orphans(call, step.failed, producers or {})
             if call.fallback and self.retired(call.kind):
                 pending[:0] = call.fallback
                 continue
@@ -60,6 +62,19 @@ class GuardedCalls:
             self._commit(result)
             step.merge(result)
         return step
+
+    @staticmethod
+    def _restart_orphans(call: GraphCall, failed: list[str], producers: Mapping[str, Collection[str]]) -> GraphCall:
+        """A slice whose first blocks a failed call of the step was to write is prefilled from position 0: it writes
+        them itself (a hit's blocks hold its own first tokens), at the cost of their compute."""
+        orphans = {r for r in call.req_ids if set(producers.get(r, ())) & set(failed)}
+        if not orphans:
+            return call
+        logger.warning(
+            "request(s) %s share KV blocks that a failed graph call was to write: prefilled from position 0",
+            ", ".join(sorted(orphans)),
+        )
+        return call.restarted(orphans)
 
     def retired(self, kind: CallKind) -> bool:
         """The kind's calls run as their fallback for the life of the server (health.py)."""
@@ -93,13 +108,11 @@ class GuardedCalls:
     def _commit(self, result: StepResult) -> None:
         for req_id, tokens in result.tokens.items():
             self.requests[req_id].output_token_ids.extend(tokens)
-        for req_id in result.refilled:
-            self.requests[req_id].stats.cached_tokens = 0
         for record in result.prefilled:
             stats = self.requests[record.req_id].stats
             stats.prefill_seconds += record.seconds
             stats.prefill_calls += record.calls
-            stats.prefill_steps += int(record.new_step)
+            stats.prefill_steps += 1
             stats.interleaved |= record.interleaved
             stats.batched |= record.batched
 

@@ -2,22 +2,19 @@
 
 plan_calls orders them (the one place the order is decided):
 
-1. copy_prefix, one call per prefix copy, in claim order (prefix_cache.py), before any other call reads or writes
-   the cache: a source's rows [0, length) are still what its owner committed; falling back to prefilling those
-   positions in the request's own slot (the prefill graphs from position 0: what the request would run without a
-   hit), which writes that slot only.
-2. verify: the decoding requests that may speculate, when one of them has drafts (spec_decode/bookkeeping.py);
+1. verify: the decoding requests that may speculate, when one of them has drafts (spec_decode/bookkeeping.py);
    falling back to the decode batch of those rows, every draft rejected (one token each).
-3. the other decoding requests (token_generation), riding in the first prompt slice's chunk (chunk_and_decode) when
+2. the other decoding requests (token_generation), riding in the first prompt slice's chunk (chunk_and_decode) when
    the artifact fuses and the step's prompt slices are not prefilled together; falling back to the decode batch and
    the slice apart, so that a bad prompt fails alone.
-4. the prompt slices: together (prefill_batch, falling back to one call per slice) when the artifact has prefill
+3. the prompt slices: together (prefill_batch, falling back to one call per slice) when the artifact has prefill
    batch graphs and there is more than one slice, else one call each (the chunk loop).
-5. the slices of requests asking for prompt logprobs, one call each on the prompt_logits graphs.
+4. the slices of requests asking for prompt logprobs, one call each on the prompt_logits graphs.
 
 The runner runs the list in one guarded loop (runner/call_loop.py); a request that failed in a call is left out of the
-calls after it, and a call kind whose calls keep failing runs as its fallback from then on (health.py). Each call's tokens, logprobs and prefill figures go into a StepResult of its own, merged into the
-step's only when the call succeeded.
+calls after it, and a call kind whose calls keep failing runs as its fallback from then on (health.py). Each call's
+tokens, logprobs and prefill figures go into a StepResult of its own, merged into the step's only when the call
+succeeded. A step whose slices read blocks that other slices write this step (rows.py) repeats 3-4 per wave.
 """
 
 from __future__ import annotations
@@ -29,24 +26,20 @@ from dataclasses import dataclass, field, replace
 from vllm.v1.outputs import LogprobsTensors
 
 from ..sampling.host_sampling import TokenLogprobs
-from ..scheduler.prefix_cache import PrefixCopy
 from .step_input import ScheduledSlice
 
 
 class CallKind(enum.Enum):
-    COPY = "copy_prefix"
     VERIFY = "verify"
     FUSED = "chunk_and_decode"
     DECODE = "token_generation"
     PREFILL = "prefill"  # one prompt slice (the chunk loop)
     PREFILL_TOGETHER = "prefill_batch"  # several prompt slices side by side
     PROMPT_LOGITS = "prompt_logits"
-    PREFIX = "prefix_prefill"  # a failed copy's prefix, prefilled in the request's slot from position 0
 
 
 # What a call kind with a fallback runs as when it raises (logs).
 FALLBACK_RUNS = {
-    CallKind.COPY: "the prefill graphs from position 0 (the request's prefix prefilled in its slot)",
     CallKind.VERIFY: "token_generation, every draft rejected (and, once retired, no drafts are proposed)",
     CallKind.FUSED: "token_generation and the prompt chunk in separate calls",
     CallKind.PREFILL_TOGETHER: "one prefill call per prompt",
@@ -58,22 +51,17 @@ class GraphCall:
     kind: CallKind
     decodes: tuple[ScheduledSlice, ...] = ()  # decoding (or verifying) rows
     prefills: tuple[ScheduledSlice, ...] = ()  # prompt slices
-    copy: PrefixCopy | None = None
     interleaved: bool = False  # the step that prefills these slices also decodes other requests (stats)
     fallback: tuple[GraphCall, ...] = ()  # run in its place when it raises; none: its requests fail
 
     @property
     def req_ids(self) -> list[str]:
-        if self.copy is not None:
-            return [self.copy.req_id]
         return [w.req_id for w in (*self.decodes, *self.prefills)]
 
     def without(self, failed: Collection[str]) -> GraphCall | None:
         """This call less the requests that failed earlier in the step; None when none is left."""
         if not failed or not set(self.req_ids) & set(failed):
             return self
-        if self.copy is not None:
-            return None
         decodes = tuple(w for w in self.decodes if w.req_id not in failed)
         prefills = tuple(w for w in self.prefills if w.req_id not in failed)
         if not decodes and not prefills:
@@ -85,9 +73,16 @@ class GraphCall:
             kind, fallback = CallKind.PREFILL, ()
         return replace(self, kind=kind, decodes=decodes, prefills=prefills, fallback=fallback)
 
+    def restarted(self, req_ids: Collection[str]) -> GraphCall:
+        """This call with the prompt slices of req_ids starting at position 0 (the same end: the same sampling)."""
+        prefills = tuple(
+            replace(w, start=0, count=w.start + w.count) if w.req_id in req_ids else w for w in self.prefills
+        )
+        fallback = tuple(f.restarted(req_ids) for f in self.fallback)
+        return replace(self, prefills=prefills, fallback=fallback)
+
 
 def plan_calls(
-    copies: Sequence[PrefixCopy],
     verifies: Sequence[ScheduledSlice],
     decodes: Sequence[ScheduledSlice],
     prefills: Sequence[ScheduledSlice],
@@ -97,7 +92,7 @@ def plan_calls(
 ) -> list[GraphCall]:
     """The step's graph calls in order (module docstring). positions: slices of requests asking for prompt logprobs;
     fuses: the artifact has chunk_and_decode graphs."""
-    calls = [GraphCall(CallKind.COPY, copy=copy, fallback=(prefix_prefill(copy),)) for copy in copies]
+    calls: list[GraphCall] = []
     if verifies:
         # The decode keeps each row's drafts only to count them rejected (CallExecutor._decode).
         calls.append(
@@ -122,12 +117,6 @@ def plan_calls(
     return calls
 
 
-def prefix_prefill(copy: PrefixCopy) -> GraphCall:
-    """A copy's fallback: positions [0, length) of the request prefilled in its slot (never its last prompt token, so
-    nothing is sampled); vLLM then reports no cached token for it (scheduler.py)."""
-    return GraphCall(CallKind.PREFIX, prefills=(ScheduledSlice(copy.req_id, 0, copy.length),))
-
-
 @dataclass(frozen=True)
 class PrefillRecord:
     """A prompt slice's figures (RequestStats), added to its request when its call succeeds."""
@@ -137,7 +126,6 @@ class PrefillRecord:
     calls: int
     interleaved: bool
     batched: bool
-    new_step: bool = True  # False for a prefix prefilled in the step that goes on prefilling the request
 
 
 @dataclass
@@ -149,7 +137,6 @@ class StepResult:
     prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
     prefilled: list[PrefillRecord] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
-    refilled: list[str] = field(default_factory=list)  # requests whose failed prefix copy was prefilled instead
 
     def merge(self, other: StepResult) -> None:
         self.tokens |= other.tokens
@@ -157,4 +144,3 @@ class StepResult:
         self.prompt_logprobs |= other.prompt_logprobs
         self.prefilled += other.prefilled
         self.failed += other.failed
-        self.refilled += other.refilled

@@ -12,7 +12,7 @@ logs "EngineCore encountered a fatal error", reports the engine dead to the fron
 then answers 503, every in-flight request fails) and exits; the API server's watchdog then shuts
 the server down, so `vllm serve` exits and a supervisor can restart it.
 
-Errors outside the guarded graph calls (a slot missing in update_states, a step the runner cannot
+Errors outside the guarded graph calls (a request missing in update_states, a step the runner cannot
 plan) mean the plugin and vLLM disagree about the engine's
 state: the worker logs one line naming the cause (`fatal`) and lets the exception stop the engine.
 

@@ -1,22 +1,25 @@
 """NeuronModelRunner: turns each vLLM step into graph calls on the runtime.
 
-A step is data: the runner reads vLLM's SchedulerOutput into a StepPlan (runner/step_input.py: the decoding requests and the
-prompt slices), turns it into an ordered list of graph calls (step_calls.plan_calls, where the order is written
-down: prefix copies, verify, the decode batch (riding in a prompt chunk when it can), the prompt slices, the prompt
-logprobs slices), each naming its requests and its fallback, and runs the list in one guarded loop
+A step is data: the runner writes each scheduled request's vLLM block ids into the block table of its batch row
+(runner/rows.py), reads vLLM's SchedulerOutput into a StepPlan (runner/step_input.py: the decoding requests and the
+prompt slices, in waves when a slice reads blocks another writes this step), turns it into an ordered list of graph
+calls (call_plan.plan_calls, where the order is written down: verify, the decode batch (riding in a prompt chunk
+when it can), the prompt slices, the prompt logprobs slices; then the next wave's slices), each naming its requests
+and its fallback, and runs the list in one guarded loop
 (runner/call_loop.py) that owns failure isolation, the engine's health and the requests' generators. One call is
 runner/call_executor.py's; the step's tokens, logprobs and failed requests come back in one StepResult, from which the runner
 builds vLLM's output. After the step, speculative decoding proposes the next drafts (spec_decode/bookkeeping.py).
 
 The same code serves both prefill modes: in serial mode vLLM schedules whole prompts, in interleaved mode vLLM's
 scheduler hands out slices, fitted to a latency target from the graph latencies the runner measures at warm-up and
-reports with its first output (scheduler/step_budget.py). Prefix caching (prefix_cache.py): the scheduler names the slot of
-each request and the prefix copies of the step.
+reports with its first output (scheduler/step_budget.py). Prefix caching is vLLM's: a hit is a request's first blocks,
+shared with the requests that wrote them, and its prefill starts after them.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 
 from vllm.config import VllmConfig
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
@@ -25,7 +28,7 @@ from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 from ...runtime import NeuronModelForCausalLM
 from ...runtime.latency import GraphLatencies
 from ...sampling import host_topk
-from ..contract import NeuronRunnerOutput, is_decode
+from ..contract import NeuronRunnerOutput, computed_tokens, is_decode
 from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode
 from ..log import WarmUpLog, get_logger
 from ..sampling.grammar import StepGrammar
@@ -38,8 +41,9 @@ from .call_plan import CallKind, GraphCall, StepResult, plan_calls
 from .health import GraphHealth
 from .prompt_logprobs import wants_prompt_logprobs
 from .request_state import RequestState, SeedSource
+from .rows import Rows, SliceBlocks, waves
 from .stats import StatsSink
-from .step_input import ScheduledSlice, StepPlan, computed_tokens, released_ids, resumed_token_ids, scheduled_drafts
+from .step_input import ScheduledSlice, StepPlan, only_group, released_ids, resumed_token_ids, scheduled_drafts
 
 logger = get_logger(__name__)
 
@@ -61,46 +65,69 @@ class NeuronModelRunner:
         # The interleaved scheduler's latency target needs the graphs' latencies (scheduler/step_budget.py).
         self.measures_latencies = prefill_mode(extra) is PrefillMode.INTERLEAVED and prefill_chunk_budget(extra) is None
         self.latencies: GraphLatencies | None = None  # measured at warm-up, reported with the first output
+        self.rows = Rows(nc.batch_size)
+        self.block_size = nc.block_size
+        for row in range(nc.batch_size):  # vLLM's blocks from now on: no row holds any until a request is scheduled
+            model.graph_set.tables.assign(row, [])
 
     # ---- request bookkeeping ------------------------------------------------------------------
 
     def update_states(self, scheduler_output: SchedulerOutput) -> None:
-        # The scheduler owns the cache slots (prefix_cache.py): it names the slot of each request it admits.
-        slots = scheduler_output.slots
+        """The step's requests and their vLLM block ids (new and resumed requests: all of them; running ones: the blocks
+        appended this step), then each scheduled request's row and block table (rows.py)."""
         finished, preempted = released_ids(scheduler_output)
         for req_id in finished:
             self._finish(req_id)
         for req_id in preempted:
-            self._release_slot(req_id)
+            self._release_row(req_id)
         for new in scheduler_output.scheduled_new_reqs:
-            if new.req_id in self.requests:  # a streaming-input session's next input: its slot holds the tokens so far
+            if new.req_id in self.requests:  # a streaming-input session's next input: its blocks hold the tokens so far
                 state = self.requests[new.req_id]
                 state.continue_session(new.prompt_token_ids or [], new.sampling_params)
-                state.slot = slots[new.req_id]
-                continue
-            state = RequestState.create(
-                new.req_id, new.prompt_token_ids or [], new.sampling_params, self._default_seed(new.sampling_params)
-            )
-            state.slot = slots[state.req_id]
-            state.stats.cached_tokens = new.num_computed_tokens
-            self.requests[state.req_id] = state
-        for req_id, token_ids in resumed_token_ids(scheduler_output).items():
+            else:
+                state = RequestState.create(
+                    new.req_id, new.prompt_token_ids or [], new.sampling_params,
+                    self._default_seed(new.sampling_params),
+                )  # fmt: skip
+                state.stats.cached_tokens = new.num_computed_tokens
+                self.requests[state.req_id] = state
+            state.block_ids = only_group(new.block_ids)
+        cached = scheduler_output.scheduled_cached_reqs
+        resumed = resumed_token_ids(scheduler_output)
+        for req_id, block_ids in zip(cached.req_ids, cached.new_block_ids, strict=True):
             state = self.requests[req_id]
-            if token_ids is not None:
-                state.resync(token_ids)
-            state.slot = slots[req_id]
+            if req_id in resumed:  # preempted, then admitted again: its blocks are new, its K/V computed again
+                if resumed[req_id] is not None:
+                    state.resync(resumed[req_id])
+                state.block_ids = only_group(block_ids)
+            elif block_ids is not None:
+                state.block_ids.extend(only_group(block_ids))
+        self._write_tables(scheduler_output.num_scheduled_tokens.keys())
+
+    def _write_tables(self, scheduled: Collection[str]) -> None:
+        tables = self.model.graph_set.tables
+        for req_id in scheduled:
+            state = self.requests[req_id]
+            if state.slot is None:
+                state.slot, taken = self.rows.take(req_id, keep=scheduled)
+                if taken is not None:
+                    self.requests[taken].slot = None
+            tables.assign(state.slot, state.block_ids)
 
     def _default_seed(self, params) -> int | None:
         """A seed from --seed for an unseeded request (drawn for every request, so admission order alone decides)."""
         return self.seeds.next_seed() if params.seed is None else None
 
-    def _release_slot(self, req_id: str) -> None:
+    def _release_row(self, req_id: str) -> None:
+        """The request no longer runs (preempted, finished): its row's table points at the null block again."""
         state = self.requests.get(req_id)
-        if state is not None:
+        if state is not None and state.slot is not None:
+            self.rows.release(state.slot)
+            self.model.graph_set.tables.assign(state.slot, [])
             state.slot = None
 
     def _finish(self, req_id: str) -> None:
-        self._release_slot(req_id)
+        self._release_row(req_id)
         state = self.requests.pop(req_id, None)
         if state is not None:
             self.stats.finished(state)
@@ -121,26 +148,38 @@ class NeuronModelRunner:
                 )
             decoding = work.count == 1 and is_decode(state.num_tokens, work.start, len(state.output_token_ids))
             (plan.decodes if decoding else plan.prefills).append(work)
+        slices = [SliceBlocks(w, self.requests[w.req_id].block_ids) for w in (*plan.decodes, *plan.prefills)]
+        plan.waves = waves(slices, self.block_size)
+        # A decode whose context another request writes this step (a resumed request's hit) runs as a prompt slice.
+        later = [w for w in plan.decodes if plan.waves.levels[w.req_id]]
+        plan.decodes = [w for w in plan.decodes if w not in later]
+        plan.prefills += later
         return plan
 
-    def graph_calls(self, plan: StepPlan, scheduler_output: SchedulerOutput) -> list[GraphCall]:
-        """The step's graph calls, in order (step_calls.plan_calls)."""
+    def graph_calls(self, plan: StepPlan) -> list[GraphCall]:
+        """The step's graph calls, in order (call_plan.plan_calls), wave by wave (rows.py)."""
         verifies, decodes = self.speculation.split_verifies(plan.decodes, self.requests)
-        # Slices of requests asking for prompt logprobs run alone on the prompt_logits graphs.
-        positions = [w for w in plan.prefills if wants_prompt_logprobs(self.requests[w.req_id])]
-        prefills = [w for w in plan.prefills if w not in positions]
-        nc = self.model.neuron_config
-        return plan_calls(
-            scheduler_output.copies, verifies, decodes, prefills, positions,
-            fuses=self.model.fuses_prefill_and_decode, prefill_batch_size=nc.prefill_batch_size,
-        )  # fmt: skip
+        calls = []
+        for wave in range(plan.waves.count):
+            slices = [w for w in plan.prefills if plan.waves.levels[w.req_id] == wave]
+            # Slices of requests asking for prompt logprobs run alone on the prompt_logits graphs.
+            positions = [w for w in slices if wants_prompt_logprobs(self.requests[w.req_id])]
+            prefills = [w for w in slices if w not in positions]
+            nc = self.model.neuron_config
+            calls += plan_calls(
+                verifies, decodes, prefills, positions,
+                fuses=self.model.fuses_prefill_and_decode, prefill_batch_size=nc.prefill_batch_size,
+            )  # fmt: skip
+            verifies, decodes = [], []
+        return calls
 
     def execute(
         self, scheduler_output: SchedulerOutput, grammar_output: GrammarOutput | None = None
     ) -> ModelRunnerOutput:
         """The step's graph calls and sampled tokens; grammar_output: vLLM's bitmask of its structured requests."""
         self.executor.grammar = StepGrammar(scheduler_output, grammar_output)
-        step = self.calls.run(self.graph_calls(self.plan(scheduler_output), scheduler_output))
+        plan = self.plan(scheduler_output)
+        step = self.calls.run(self.graph_calls(plan), plan.waves.producers)
         if not self.calls.retired(CallKind.VERIFY):  # drafts nothing can verify would only cost their proposal
             self.speculation.propose(step.tokens, self.requests)
         return self._output(list(scheduler_output.num_scheduled_tokens), step)
@@ -156,7 +195,6 @@ class NeuronModelRunner:
             logprobs=logprobs_lists([step.logprobs.get(req_id) for req_id in req_ids]),
             prompt_logprobs_dict=step.prompt_logprobs,
             failed_req_ids=step.failed,
-            refilled_req_ids=step.refilled,
             graph_latencies=latencies,
         )
 

@@ -1,4 +1,4 @@
-"""Per-request state kept by the runner (the scheduler assigns each request its cache slot: prefix_cache.py).
+"""Per-request state kept by the runner: its tokens, its vLLM block ids and its batch row (rows.py).
 
 vLLM's scheduler does not send sampled tokens back to the worker, so the runner keeps each
 request's tokens itself: prompt + every token it sampled. The runner appends sampled tokens to
@@ -31,8 +31,7 @@ class RequestStats:
     prefill_steps: int = 0  # engine steps that prefilled part of this request
     interleaved: bool = False  # a prefill step of this request also decoded other requests
     batched: bool = False  # its prompt was prefilled together with other prompts (runtime.prefill_batch)
-    cached_tokens: int = 0  # prompt tokens its slot already held at admission (prefix cache hit): not prefilled
-    copied: bool = False  # the hit was copied from another request's slot (runtime.copy_prefix)
+    cached_tokens: int = 0  # tokens of vLLM's prefix-cache hit at admission (whole blocks): not prefilled
     draft_tokens: int = 0  # speculative decoding: draft tokens verified
     accepted_tokens: int = 0  # of which accepted
 
@@ -44,7 +43,8 @@ class RequestState:
     params: VllmSamplingParams
     sampling: SamplingParams  # what the graphs / host sampler get
     generator: torch.Generator | None  # None for greedy: greedy draws no randomness
-    slot: int | None = None
+    slot: int | None = None  # its batch row while it runs (rows.py)
+    block_ids: list[int] = field(default_factory=list)  # vLLM's blocks of its positions, in order
     output_token_ids: list[int] = field(default_factory=list)
     stats: RequestStats = field(default_factory=RequestStats)
     prompt_logprobs: LogprobsTensors | None = None  # prompt_logprobs.py: filled slice by slice
@@ -118,7 +118,7 @@ class RequestState:
     def continue_session(self, prompt_token_ids: list[int], params: VllmSamplingParams) -> None:
         """A streaming-input session's next input (vLLM 0.32 streaming input): the prompt is now the tokens so far
         (without the last sampled token, which the session drops) plus the new input, and the outputs start again.
-        The slot and the random generator stay the request's."""
+        The random generator stays the request's."""
         self.prompt_token_ids, self.output_token_ids, self._token_ids = list(prompt_token_ids), [], []
         self.params, self.sampling = params, to_runtime_sampling(params)
         if self.sampling.greedy:

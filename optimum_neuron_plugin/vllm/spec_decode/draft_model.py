@@ -1,16 +1,15 @@
 """Draft-model speculation: a second, smaller export of this plugin proposes each request's next k tokens greedily.
 
 `--speculative-config '{"method": "draft_model", "model": "<draft export dir>", "num_speculative_tokens": k}'`.
-The draft is loaded with the runtime in the same worker, on the same backend, and keeps its own KV cache: its
-slot i belongs to the target's slot i (the scheduler's slots, prefix_cache.py), so it is freed and reused with
-it. Each slot remembers which tokens its draft cache holds (position j holds record[j]); a request's drafts start
-from the longest prefix of its tokens the record shares, so whatever a slot held before (an earlier request, a
-preempted one, a prefix-cache hit) is reused as far as it is true, and rejected drafts fall out of the record. The
-record also remembers the token list it was last matched with and how far it agrees with it: a request's list only
-grows (RequestState.all_token_ids), so the next proposal compares only what was fed after that point (the drafts, at
-most k tokens), and a step's host work does not grow with the context. When
-the target copies a prefix between slots (prefix caching), the draft copies its own rows alongside if its export has
-copy_prefix graphs (copy_prefix); if not, the destination's record is untouched and the draft prefills the rest.
+The draft is loaded with the runtime in the same worker, on the same backend, and keeps its own KV cache (its own
+block allocator, runtime/block_tables.py): its slot i belongs to the request in the target's batch row i (the
+runner's rows, runner/rows.py), so it is reused with it. Each slot remembers which tokens its draft cache holds
+(position j holds record[j]); a request's drafts start from the longest prefix of its tokens the record shares, so
+whatever a slot held before (an earlier request, a preempted one, a prefix-cache hit) is reused as far as it is true,
+and rejected drafts fall out of the record. The record also remembers the token list it was last matched with and how
+far it agrees with it: a request's list only grows (RequestState.all_token_ids), so the next proposal compares only
+what was fed after that point (the drafts, at most k tokens), and a step's host work does not grow with the context.
+A target's prefix-cache hit is not the draft's: the draft prefills what its slot's record does not hold.
 
 Per proposal, for each request with tokens t_0..t_{N-1}:
 - catch up: the draft cache must hold t_0..t_{N-2}. A long gap (a new prompt, a resumed request) goes through the
@@ -126,23 +125,6 @@ class DraftModelDrafts:
         self.model.warm_up(WarmUpLog(logger, "the draft model"))
         self.records.clear()  # the warm-up wrote slot 0
         self.matched.clear()
-
-    def copy_prefix(self, source: int, destination: int, length: int) -> None:
-        """The target copied its rows [0, length) of slot source onto slot destination (prefix caching): the draft
-        copies what its own source slot holds of them, when its artifact has copy_prefix graphs. Otherwise, or when the
-        copy raises, the destination's record stays true to its draft cache (dropped after a failed copy) and the
-        draft catches up from there by prefilling, as for any slot."""
-        held = min(length, len(self.records.get(source, ())))
-        if not self.model.copies_prefixes or not held or source == destination:
-            return
-        try:
-            self.model.copy_prefix(source, destination, held)
-        except Exception as error:  # noqa: BLE001 - the draft prefills instead
-            logger.warning("the draft model's prefix copy raised %s: %s", type(error).__name__, error)
-            self.records.pop(destination, None)
-            return
-        self.records[destination] = self.records[source][:held]
-        self.matched.pop(destination, None)
 
     def propose(self, slots: Sequence[int], token_lists: Sequence[list[int]]) -> list[list[int]]:
         """Each request's greedy drafts (at most k) given its slot and all its tokens. A draft graph that raises

@@ -115,9 +115,6 @@ class NgramDrafts:
     def warm_up(self) -> None:
         pass
 
-    def copy_prefix(self, source: int, destination: int, length: int) -> None:
-        """Nothing to copy: n-gram drafts come from the token lists, not from a cache."""
-
     def propose(self, slots: Sequence[int], token_lists: Sequence[list[int]]) -> list[list[int]]:
         """Each request's drafts (at most k, none where no n-gram of its suffix recurs) given its slot and all its
         tokens: a list extended in place from step to step (RequestState.all_token_ids), so only its new tokens are

@@ -1,27 +1,17 @@
-"""The engine's entries of vllm/compat.py on vLLM's own objects (a Request, a SchedulerOutput), and how `vllm serve`'s
-real parser records the options a command line sets (user_args.py: argparse's public API, no compat entry)."""
+"""How `vllm serve`'s real parser records the options a command line sets (user_args.py: argparse's public API, no
+compat entry)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
 from vllm.entrypoints.cli.serve import ServeSubcommand
-from vllm.sampling_params import SamplingParams
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-from vllm.v1.core.sched.output import SchedulerOutput
-from vllm.v1.request import Request
 
-from optimum_neuron_plugin.vllm.compat import request_hasher, scheduler_output_fields, set_request_hasher
-from optimum_neuron_plugin.vllm.contract import NeuronSchedulerOutput
 from optimum_neuron_plugin.vllm.engine.user_args import USER_OPTIONS_KEY, record_user_options
-
-BLOCK_SIZE = 4
 
 
 def refuse_all_but_tp_2(model: Path, tp: int) -> None:
@@ -97,40 +87,3 @@ def test_recording_twice_wraps_the_parser_once():
     record_user_options(parser, refuse_all_but_tp_2)
     assert parser.parse_args(["--max-num-seqs", "3"]).additional_config == {USER_OPTIONS_KEY: {"max_num_seqs": 3}}
     assert parser.parse_known_args.__wrapped__.__self__ is parser  # the class's method, not a wrapper
-
-
-def hasher():
-    hash_fn = get_hash_fn_by_name("sha256")
-    init_none_hash(hash_fn)
-    return get_request_block_hasher(BLOCK_SIZE, hash_fn)
-
-
-def request(**kwargs) -> Request:
-    return Request("r", list(range(9)), SamplingParams(max_tokens=8), None, **kwargs)
-
-
-def test_a_request_given_a_block_hasher_hashes_as_one_created_with_it():
-    """The hashes the KV events announce: vLLM's own, for the prompt and for the tokens it appends after."""
-    plain, built = request(), request(block_hasher=hasher())
-    assert request_hasher(plain) is None and plain.block_hashes == []
-    set_request_hasher(plain, hasher())
-    assert request_hasher(plain) is not None
-    plain.update_block_hashes()
-    assert len(plain.block_hashes) == 2 and plain.block_hashes == built.block_hashes
-    for r in (plain, built):
-        r.append_output_token_ids([100, 101, 102])  # a third full block: vLLM hashes it as it appends
-    assert len(plain.block_hashes) == 3 and plain.block_hashes == built.block_hashes
-
-
-def test_scheduler_output_fields_are_every_field_of_vllms_scheduler_output():
-    output = SchedulerOutput.make_empty()
-    output.num_scheduled_tokens = {"r": 3}
-    output.total_num_scheduled_tokens = 3
-    output.finished_req_ids = {"done"}
-    copied = scheduler_output_fields(output)
-    assert set(copied) == {f.name for f in fields(SchedulerOutput)}
-    neuron = NeuronSchedulerOutput.of(output, {"r": 1}, [])
-    assert all(getattr(neuron, name) is getattr(output, name) for name in copied)
-    assert (neuron.slots, neuron.copies) == ({"r": 1}, [])
-    # A NeuronSchedulerOutput copies as vLLM's step: its own fields are not SchedulerOutput's.
-    assert set(scheduler_output_fields(neuron)) == set(copied)
