@@ -22,6 +22,8 @@ def test_the_graph_reads_back_what_tracing_passes():
     for config in (EVERY_KIND, NeuronConfig(batch_size=2, sequence_length=32, on_device_sampling=False)):
         for spec in graph_specs(config, VOCAB):
             tensors = flat(inputs_class(spec).example(spec))
+            # one tensor passed as two inputs would be traced as one: the graph would read it for both
+            assert len({id(x) for x in tensors}) == len(tensors), spec.key
             read = flat(inputs_class(spec).unflat(spec, iter(tensors)))
             assert len(read) == len(tensors) and all(a is b for a, b in zip(read, tensors, strict=True)), spec.key
 
