@@ -84,7 +84,11 @@ def from_cache(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dt
 def copy_blocks(cache: torch.Tensor, source: torch.Tensor, destination: torch.Tensor) -> None:
     """Blocks source[j] written onto blocks destination[j] (int tensors [W]), in place: the blocks are read first (a
     copy), so a block copied onto itself is unchanged."""
-    cache.index_copy_(0, destination.long(), cache.index_select(0, source))
+    blocks = cache.index_select(0, source)
+    if fp8.is_fp8(cache):  # as in write: torch has no CPU index_copy_ kernel for FP8
+        cache.index_put_((destination.long(),), blocks)
+        return
+    cache.index_copy_(0, destination.long(), blocks)
 
 
 def read(cache: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:
