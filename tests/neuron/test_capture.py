@@ -118,8 +118,8 @@ def test_tail_graphs_are_one_dynamo_graph(tiny_models, recorded, name):
 
 def test_copy_prefix_graphs_copy_the_device_cache_in_place(tiny_models, recorded):
     """copy_prefix per context bucket (captured whole: test_every_graph_is_one_dynamo_graph): its call writes the
-    destination rows of the cache tensors the device holds (an input mutation), positions [0, bucket) from the
-    source's, and nothing else."""
+    destination's blocks of the cache tensors the device holds (an input mutation), those covering positions
+    [0, bucket) from the source's, and nothing else."""
     config = NeuronConfig(backend="neuron", torch_dtype="bfloat16", **CONFIGS["chunked"])
     model = tiny_models["llama"]
     backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
@@ -129,11 +129,18 @@ def test_copy_prefix_graphs_copy_the_device_cache_in_place(tiny_models, recorded
     for cache in graphs.caches:
         cache.copy_(torch.randn(cache.shape))
     before = [cache.clone() for cache in graphs.caches]
-    graphs(specs[1], torch.tensor([1], dtype=INDEX_DTYPE), torch.tensor([0], dtype=INDEX_DTYPE))
-    bucket = specs[1].bucket
+    width = config.blocks_per_sequence
+    source = torch.arange(1, width + 1, dtype=INDEX_DTYPE)  # two sequences' blocks, the second's in reverse order
+    destination = torch.arange(2 * width, width, -1, dtype=INDEX_DTYPE)
+    spec = specs[1]  # a bucket below sequence_length: the blocks past it stay
+    bucket, block_size = spec.bucket, config.block_size
+    copied = bucket // block_size
+    assert 0 < copied < width
+    graphs(spec, source, destination)
+    kept = [b for b in range(config.num_blocks) if b not in destination[:copied].tolist()]
     for cache, old in zip(graphs.caches, before, strict=True):
-        assert torch.equal(cache[0, :, :bucket], old[1, :, :bucket])
-        assert torch.equal(cache[0, :, bucket:], old[0, :, bucket:]) and torch.equal(cache[1], old[1])
+        assert torch.equal(cache[destination[:copied].long()], old[source[:copied].long()])
+        assert torch.equal(cache[kept], old[kept])
 
 
 def check_captured(graphs, specs, recorded, name: str) -> None:
