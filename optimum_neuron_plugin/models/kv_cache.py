@@ -88,10 +88,11 @@ def copy_blocks(cache: torch.Tensor, source: torch.Tensor, destination: torch.Te
     """Blocks source[j] written onto blocks destination[j] (int tensors [W]), in place: the blocks are read first (a
     copy), so a block copied onto itself is unchanged."""
     blocks = cache.index_select(0, source)
+    write_blocks = destination.long()  # index_copy_ takes int64 indices only
     if fp8.is_fp8(cache):  # as in write: torch has no CPU index_copy_ kernel for FP8
-        cache.index_put_((destination.long(),), blocks)
+        cache.index_put_((write_blocks,), blocks)
         return
-    cache.index_copy_(0, destination.long(), blocks)
+    cache.index_copy_(0, write_blocks, blocks)
 
 
 def read(cache: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:
