@@ -38,7 +38,10 @@ def table_width(length: int, block_size: int) -> int:
 
 def slots(tables: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
     """[n, T] int32: the cache slot of each position [n, T] of rows whose block tables are `tables` [n, W]."""
-    blocks = tables.gather(1, (positions // block_size).long())
+    n, width = tables.shape
+    # index_select into the flat tables takes int32 indices (gather only int64, which NeuronCores emulate)
+    entries = torch.arange(n, dtype=torch.int32, device=tables.device)[:, None] * width + positions // block_size
+    blocks = tables.reshape(-1).index_select(0, entries.reshape(-1)).view(positions.shape)
     return blocks * block_size + positions % block_size
 
 
@@ -54,8 +57,8 @@ class CallRows:
     def of(cls, cache: torch.Tensor, tables: torch.Tensor, position_ids: torch.Tensor) -> CallRows:
         _, block_size, kv_heads, _ = cache.shape
         heads = torch.arange(kv_heads, device=cache.device)
-        # index_copy_ takes int64 indices only (torch checks it)
-        flat_index = slots(tables, position_ids, block_size).long()[:, :, None] * kv_heads + heads
+        write_slots = slots(tables, position_ids, block_size).long()  # index_copy_ takes int64 indices only
+        flat_index = write_slots[:, :, None] * kv_heads + heads
         return cls(tables, flat_index.reshape(-1))
 
 
@@ -84,7 +87,12 @@ def from_cache(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dt
 def copy_blocks(cache: torch.Tensor, source: torch.Tensor, destination: torch.Tensor) -> None:
     """Blocks source[j] written onto blocks destination[j] (int tensors [W]), in place: the blocks are read first (a
     copy), so a block copied onto itself is unchanged."""
-    cache.index_copy_(0, destination.long(), cache.index_select(0, source))
+    blocks = cache.index_select(0, source)
+    write_blocks = destination.long()  # index_copy_ takes int64 indices only
+    if fp8.is_fp8(cache):  # as in write: torch has no CPU index_copy_ kernel for FP8
+        cache.index_put_((write_blocks,), blocks)
+        return
+    cache.index_copy_(0, write_blocks, blocks)
 
 
 def read(cache: torch.Tensor, tables: torch.Tensor, length: int) -> torch.Tensor:

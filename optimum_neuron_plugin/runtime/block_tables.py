@@ -40,13 +40,13 @@ class BlockTables:
             return
         if restart:
             self.release(seq_id)
-        needed = table_width(end, self.block_size)
-        while self.owned[seq_id] < needed:
-            if not self.free:
-                raise InputError(
-                    f"the KV cache pool is full: its {self.num_blocks - 1} blocks of {self.block_size} positions are "
-                    "held by other slots; restart a slot (prefill at position 0) or export with a larger --num-blocks"
-                )
+        needed = table_width(end, self.block_size) - self.owned[seq_id]
+        if needed > len(self.free):  # refused before any block is taken: a refused call holds nothing more
+            raise InputError(
+                f"the KV cache pool is full: its {self.num_blocks - 1} blocks of {self.block_size} positions are "
+                "held by other slots; restart a slot (prefill at position 0) or export with a larger --num-blocks"
+            )
+        for _ in range(needed):
             self.table[seq_id, self.owned[seq_id]] = self.free.pop()
             self.owned[seq_id] += 1
 

@@ -14,6 +14,7 @@ import torch
 from support.tiny_models import tiny_model
 
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
+from optimum_neuron_plugin.models.kv_cache import NULL_BLOCK, empty_cache
 
 VOCAB = 512
 SEQUENCE_LENGTH = 64
@@ -131,6 +132,47 @@ def fill_positions(model, cache: torch.Tensor, seq_id: int, start: int, value: f
     for position in range(start, model.neuron_config.sequence_length):
         block = int(model.graph_set.tables.table[seq_id, position // block_size])
         cache[block, position % block_size] = value
+
+
+def slot_blocks(model, *seq_ids: int) -> torch.Tensor:
+    """The pool blocks slots seq_ids hold now (their block tables' entries but the null block): int64, sorted."""
+    table = model.graph_set.tables.table[list(seq_ids)]
+    return table[table != NULL_BLOCK].unique().long()
+
+
+def blocks_but(model, *seq_ids: int) -> torch.Tensor:
+    """Every block of the pool but those slots seq_ids hold now (the null block and the free blocks included)."""
+    held = set(slot_blocks(model, *seq_ids).tolist())
+    return torch.tensor([b for b in range(model.neuron_config.num_blocks) if b not in held], dtype=torch.long)
+
+
+def assert_same_cache(got, want, marker: float, atol: float = 1e-5, rtol: float = 1e-5) -> None:
+    """Two models of one shape hold the same K/V in every slot, each read through its own block tables, and nothing
+    outside their slots' blocks (the null block, the free blocks) moved from `marker`, the value their whole caches
+    were filled with."""
+    slots = range(got.neuron_config.batch_size)
+    for layer, (got_cache, want_cache) in enumerate(zip(got.caches, want.caches, strict=True)):
+        for slot in slots:
+            torch.testing.assert_close(
+                slot_positions(got, got_cache, slot), slot_positions(want, want_cache, slot), atol=atol, rtol=rtol,
+                msg=lambda m, layer=layer, slot=slot: f"cache {layer} slot {slot}: {m}",
+            )  # fmt: skip
+        for model, cache in ((got, got_cache), (want, want_cache)):
+            assert (cache[blocks_but(model, *slots)] == marker).all(), f"cache {layer}: a write outside the slots"
+
+
+def eager_pool(
+    args, sequence_length: int, dtype: torch.dtype, block_size: int = 8, slots: int = 2
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The KV pool of an eager decoder (models.decoder.decoder_logits) for `slots` sequences of sequence_length
+    positions in blocks of block_size (plus the null block), and the block table [1, W] of its last slot: that slot's
+    blocks in descending order, so a position's block is read from the table, never implied by the layout."""
+    width = sequence_length // block_size
+    caches = empty_cache(
+        args.num_hidden_layers, slots * width + 1, block_size, args.num_key_value_heads, args.head_dim, dtype
+    )
+    table = torch.arange(slots * width, (slots - 1) * width, -1, dtype=torch.int32)[None]
+    return caches, table
 
 
 class CallLog:

@@ -15,7 +15,7 @@ from support.tiny_models import ARCHITECTURES, quick_first
 from optimum_neuron_plugin import NeuronConfig
 from optimum_neuron_plugin.config import NeuronConfigError, default_context_buckets, default_prefill_buckets
 
-from .helpers import CHUNKED, CHUNKED_LOGITS_LIGHT, CallLog, chunked_shape, prompt, slot_positions
+from .helpers import CHUNKED, CHUNKED_LOGITS_LIGHT, CallLog, chunked_shape, fill_positions, prompt
 
 BUCKETS = (8, 16, 32, 64)
 PREFILL_BUCKETS = (0, 8, 16, 24, 32, 48, 64)
@@ -103,7 +103,7 @@ def test_fine_decode_buckets_decode_what_hf_does_and_read_only_their_bucket(zoo)
     model.prefill(2, tokens)
     clean = model.decode([2], [3], [11]).logits
     for cache in model.caches:
-        slot_positions(cache, 2, 64)[12:] = 1e4
+        fill_positions(model, cache, 2, 12, 1e4)
     model.prefill(2, tokens)
     torch.testing.assert_close(model.decode([2], [3], [11]).logits, clean, atol=0, rtol=0)
 
@@ -149,7 +149,7 @@ def test_a_bucket_graph_never_reads_past_its_bucket_nor_attends_past_its_positio
     model.prefill(1, tokens)
     clean = model.decode([1], [3], [14]).tokens, model.prefill(1, [4, 5], start=15)
     for cache in model.caches:
-        slot_positions(cache, 1, 64)[17:] = 1e4  # beyond bucket 16, past everything written so far
+        fill_positions(model, cache, 1, 17, 1e4)  # beyond bucket 16, past everything written so far
     model.prefill(1, tokens)
     dirty = model.decode([1], [3], [14]).tokens, model.prefill(1, [4, 5], start=15)
     assert clean[0] == dirty[0]

@@ -16,11 +16,10 @@ from support.tiny_models import ARCHITECTURES
 from optimum_neuron_plugin.models.args import ModelArgs
 from optimum_neuron_plugin.models.checkpoint import decoder_weights
 from optimum_neuron_plugin.models.decoder import decoder_logits, weight_names
-from optimum_neuron_plugin.models.kv_cache import empty_cache
 from optimum_neuron_plugin.models.layers import rope_inv_freq
 from optimum_neuron_plugin.models.masks import chunk_mask
 
-from .helpers import prompt
+from .helpers import eager_pool, prompt
 
 LENGTH = 24
 SEQUENCE_LENGTH = 40
@@ -52,13 +51,13 @@ def test_rows_of_a_batched_chunk_have_their_own_starts():
 
 
 def chunked_logits(hf, tokens: list[int], chunk: int, prior_for) -> tuple[list[torch.Tensor], list[int]]:
-    """The eager decoder fed `tokens` chunk by chunk (padded like runtime.prefill) into slot 1 of a 2-row cache:
-    each chunk's last-token logits and its prior bucket prior_for(start)."""
+    """The eager decoder fed `tokens` chunk by chunk (padded like runtime.prefill) into the blocks of slot 1 of a
+    2-slot pool: each chunk's last-token logits and its prior bucket prior_for(start)."""
     args = ModelArgs.from_hf_config(hf.config.to_dict())
     state = decoder_weights(hf.state_dict(), args)
     params = {name: state[name] for name in weight_names(args)}
     dtype = params["model.norm.weight"].dtype
-    caches = empty_cache(args.num_hidden_layers, 2, SEQUENCE_LENGTH, args.num_key_value_heads, args.head_dim, dtype)
+    caches, table = eager_pool(args, SEQUENCE_LENGTH, dtype)
     for cache in caches:
         cache.fill_(3.0)  # stale values where nothing was written: masked, never attended
     logits, priors = [], []
@@ -69,9 +68,7 @@ def chunked_logits(hf, tokens: list[int], chunk: int, prior_for) -> tuple[list[t
         positions = torch.tensor([list(range(start, start + len(real))) + [start + len(real) - 1] * pad])
         prior = prior_for(start)
         with torch.no_grad():
-            out = decoder_logits(
-                args, params, caches, rope_inv_freq(args), ids, positions, torch.tensor([1]), prior, chunk=True
-            )
+            out = decoder_logits(args, params, caches, rope_inv_freq(args), ids, positions, table, prior, chunk=True)
         assert torch.isfinite(out).all()
         logits.append(out[0])
         priors.append(prior)

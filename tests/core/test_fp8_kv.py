@@ -12,7 +12,7 @@ from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 from optimum_neuron_plugin.models import fp8
 from optimum_neuron_plugin.runtime import fp8_params
 
-from .helpers import CHUNKED_LOGITS_LIGHT, SEEDS, SEQUENCE_LENGTH, VOCAB, prompt, slot_positions
+from .helpers import CHUNKED_LOGITS_LIGHT, SEEDS, VOCAB, prompt, slot_positions
 
 SHAPE = dict(CHUNKED_LOGITS_LIGHT, speculative_tokens=2)
 # Largest logit error of the FP8 cache against the fp32 cache, tiny Llama (logits of magnitude ~2; measured 0.08 after
@@ -34,9 +34,9 @@ def test_the_cache_holds_fp8_and_attention_stays_within_the_bound(pair):
     logits = [model.prefill(0, tokens) for model in pair]
     assert 0 < (logits[0] - logits[1]).abs().max() < BOUND
     # Layer 0's K: the same input in both exports. Stored: the fp32 cache's K divided by the layer's scale, in E4M3.
-    written = slot_positions(quantized.caches[0], 0, SEQUENCE_LENGTH)[:30]
+    written = slot_positions(quantized, quantized.caches[0], 0)[:30]
     scale = quantized.params["model.layers.0.self_attn.k_scale"]
-    expected = fp8.quantize_kv(slot_positions(exact.caches[0], 0, SEQUENCE_LENGTH)[:30], scale)
+    expected = fp8.quantize_kv(slot_positions(exact, exact.caches[0], 0)[:30], scale)
     assert torch.equal(written.view(torch.uint8), expected.view(torch.uint8))
     assert fp8.KV_MAX / 4 < written.float().abs().max() <= fp8.KV_MAX  # calibrated: the range is used
     token = int(logits[0].argmax())
@@ -49,7 +49,7 @@ def test_a_prefix_copy_and_its_continuation_are_exact_on_the_fp8_cache(pair):
     shared = prompt(20, seed=12)
     model.prefill(0, shared)
     model.copy_prefix(0, 1, 13)
-    source, copied = (slot_positions(model.caches[3], s, SEQUENCE_LENGTH)[:13] for s in (0, 1))
+    source, copied = (slot_positions(model, model.caches[3], s)[:13] for s in (0, 1))
     assert torch.equal(copied.view(torch.uint8), source.view(torch.uint8))
     tokens = shared[:13] + prompt(7, seed=13)
     continued = model.prefill(1, tokens[13:], start=13)

@@ -1,6 +1,6 @@
 """Each graph kind's inputs are one dataclass (graph_inputs.py): what tracing builds (example values) and what the
-graph reads back are the same tensors in the same order; every compiled graph keeps the positional inputs it had
-(names, shapes and dtypes), so existing artifacts still run."""
+graph reads back are the same tensors in the same order; every compiled graph takes the positional inputs of its
+format (shapes and dtypes), those the runtime passes."""
 
 from __future__ import annotations
 
@@ -22,18 +22,23 @@ def test_the_graph_reads_back_what_tracing_passes():
     for config in (EVERY_KIND, NeuronConfig(batch_size=2, sequence_length=32, on_device_sampling=False)):
         for spec in graph_specs(config, VOCAB):
             tensors = flat(inputs_class(spec).example(spec))
+            # one tensor passed as two inputs would be traced as one: the graph would read it for both
+            assert len({id(x) for x in tensors}) == len(tensors), spec.key
             read = flat(inputs_class(spec).unflat(spec, iter(tensors)))
             assert len(read) == len(tensors) and all(a is b for a, b in zip(read, tensors, strict=True)), spec.key
 
 
 def test_every_graph_takes_the_inputs_of_its_format():
-    """The positional inputs of format 7 (neuron_config.json), per kind: rows of (ids, positions) [n, T] and seq ids
-    [n] int32 (a chunk first in chunk_and_decode), then on-device sampling's params [n, 4], uniform [n, 1], bitmask
-    [n, ceil(V / 32)] int32 and logit_bias ids [n, M] int32 and values [n, M]; copy_prefix two slots [1]."""
+    """The positional inputs of format 8 (neuron_config.json), per kind: rows of (ids, positions) [n, T] and block
+    tables [n, S / block_size] int32 (a chunk first in chunk_and_decode), then on-device sampling's params [n, 4],
+    uniform [n, 1], bitmask [n, ceil(V / 32)] int32 and logit_bias ids [n, M] int32 and values [n, M]; copy_prefix
+    two block tables [S / block_size]."""
     words, bias = 4, EVERY_KIND.max_logit_bias
+    blocks = 64 // 4  # sequence_length / the default block_size (the tail of 4 tokens divides it)
+    assert EVERY_KIND.block_size == 4
 
     def rows(n: int, tokens: int) -> list:
-        return [((n, tokens), INDEX_DTYPE), ((n, tokens), INDEX_DTYPE), ((n,), INDEX_DTYPE)]
+        return [((n, tokens), INDEX_DTYPE), ((n, tokens), INDEX_DTYPE), ((n, blocks), INDEX_DTYPE)]
 
     def sampling(n: int) -> list:
         fp32 = torch.float32
@@ -47,7 +52,7 @@ def test_every_graph_takes_the_inputs_of_its_format():
             "verify": rows(n, 3),
             "token_generation": rows(n, 1) + sampling(n),
             "chunk_and_decode": rows(1, spec.chunk) + rows(n, 1) + sampling(n),
-            "copy_prefix": [((1,), INDEX_DTYPE), ((1,), INDEX_DTYPE)],
+            "copy_prefix": [((blocks,), INDEX_DTYPE), ((blocks,), INDEX_DTYPE)],
         }[spec.name]
         got = [(tuple(x.shape), x.dtype) for x in flat(inputs_class(spec).example(spec))]
         assert got == expected, spec.key

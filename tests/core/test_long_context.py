@@ -12,7 +12,7 @@ from support.tiny_models import tiny_model
 from optimum_neuron_plugin import NeuronConfig, NeuronModelForCausalLM
 from optimum_neuron_plugin.models.layers import rope_inv_freq
 
-from .helpers import VOCAB, prompt
+from .helpers import VOCAB, eager_pool, prompt
 
 LENGTH, CHUNK = 32768, 2048
 
@@ -59,7 +59,6 @@ def test_smollm2_2k_prompt_in_chunks_of_512_gives_hf_eager_logits():
     from optimum_neuron_plugin.config import default_prefill_buckets
     from optimum_neuron_plugin.models.args import ModelArgs
     from optimum_neuron_plugin.models.decoder import decoder_logits, weight_names
-    from optimum_neuron_plugin.models.kv_cache import empty_cache
     from optimum_neuron_plugin.sources import gguf_read_once
 
     gguf = smollm2_gguf()
@@ -71,9 +70,7 @@ def test_smollm2_2k_prompt_in_chunks_of_512_gives_hf_eager_logits():
     length, chunk, sequence_length = 2000, 512, 2048
     buckets = default_prefill_buckets(sequence_length, chunk)
     tokens = torch.randint(0, args.vocab_size, (length,), generator=torch.Generator().manual_seed(3)).tolist()
-    caches = empty_cache(
-        args.num_hidden_layers, 1, sequence_length, args.num_key_value_heads, args.head_dim, torch.float32
-    )
+    caches, table = eager_pool(args, sequence_length, torch.float32, block_size=128, slots=1)
     with torch.no_grad():
         reference = hf(torch.tensor([tokens])).logits[0]
         for start in range(0, length, chunk):
@@ -82,9 +79,7 @@ def test_smollm2_2k_prompt_in_chunks_of_512_gives_hf_eager_logits():
             ids = torch.tensor([real + real[-1:] * pad])
             positions = torch.tensor([list(range(start, start + len(real))) + [start + len(real) - 1] * pad])
             prior = next(b for b in buckets if b >= start)
-            logits = decoder_logits(
-                args, params, caches, rope_inv_freq(args), ids, positions, torch.tensor([0]), prior, chunk=True
-            )
+            logits = decoder_logits(args, params, caches, rope_inv_freq(args), ids, positions, table, prior, chunk=True)
             expected = reference[start + len(real) - 1]
             torch.testing.assert_close(logits[0], expected, atol=2e-3, rtol=0)
             assert logits[0].argmax() == expected.argmax()

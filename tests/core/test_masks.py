@@ -97,10 +97,9 @@ def test_bf16_decoder_with_padding_and_prior_context_is_finite(zoo):
     """The whole decoder in bf16 (eager): a padded chunk after cached context stays finite and close to fp32."""
     from optimum_neuron_plugin.models.args import ModelArgs
     from optimum_neuron_plugin.models.decoder import decoder_logits, weight_names
-    from optimum_neuron_plugin.models.kv_cache import empty_cache
     from optimum_neuron_plugin.models.layers import rope_inv_freq
 
-    from .helpers import prompt
+    from .helpers import eager_pool, prompt
 
     hf = zoo.tiny("qwen3").hf
     args = ModelArgs.from_hf_config(hf.config.to_dict())
@@ -108,9 +107,8 @@ def test_bf16_decoder_with_padding_and_prior_context_is_finite(zoo):
     results = {}
     for dtype in (torch.float32, torch.bfloat16):
         params = {name: state[name].to(dtype) for name in weight_names(args)}
-        caches = empty_cache(args.num_hidden_layers, 2, 32, args.num_key_value_heads, args.head_dim, dtype)
+        caches, table = eager_pool(args, 32, dtype)
         tokens = prompt(11, seed=5)
-        seq_ids = torch.tensor([1])
         with torch.no_grad():
             decoder_logits(
                 args,
@@ -119,12 +117,12 @@ def test_bf16_decoder_with_padding_and_prior_context_is_finite(zoo):
                 rope_inv_freq(args),
                 torch.tensor([tokens[:8]]),
                 torch.arange(8)[None],
-                seq_ids,
+                table,
                 32,
             )
             chunk, positions = tokens[8:] + tokens[-1:] * 5, list(range(8, 11)) + [10] * 5  # padded like prefill()
             logits = decoder_logits(
-                args, params, caches, rope_inv_freq(args), torch.tensor([chunk]), torch.tensor([positions]), seq_ids, 32
+                args, params, caches, rope_inv_freq(args), torch.tensor([chunk]), torch.tensor([positions]), table, 32
             )
         assert torch.isfinite(logits).all() and all(torch.isfinite(cache).all() for cache in caches)
         results[dtype] = logits[0]

@@ -83,9 +83,8 @@ def test_a_long_prompts_chunks_share_calls(batched, llama_logits):
         logits = model.prefill(2, tokens)
     assert log.rows == ([2, 2, 2] if width == 2 else [3, 3])
     torch.testing.assert_close(logits, alone.prefill(2, tokens), rtol=1e-5, atol=1e-5)
-    s = model.neuron_config.sequence_length
     for together, one in zip(model.caches, alone.caches, strict=True):
-        torch.testing.assert_close(helpers.slot_positions(together, 2, s), helpers.slot_positions(one, 2, s))
+        torch.testing.assert_close(helpers.slot_positions(model, together, 2), helpers.slot_positions(alone, one, 2))
     assert _greedy_after(model, [tokens], [logits], slots=[2]) == [hf_greedy(batched.hf, tokens, NEW_TOKENS)]
 
 

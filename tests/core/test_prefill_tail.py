@@ -11,7 +11,7 @@ from support.references import hf_greedy, hf_last_logits
 from optimum_neuron_plugin import NeuronConfig
 from optimum_neuron_plugin.config import NeuronConfigError
 
-from .helpers import CHUNK, CHUNKED_LOGITS_LIGHT, SEQUENCE_LENGTH, CallLog, prompt, slot_positions
+from .helpers import CHUNK, CHUNKED_LOGITS_LIGHT, CallLog, assert_same_cache, prompt, slot_positions
 
 TAIL = 4
 MARKER = 7.0  # cache positions never written keep it
@@ -59,9 +59,9 @@ def test_a_last_piece_that_fits_the_tail_runs_on_it(tail, whole, length):
     assert log.graphs_rows_and_tokens == [("chunked_prefill", 2, CHUNK), ("chunked_prefill", 1, last)]
     torch.testing.assert_close(logits, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits, hf_last_logits(tail.hf, tokens), atol=1e-4, rtol=1e-4)
-    for got, want in zip(tail.model.caches, whole.model.caches, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        assert (slot_positions(got, 1, SEQUENCE_LENGTH)[length:] == MARKER).all()
+    assert_same_cache(tail.model, whole.model, MARKER)
+    for got in tail.model.caches:
+        assert (slot_positions(tail.model, got, 1)[length:] == MARKER).all()
 
 
 def test_a_prefix_hit_prefills_its_question_in_one_tail_call(tail):
@@ -99,8 +99,7 @@ def test_a_tail_chunk_rides_with_the_decode_batch(tail):
     torch.testing.assert_close(result.logits, expected.logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits, expected_logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits, hf_last_logits(tail.hf, rest), atol=1e-4, rtol=1e-4)
-    for got, want in zip(fused.caches, separate.caches, strict=True):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert_same_cache(fused, separate, MARKER)
 
 
 def test_prompts_prefilled_together_run_their_tails_alone(tail):

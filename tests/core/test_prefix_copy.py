@@ -1,7 +1,7 @@
-"""copy_prefix (prefix caching from a busy slot): positions [0, n) of one slot's K/V copied onto another's, by the
-copy_prefix graph of the smallest context bucket >= n. The copied bytes equal the source's, other slots keep theirs,
-and a prompt prefilled from n onward in the destination gives the logits and greedy tokens of a full prefill (and
-of HF)."""
+"""copy_prefix (prefix caching from a busy slot): positions [0, n) of one slot's K/V copied into blocks of another's,
+by the copy_prefix graph of the smallest context bucket >= n. The copied bytes equal the source's, every other block
+keeps its own, and a prompt prefilled from n onward in the destination gives the logits and greedy tokens of a full
+prefill (and of HF)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from optimum_neuron_plugin.config import NeuronConfig
 from optimum_neuron_plugin.errors import InputError
 from optimum_neuron_plugin.graphs import COPY_PREFIX, graph_specs
 
-from .helpers import CHUNKED_LOGITS_LIGHT, SEQUENCE_LENGTH, CallLog, prompt, slot_positions
+from .helpers import CHUNKED_LOGITS_LIGHT, SEQUENCE_LENGTH, CallLog, blocks_but, prompt, slot_blocks, slot_positions
 
 MARKER = 7.0  # cache positions never written keep it
 
@@ -42,16 +42,18 @@ def test_a_copied_prefix_continues_like_a_full_prefill(llama, length):
         cache.fill_(MARKER)
     shared = prompt(length + 3, seed=40)
     model.prefill(0, shared)
-    untouched = [cache[2].clone() for cache in model.caches]
+    before = [cache.clone() for cache in model.caches]
     with CallLog(model) as log:
         model.copy_prefix(0, 1, length)
     bucket = 16 if length <= 16 else SEQUENCE_LENGTH
     assert log.graphs_and_buckets == [(COPY_PREFIX, bucket)]
-    for cache, kept in zip(model.caches, untouched, strict=True):
-        source, copied = (slot_positions(cache, s, SEQUENCE_LENGTH)[:length] for s in (0, 1))
+    assert not set(slot_blocks(model, 1).tolist()) & set(slot_blocks(model, 0, 2).tolist())  # blocks of its own
+    untouched = blocks_but(model, 1)  # the other slots', the free ones and the null block
+    for cache, old in zip(model.caches, before, strict=True):
+        source, copied = (slot_positions(model, cache, s)[:length] for s in (0, 1))
         assert torch.equal(copied, source)
         assert not torch.equal(copied, torch.full_like(copied, MARKER))
-        assert torch.equal(cache[2], kept)
+        assert torch.equal(cache[untouched], old[untouched])
 
     tokens = shared[:length] + prompt(9, seed=41)
     logits, out = greedy_from(model, 1, tokens, length, steps=5)

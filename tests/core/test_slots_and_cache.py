@@ -1,5 +1,6 @@
-"""Slots are independent: different prompts in different cache rows, prefilled and decoded together, give
-exactly what each gives alone; a write for one seq_id touches no other row; padding writes nothing new."""
+"""Slots are independent: different prompts in different slots (their own cache blocks), prefilled and decoded
+together, give exactly what each gives alone; a write for one seq_id touches no other slot's blocks; padding writes
+nothing new."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from support.references import hf_greedy, hf_last_logits
 from optimum_neuron_plugin.models.decoder import decoder_logits
 from optimum_neuron_plugin.models.layers import rope_inv_freq
 
-from .helpers import SEQUENCE_LENGTH, prompt, slot_positions
+from .helpers import SEQUENCE_LENGTH, blocks_but, prompt, slot_blocks, slot_positions
 
 SENTINEL = 0.5  # a value no real K/V entry takes exactly
 
@@ -83,8 +84,12 @@ def test_prefill_in_two_calls_with_start(llama_logits):
 
 
 def fill_slot(model, seq_id, value):
+    """Every block slot seq_id may hold or read (its own, the free ones and the null block) filled with value: all
+    but the other slots' blocks."""
+    others = [s for s in range(model.neuron_config.batch_size) if s != seq_id]
+    blocks = blocks_but(model, *others)
     for cache in model.caches:
-        cache[seq_id].fill_(value)
+        cache[blocks] = value
 
 
 def test_chunk_write_leaves_other_slots_untouched(llama_logits):
@@ -92,13 +97,15 @@ def test_chunk_write_leaves_other_slots_untouched(llama_logits):
     model.prefill(0, prompt(30, seed=41))
     model.prefill(2, prompt(40, seed=42))
     fill_slot(model, 1, SENTINEL)
-    before = [cache.clone() for cache in model.caches]
+    others = slot_blocks(model, 0, 2)
+    before = [cache[others].clone() for cache in model.caches]
 
     length = 19  # chunks of 8, 8 and 3 (padded)
     model.prefill(1, prompt(length, seed=43))
+    assert not set(slot_blocks(model, 1).tolist()) & set(others.tolist())
     for layer, (old, new) in enumerate(zip(before, model.caches, strict=True)):
-        assert torch.equal(new[0], old[0]) and torch.equal(new[2], old[2]), f"cache {layer}: another slot changed"
-        positions = slot_positions(new, 1, SEQUENCE_LENGTH)
+        assert torch.equal(new[others], old), f"cache {layer}: another slot changed"
+        positions = slot_positions(model, new, 1)
         assert (positions[:length] != SENTINEL).all(), f"cache {layer}: a prompt position was not written"
         assert (positions[length:] == SENTINEL).all(), f"cache {layer}: a position past the prompt was written"
 
@@ -111,12 +118,14 @@ def test_decode_write_leaves_other_slots_untouched(llama_logits):
     for seq_ids in ([1], [2, 0]):
         before = [cache.clone() for cache in model.caches]
         model.decode(seq_ids, [7] * len(seq_ids), [10] * len(seq_ids))
+        unheld = blocks_but(model, 0, 1, 2)  # the null block and the free blocks
         for layer, (old, new) in enumerate(zip(before, model.caches, strict=True)):
             for seq_id in range(3):
-                changed = slot_positions(new, seq_id, SEQUENCE_LENGTH) != slot_positions(old, seq_id, SEQUENCE_LENGTH)
+                changed = slot_positions(model, new, seq_id) != slot_positions(model, old, seq_id)
                 changed_positions = changed.flatten(1).any(dim=1).nonzero().flatten().tolist()
                 expected = [10] if seq_id in seq_ids else []
                 assert changed_positions == expected, f"cache {layer} slot {seq_id} (decoding {seq_ids})"
+            assert torch.equal(new[unheld], old[unheld]), f"cache {layer}: a block no slot holds changed"
 
 
 def test_padded_positions_write_the_last_real_tokens_values(llama_logits):
@@ -138,12 +147,12 @@ def test_padded_positions_write_the_last_real_tokens_values(llama_logits):
             rope_inv_freq(model.args),
             torch.tensor([tokens]),
             torch.arange(length)[None],
-            torch.tensor([2]),
+            model.graph_set.tables.rows([2]),  # slot 2's blocks, as the prefill had them
             SEQUENCE_LENGTH,
         )
     torch.testing.assert_close(logits, reference_logits[0], atol=1e-5, rtol=0)
     for layer, (got, want) in enumerate(zip(model.caches, reference, strict=True)):
-        got, want = slot_positions(got, 2, SEQUENCE_LENGTH), slot_positions(want, 2, SEQUENCE_LENGTH)
+        got, want = slot_positions(model, got, 2), slot_positions(model, want, 2)
         torch.testing.assert_close(got[: length - 1], want[: length - 1], atol=1e-5, rtol=0)
         torch.testing.assert_close(got[length - 1], want[length - 1], atol=1e-5, rtol=0, msg=f"cache {layer}")
         assert (got[length:] == SENTINEL).all(), f"cache {layer}: padding wrote past the last real position"

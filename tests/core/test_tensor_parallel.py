@@ -159,7 +159,7 @@ def test_kv_shards_concatenate_to_the_tp1_cache(runs, case):
     shards = [rank["caches"] for rank in run["ranks"]]
     for layer, full in enumerate(run["tp1"]["caches"]):
         parts = [s[layer] for s in shards]
-        assert all(p.shape[1] == layout.kv_heads for p in parts)
+        assert all(p.shape[2] == layout.kv_heads for p in parts)
         torch.testing.assert_close(merge_kv_shards(parts, layout.kv_replicas), full, atol=1e-5, rtol=0)
     if layout.kv_replicas > 1:  # ranks sharing a KV head hold the same values
         assert all(torch.equal(a, b) for a, b in zip(*shards, strict=True))

@@ -49,7 +49,7 @@ class TinyModel:
     def caches(self, config: NeuronConfig) -> list[torch.Tensor]:
         a = self.args
         return empty_cache(
-            a.num_hidden_layers, config.batch_size, config.sequence_length, a.num_key_value_heads, a.head_dim,
+            a.num_hidden_layers, config.num_blocks, config.block_size, a.num_key_value_heads, a.head_dim,
             artifact.torch_dtype(config),
         )  # fmt: skip
 

@@ -118,8 +118,8 @@ def test_tail_graphs_are_one_dynamo_graph(tiny_models, recorded, name):
 
 def test_copy_prefix_graphs_copy_the_device_cache_in_place(tiny_models, recorded):
     """copy_prefix per context bucket (captured whole: test_every_graph_is_one_dynamo_graph): its call writes the
-    destination rows of the cache tensors the device holds (an input mutation), positions [0, bucket) from the
-    source's, and nothing else."""
+    destination's blocks of the cache tensors the device holds (an input mutation), those covering positions
+    [0, bucket) from the source's, and nothing else."""
     config = NeuronConfig(backend="neuron", torch_dtype="bfloat16", **CONFIGS["chunked"])
     model = tiny_models["llama"]
     backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
@@ -129,11 +129,18 @@ def test_copy_prefix_graphs_copy_the_device_cache_in_place(tiny_models, recorded
     for cache in graphs.caches:
         cache.copy_(torch.randn(cache.shape))
     before = [cache.clone() for cache in graphs.caches]
-    graphs(specs[1], torch.tensor([1], dtype=INDEX_DTYPE), torch.tensor([0], dtype=INDEX_DTYPE))
-    bucket = specs[1].bucket
+    width = config.blocks_per_sequence
+    source = torch.arange(1, width + 1, dtype=INDEX_DTYPE)  # two sequences' blocks, the second's in reverse order
+    destination = torch.arange(2 * width, width, -1, dtype=INDEX_DTYPE)
+    spec = specs[0]  # a bucket below sequence_length: the blocks past it stay
+    bucket, block_size = spec.bucket, config.block_size
+    copied = bucket // block_size
+    assert 0 < copied < width
+    graphs(spec, source, destination)
+    kept = [b for b in range(config.num_blocks) if b not in destination[:copied].tolist()]
     for cache, old in zip(graphs.caches, before, strict=True):
-        assert torch.equal(cache[0, :, :bucket], old[1, :, :bucket])
-        assert torch.equal(cache[0, :, bucket:], old[0, :, bucket:]) and torch.equal(cache[1], old[1])
+        assert torch.equal(cache[destination[:copied].long()], old[source[:copied].long()])
+        assert torch.equal(cache[kept], old[kept])
 
 
 def check_captured(graphs, specs, recorded, name: str) -> None:
@@ -149,7 +156,7 @@ def check_captured(graphs, specs, recorded, name: str) -> None:
         assert "index_copy_" in code, f"{name} {spec.key} does not write the KV cache in place"
         if spec.samples:  # logit_bias pairs (int32 ids) applied to the raw top-k's candidates, then a top-k of those
             assert spec.logit_bias == 32 and code.count("torch.topk(") == 2, f"{name} {spec.key} applies no logit_bias"
-        assert int64_values(code) <= {"seq_ids", "heads"}, f"{name} {spec.key} builds int64 values"
+        assert int64_values(code) <= {"write_slots", "write_blocks", "heads"}, f"{name} {spec.key} builds int64 values"
 
 
 @pytest.mark.parametrize("name", quick_first(ARCHITECTURES))
@@ -169,7 +176,7 @@ def test_prompt_logits_graph_is_one_dynamo_graph(tiny_models, recorded, name):
     assert logits.shape == (config.prefill_chunk_size, model.args.vocab_size)
     code = recorded[-1].code
     assert "index_copy_" in code and "cumsum" not in code
-    assert int64_values(code) <= {"seq_ids", "heads"}, f"{name} {spec.key} builds int64 values"
+    assert int64_values(code) <= {"write_slots", "write_blocks", "heads"}, f"{name} {spec.key} builds int64 values"
 
 
 @pytest.mark.parametrize("name", quick_first(MOE_ARCHITECTURES, quick=("qwen3_moe",)))
@@ -196,12 +203,13 @@ def test_moe_graphs_are_one_dynamo_graph(tiny_models, recorded, name):
         assert len(recorded) == before + 1, f"{name} {spec.key}: {len(recorded) - before} graphs"
         code = recorded[-1].code
         assert "topk" in code, f"{name} {spec.key} routes no token"
-        assert int64_values(code) <= {"seq_ids", "heads"}, f"{name} {spec.key} builds int64 values"
+        assert int64_values(code) <= {"write_slots", "write_blocks", "heads"}, f"{name} {spec.key} builds int64 values"
 
 
 def int64_values(code: str) -> set[str]:
     """The values a captured graph widens to int64 or builds as int64 (arange without a dtype), by name stem: int64 is
-    emulated on NeuronCores and TorchNeuron has no pass narrowing it. Only the KV scatter's index (seq ids, heads)
-    is allowed: index_copy_ takes int64 indices only. topk's indices are int64 by definition and not counted."""
+    emulated on NeuronCores and TorchNeuron has no pass narrowing it. Only the KV scatters' indices (write slots and
+    heads, copy_prefix's write blocks) are allowed: index_copy_ takes int64 indices only. topk's indices are int64 by
+    definition and not counted."""
     made = re.findall(r"(\w+) = \w+\.long\(\)", code) + re.findall(r"(\w+) = torch\.arange\((?:(?!dtype)[^)])*\)", code)
     return {re.sub(r"_\d+$", "", name) for name in made}

@@ -49,7 +49,10 @@ def test_fp8_graphs_are_one_dynamo_graph_with_upcast_weights(tiny_models, record
     assert len(fp8_weights) == 7 * model.args.num_hidden_layers
     assert all(t.float().abs().max() <= 240 for t in fp8_weights)  # trn2's E4M3
     a = model.args
-    caches = empty_cache(a.num_hidden_layers, 2, 32, a.num_key_value_heads, a.head_dim, artifact.cache_dtype(config))
+    caches = empty_cache(
+        a.num_hidden_layers, config.num_blocks, config.block_size, a.num_key_value_heads, a.head_dim,
+        artifact.cache_dtype(config),
+    )  # fmt: skip
     backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
     graphs = NeuronGraphs(backend, model.graphs(config), params, caches)
     specs = graph_specs(config, a.vocab_size)

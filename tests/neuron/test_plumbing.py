@@ -69,11 +69,14 @@ def test_outputs_match_the_cpu_backend_and_the_cache_is_updated_in_place(tiny_mo
     CpuBackend(cpu).compile([model.graphs(config)[0]], model.params(config), reference_caches, tmp_path, print)
     reference = CpuBackend(cpu).load([model.graphs(config)[0]], model.params(config), reference_caches, tmp_path)
     ids = torch.arange(8, dtype=torch.int32)[None] * 7
-    positions, seq = torch.arange(8, dtype=torch.int32)[None], torch.tensor([1], dtype=torch.int32)
+    width = config.blocks_per_sequence
+    positions = torch.arange(8, dtype=torch.int32)[None]
+    table = torch.arange(width + 1, 2 * width + 1, dtype=torch.int32)[None]  # a second sequence's blocks
     cache_before = device.caches[0]
     # Equal up to rounding: the CPU backend computes small-row linears weight-major (backends/cpu.py).
-    torch.testing.assert_close(device(prefill, ids, positions, seq), reference(prefill, ids, positions, seq))
-    assert device.caches[0] is cache_before and cache_before[1, :, :8].abs().sum() > 0
+    torch.testing.assert_close(device(prefill, ids, positions, table), reference(prefill, ids, positions, table))
+    first = int(table[0, 0])  # positions 0..7: the first block (block_size 8)
+    assert config.block_size == 8 and device.caches[0] is cache_before and cache_before[first].abs().sum() > 0
     for mine, theirs in zip(device.caches, reference_caches, strict=True):
         torch.testing.assert_close(mine, theirs)
 

@@ -41,6 +41,6 @@ def _rank(rank: int, worker: Callable[..., None], degree: int, port: int, args: 
 
 
 def merge_kv_shards(shards: list[torch.Tensor], kv_replicas: int) -> torch.Tensor:
-    """One layer cache [rows, kv_heads, S, D] from the ranks' shards: each KV head once (replicated heads from the
-    first rank holding them), in head order."""
-    return torch.cat(shards[::kv_replicas], dim=1)
+    """One layer cache [num_blocks, block_size, kv_heads, D] from the ranks' shards: each KV head once (replicated
+    heads from the first rank holding them), in head order."""
+    return torch.cat(shards[::kv_replicas], dim=2)
