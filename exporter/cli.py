@@ -238,6 +238,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "bucket) so requests may ask for prompt_logprobs (completions echo with logprobs)",
     )
     optional.add_argument(
+        *_spellings("prefix-copy"),
+        dest="prefix_copy",
+        action="store_true",
+        help="chunked only: also compile copy_prefix per context bucket, for the Python API's "
+        "NeuronModelForCausalLM.copy_prefix (`vllm serve` shares cached KV blocks instead and never runs it)",
+    )
+    optional.add_argument(
         *_spellings("instance-type"),
         dest="instance_type",
         metavar="{" + ",".join(INSTANCE_TYPES) + "}",
@@ -389,6 +396,7 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         max_logprobs=args.max_logprobs,
         max_logit_bias=args.max_logit_bias,
         prompt_logprobs=args.prompt_logprobs,
+        prefix_copy=args.prefix_copy,
         target=args.instance_type,
         backend=backend,
         context_buckets=args.context_buckets,

@@ -36,7 +36,7 @@ MAX_DEFAULT_BUCKETS = 4
 # Default prefill buckets: 0 and multiples of the chunk size in half-octave steps, at most this many nonzero ones.
 MAX_DEFAULT_PREFILL_BUCKETS = 10
 # The neuron backend's defaults are economical: neuronx-cc takes minutes per graph of an 8B model, so a chunked export
-# compiles at most 11 graphs (docs/neuron.md, "Graphs"): 2 context buckets (chunk_and_decode, copy_prefix), 3 decode
+# compiles at most 9 graphs (docs/neuron.md, "Graphs"): 2 context buckets (chunk_and_decode), 3 decode
 # buckets (token_generation for batch_size rows only) and the prefill buckets 0 plus 3 doubling chunk multiples.
 NEURON_MAX_DEFAULT_BUCKETS = 2
 NEURON_MAX_DEFAULT_DECODE_BUCKETS = 3
@@ -108,9 +108,9 @@ class NeuronConfig:
     # (0 < T < prefill_chunk_size): a prompt's last piece of at most T tokens runs on it instead of a whole chunk (the
     # question after a prefix-cache hit, a prompt's remainder). 0: none. Absent from older format-7 files: 0.
     prefill_tail_size: int = 0
-    # Chunked exports: also compile copy_prefix per context bucket (prefix caching copies a prefix held by a running
-    # request's slot into a new request's). None: true for chunked exports. Absent from older format-7 files: false
-    # (that artifact never copies).
+    # Chunked exports: also compile copy_prefix per context bucket, for the Python API's copy_prefix (a slot's prefix
+    # copied into another slot's blocks). Under vLLM requests share cached blocks instead, so it never runs there.
+    # None or absent from the file: false.
     prefix_copy: bool | None = None
     # "fp8": the attention and MLP projections' weights are FP8 with fp32 scales (docs/fp8.md); None: every weight
     # in torch_dtype. Absent from older files: None.
@@ -232,7 +232,7 @@ class NeuronConfig:
 
     def _checked_prefix_copy(self) -> bool:
         if self.prefix_copy is None:
-            return self.chunked
+            return False
         if not isinstance(self.prefix_copy, bool) or (self.prefix_copy and not self.chunked):
             _fail("prefix_copy", self.prefix_copy, "true or false, and false without chunked prefill")
         return self.prefix_copy

@@ -34,7 +34,8 @@ weights and the KV cache.
 - copy_prefix      : source block table [blocks], destination block table [blocks] -> the blocks covering positions
                      [0, L) of every layer's K and V copied onto the destination's, in place (prefix caching: a
                      prefix held by a busy slot is copied into a new request's blocks). No collectives: under tensor
-                     parallelism each rank copies its own KV heads. Chunked exports (NeuronConfig.prefix_copy)
+                     parallelism each rank copies its own KV heads. Chunked exports with NeuronConfig.prefix_copy (the
+                     Python API's copy_prefix; under vLLM requests share cached blocks instead)
 
 Each kind is compiled once per bucket L: that graph reads only cache positions [0, L).
 - chunked_prefill and prompt_logits, per prefill bucket (NeuronConfig.prefill_buckets, starting at 0): a chunk attends the prior

@@ -4,8 +4,9 @@
 
 REQUESTS requests, CLIENTS at a time (closed loops), each a prompt of random token ids and an output length drawn
 from fixed-seed log-normal distributions clipped to [PROMPT_MIN, PROMPT_MAX] and [OUTPUT_MIN, OUTPUT_MAX] (chat
-traffic: most requests short, a few long). Greedy, ignore_eos, streamed to /v1/completions. The same seed gives the
-same requests to every server. Writes one record per request and a summary: output tok/s over the run, TTFT
+traffic: most requests short, a few long), a prompt cut to the server's max_model_len less its output. Greedy,
+ignore_eos, streamed to /v1/completions. The same seed gives the same requests to every server of the same
+max_model_len. Writes one record per request and a summary: output tok/s over the run, TTFT
 p50/p99, the lengths drawn.
 """
 
@@ -27,13 +28,14 @@ def draw(rng: random.Random, median: float, sigma: float, low: int, high: int) -
     return max(low, min(high, round(rng.lognormvariate(math.log(median), sigma))))
 
 
-def requests(args: argparse.Namespace) -> list[tuple[list[int], int]]:
+def requests(args: argparse.Namespace, max_model_len: int) -> list[tuple[list[int], int]]:
     """(prompt token ids, output length) per request; ids avoid the first 100 ids (special tokens in most vocabs)."""
     rng = random.Random(args.seed)
     drawn = []
     for _ in range(args.requests):
         prompt_len = draw(rng, args.prompt_median, args.sigma, args.prompt_min, args.prompt_max)
         output_len = draw(rng, args.output_median, args.sigma, args.output_min, args.output_max)
+        prompt_len = min(prompt_len, max_model_len - output_len)
         drawn.append(([rng.randrange(100, args.vocab) for _ in range(prompt_len)], output_len))
     return drawn
 
@@ -63,11 +65,12 @@ async def complete(session: aiohttp.ClientSession, url: str, model: str, prompt:
 
 
 async def run(args: argparse.Namespace) -> dict:
-    drawn = requests(args)
     records: list[dict] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
         async with session.get(f"{args.base_url}/v1/models") as response:
-            model = (await response.json())["data"][0]["id"]
+            served = (await response.json())["data"][0]
+        model = served["id"]
+        drawn = requests(args, served["max_model_len"])
         queue: asyncio.Queue = asyncio.Queue()
         for item in drawn:
             queue.put_nowait(item)

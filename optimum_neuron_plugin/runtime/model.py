@@ -211,7 +211,9 @@ class NeuronModelForCausalLM:
         bucket are copied too: what the destination held past `length` is no longer valid)."""
         gs = self.graph_set
         if not gs.copies_prefixes:
-            raise InputError("this artifact has no copy_prefix graphs: export it again with prefill chunks")
+            raise InputError(
+                "this artifact has no copy_prefix graphs: export it again with --prefix-copy (and prefill chunks)"
+            )
         for seq_id in (source, destination):
             gs.check_seq_id(seq_id)
         if not 0 < length <= self.neuron_config.sequence_length:

@@ -70,7 +70,7 @@ def test_export_tiny_llama_chunked_matches_hf(llama_export, tiny_models):
     for name in ("config.json", "neuron_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert name in files, sorted(files)
     graphs = sorted(f for f in files if f.startswith("graphs/"))
-    kinds = ("chunk_and_decode", "copy_prefix", "token_generation")
+    kinds = ("chunk_and_decode", "token_generation")
     expected = [f"{graph}_{bucket}.pt2" for graph in kinds for bucket in (32, 64)]
     expected = sorted(expected + ["chunked_prefill_0.pt2", "chunked_prefill_64.pt2"])
     assert [Path(g).name for g in graphs] == expected, graphs

@@ -30,8 +30,8 @@ def test_dry_run_prints_the_graphs_and_the_plan_and_compiles_nothing(config_only
                       "--dry-run", out)  # fmt: skip
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    count = lines.index("11 graphs")
-    graphs = lines[count - 11 : count]
+    count = lines.index("9 graphs")
+    graphs = lines[count - 9 : count]
     assert [line.split()[0] for line in graphs[:4]] == [f"chunked_prefill_{b}" for b in (0, 2048, 4096, 8192)]
     assert sum(line.split()[1] == "token_generation" for line in graphs) == 3
     assert "memory per rank (tensor parallel 2):" in lines[count + 1]

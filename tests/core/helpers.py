@@ -38,7 +38,8 @@ SEEDS = {
 }
 
 # The artifact shapes the tests share (each one exported once per model and session).
-CHUNKED = dict(batch_size=3, sequence_length=SEQUENCE_LENGTH, prefill_chunk_size=CHUNK)
+# prefix_copy: the copy_prefix graphs of the Python API's copy_prefix (tests/core/test_prefix_copy.py, test_fp8_kv.py).
+CHUNKED = dict(batch_size=3, sequence_length=SEQUENCE_LENGTH, prefill_chunk_size=CHUNK, prefix_copy=True)
 # Logits out of token_generation (sampling on the host): decode results can be compared bit for bit.
 CHUNKED_LOGITS = dict(CHUNKED, on_device_sampling=False)
 # Fewer graphs (2 context buckets, 3 prefill buckets: 11 graphs instead of 23) where a test is not about the bucket

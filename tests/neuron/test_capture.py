@@ -30,7 +30,9 @@ RECORDER = "onp_record_graphs"
 # and one context_encoding graph.
 # One-row decode graphs too (not a neuron default): every code path is captured.
 CONFIGS = {
-    "chunked": dict(batch_size=2, sequence_length=64, prefill_chunk_size=8, decode_batch_sizes=(1, 2)),
+    "chunked": dict(
+        batch_size=2, sequence_length=64, prefill_chunk_size=8, decode_batch_sizes=(1, 2), prefix_copy=True
+    ),
     "context_encoding": dict(batch_size=2, sequence_length=32, prefill_chunk_size=0, decode_batch_sizes=(1, 2)),
 }
 

@@ -41,6 +41,7 @@ def test_fp8_graphs_are_one_dynamo_graph_with_upcast_weights(tiny_models, record
     config = NeuronConfig(
         backend="neuron", torch_dtype="bfloat16", target="trn2", quantization="fp8", kv_cache_dtype="fp8",
         batch_size=2, sequence_length=32, prefill_chunk_size=8, context_buckets=(16, 32), prefill_buckets=(0, 16, 32),
+        prefix_copy=True,
     )  # fmt: skip
     model = tiny_models["llama"]
     params = to_params(model.state_dict, model.args, torch.bfloat16, config)

@@ -32,8 +32,8 @@ def test_each_graph_compiled_once_cached_in_the_artifact_and_reloaded_without_co
     workdir = tmp_path / "export"
     backend.compile(model.graphs(config), model.params(config), model.caches(config), workdir, lambda m: None)
     # The neuron defaults: chunked_prefill x 4 prefill buckets, token_generation x 3 decode buckets (batch_size rows),
-    # chunk_and_decode and copy_prefix x 2 context buckets
-    assert len(fake_neuron_compiler.compiled) == len(specs) == 11
+    # chunk_and_decode x 2 context buckets
+    assert len(fake_neuron_compiler.compiled) == len(specs) == 9
     files = backend.graph_files(workdir, specs)
     cache_files = [p for p in files if neuron.CACHE_DIR in p.parts]
     assert len(cache_files) == len(specs) and all(p.is_file() for p in files)
