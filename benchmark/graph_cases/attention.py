@@ -90,7 +90,7 @@ def decoder_forms(model: Path, prompt: int, chunk: int, context, prefill) -> dic
     source = load_source(model)
     args, params = source.args, {k: v.float().contiguous() for k, v in source.state_dict.items()}
     caches = empty_cache(args.num_hidden_layers, 1, context[-1], args.num_key_value_heads, args.head_dim, torch.float32)
-    inv_freq, seq = rope_inv_freq(args), torch.zeros(1, dtype=torch.int32)
+    inv_freq, seq = rope_inv_freq(args), torch.zeros(1, 1, dtype=torch.int32)  # one block: the whole row
     tokens = torch.tensor([prompt_ids(prompt, args.vocab_size)], dtype=torch.int32)
 
     def call(start: int, fused: bool):

@@ -35,14 +35,14 @@ def inputs_for(spec: GraphSpec, start: int, decode_position: int) -> list[torch.
     inputs = list(example_inputs(spec))
     if spec.chunk:
         inputs[1] = torch.arange(start, start + spec.chunk, dtype=torch.int32)[None]
-        inputs[2] = torch.tensor([3], dtype=torch.int32)
+        inputs[2] = torch.tensor([[3]], dtype=torch.int32)  # block tables: one 2048-position block per row
         inputs[4] = torch.full((spec.rows, 1), decode_position, dtype=torch.int32)
-        inputs[5] = torch.arange(spec.rows, dtype=torch.int32)
+        inputs[5] = torch.arange(spec.rows, dtype=torch.int32)[:, None]
     elif spec.name == CHUNKED_PREFILL:
         inputs[1] = torch.arange(start, start + spec.tokens, dtype=torch.int32)[None]
     else:
         inputs[1] = torch.full((spec.rows, 1), decode_position, dtype=torch.int32)
-        inputs[2] = torch.arange(spec.rows, dtype=torch.int32)
+        inputs[2] = torch.arange(spec.rows, dtype=torch.int32)[:, None]
     return inputs
 
 

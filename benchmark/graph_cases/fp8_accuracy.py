@@ -97,7 +97,7 @@ class Eager:
     def prefill(self, row: int, ids: list[int]) -> torch.Tensor:
         tokens = torch.tensor([ids], dtype=torch.int32)
         positions = torch.arange(len(ids), dtype=torch.int32)[None]
-        seq = torch.tensor([row], dtype=torch.int32)
+        seq = torch.tensor([[row]], dtype=torch.int32)  # block tables: one block of `length` per row
         return decoder_logits(self.args, self.params, self.caches, self.inv_freq, tokens, positions, seq, self.length)[
             0
         ]
@@ -105,7 +105,7 @@ class Eager:
     def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         ids = torch.tensor(tokens, dtype=torch.int32)[:, None]
         pos = torch.tensor(positions, dtype=torch.int32)[:, None]
-        seq = torch.arange(len(tokens), dtype=torch.int32)
+        seq = torch.arange(len(tokens), dtype=torch.int32)[:, None]
         return decoder_logits(self.args, self.params, self.caches, self.inv_freq, ids, pos, seq, self.length)
 
 

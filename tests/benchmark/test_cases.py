@@ -132,6 +132,9 @@ SERVED = {
                        "--concurrency", "2"], ["tiny.json"]),
     "multi-turn": (["--conversations", "2", "--turns", "2", "--first-len", "40", "--question-len", "8",
                     "--output-len", "4", "--concurrency", "2"], ["tiny.json"]),
+    "mixed-chat": (["--concurrency", "2", "--num-prompts", "3", "--", "--prompt-min", "8", "--prompt-median", "20",
+                    "--prompt-max", "60", "--output-min", "2", "--output-median", "4", "--output-max", "8",
+                    "--vocab", "200"], ["tiny.json"]),
 }  # fmt: skip
 
 
@@ -163,6 +166,10 @@ def test_served_case(case, tiny_server, tiny_artifact, tmp_path, monkeypatch):
             assert all(ms > 0 for ms in r["ttft_ms"] + r["against_ttft_ms"])
             ratios = [a / b for a, b in zip(r["ttft_ms"], r["against_ttft_ms"], strict=True)]
             assert r["median_round_ratio"] == sorted(ratios)[1]
+    if case == "mixed-chat":
+        mixed = json.loads((out / "tiny.json").read_text())
+        assert mixed["requests"] == 3 and mixed["clients"] == 2 and mixed["output_tok_s"] > 0
+        assert all(8 <= r["prompt_tokens"] <= 60 and 2 <= r["completion_tokens"] <= 8 for r in mixed["records"])
     if case in ("random", "long-prompt"):
         for name in outputs:
             figures = json.loads((out / name).read_text())

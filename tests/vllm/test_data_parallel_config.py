@@ -55,7 +55,7 @@ def test_data_parallel_engines_are_independent_and_know_their_place(chunked_dir,
 
 def test_an_idle_engines_dummy_step_runs_a_graph_and_changes_no_requests_cache(chunked_dir, tokenizer):
     """vLLM's dummy batch (an idle MoE data-parallel engine's step): a real decode call that writes only the last
-    position of the last slot, where no request's K/V ever is; every other cache byte stays."""
+    position of the last slot (in a block of its own), where no request's K/V ever is; every other cache byte stays."""
     worker = NeuronWorker(engine_config(chunked_dir), local_rank=0, rank=0, distributed_init_method="")
     worker.load_model()
     try:
@@ -64,7 +64,9 @@ def test_an_idle_engines_dummy_step_runs_a_graph_and_changes_no_requests_cache(c
             worker.model.prefill(seq_id=slot, token_ids=tokenizer("alpha beta gamma delta").input_ids[: 2 + slot])
         before = [c.clone() for c in worker.model.caches]
         worker.execute_dummy_batch()
-        last = (nc.batch_size - 1, slice(None), nc.sequence_length - 1)
+        block_size = nc.block_size  # the last slot's position S - 1: its block (through the slot's table) and offset
+        block = int(worker.model.graph_set.tables.table[nc.batch_size - 1, (nc.sequence_length - 1) // block_size])
+        last = (block, (nc.sequence_length - 1) % block_size)
         for old, cache in zip(before, worker.model.caches, strict=True):
             new = cache.clone()
             old[last] = new[last] = 0
