@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+from sse import stream_events
 
 
 def draw(rng: random.Random, median: float, sigma: float, low: int, high: int) -> int:
@@ -45,13 +46,7 @@ async def complete(session: aiohttp.ClientSession, url: str, model: str, prompt:
     body |= {"stream": True, "stream_options": {"include_usage": True}}
     start, first, usage = time.perf_counter(), None, {}
     async with session.post(f"{url}/v1/completions", json=body) as response:
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
-        async for line in response.content:
-            line = line.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            event = json.loads(line[6:])
+        async for event in stream_events(response):
             if any(choice.get("text") for choice in event.get("choices", [])):
                 first = first or time.perf_counter()
             usage = event.get("usage") or usage

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import aiohttp
+from sse import stream_events
 from transformers import AutoTokenizer
 
 
@@ -63,13 +64,7 @@ async def chat_turn(session: aiohttp.ClientSession, args, model: str, messages: 
     start = time.perf_counter()
     first, text, usage = None, [], {}
     async with session.post(f"{args.base_url}/v1/chat/completions", json=body) as response:
-        if response.status != 200:
-            raise RuntimeError(f"HTTP {response.status}: {await response.text()}")
-        async for line in response.content:
-            line = line.strip()
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            event = json.loads(line[6:])
+        async for event in stream_events(response):
             for choice in event.get("choices", []):
                 content = choice.get("delta", {}).get("content")
                 if content:
