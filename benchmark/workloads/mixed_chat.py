@@ -7,7 +7,8 @@ from fixed-seed log-normal distributions clipped to [PROMPT_MIN, PROMPT_MAX] and
 traffic: most requests short, a few long), a prompt cut to the server's max_model_len less its output. Greedy,
 ignore_eos, streamed to /v1/completions. The same seed gives the same requests to every server of the same
 max_model_len. Writes one record per request and a summary: output tok/s over the run, TTFT
-p50/p99, the lengths drawn.
+p50/p99, the lengths drawn, and what the server's /metrics counted during the run (preemptions, prompt tokens,
+prefix-cache queries and hits): a preempted request is prefilled again, which costs throughput the lengths do not show.
 """
 
 from __future__ import annotations
@@ -59,6 +60,22 @@ async def complete(session: aiohttp.ClientSession, url: str, model: str, prompt:
     }
 
 
+COUNTERS = ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+
+
+async def counters(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """COUNTERS summed over their labels, from the server's Prometheus text (counters end in _total)."""
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    async with session.get(f"{url}/metrics") as response:
+        text = await response.text()
+    for line in text.splitlines():
+        name, _, value = line.partition("{") if "{" in line else line.partition(" ")
+        name = name.removesuffix("_total")
+        if name in totals and not line.startswith("#"):
+            totals[name] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
 async def run(args: argparse.Namespace) -> dict:
     records: list[dict] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
@@ -75,9 +92,11 @@ async def run(args: argparse.Namespace) -> dict:
                 prompt, output = queue.get_nowait()
                 records.append(await complete(session, args.base_url, model, prompt, output))
 
+        before = await counters(session, args.base_url)
         start = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(args.clients)))
         duration = time.perf_counter() - start
+        after = await counters(session, args.base_url)
     ttfts = sorted(r["ttft_ms"] for r in records)
     output_tokens = sum(r["completion_tokens"] for r in records)
     return {
@@ -88,6 +107,7 @@ async def run(args: argparse.Namespace) -> dict:
         "output_tok_s": output_tokens / duration,
         "ttft_ms": {"p50": statistics.median(ttfts), "p99": ttfts[min(len(ttfts) - 1, round(0.99 * (len(ttfts) - 1)))]},
         "prompt_tokens": {"total": sum(len(p) for p, _ in drawn), "max": max(len(p) for p, _ in drawn)},
+        "server_counters": {name.removeprefix("vllm:"): after[name] - before[name] for name in COUNTERS},
         "records": records,
     }
 
@@ -113,7 +133,8 @@ def main() -> None:
     args.result.write_text(json.dumps(result, indent=2) + "\n")
     print(
         f"[mixed-chat] {result['requests']} requests, {args.clients} clients: {result['output_tok_s']:.1f} output tok/s, "
-        f"TTFT p50 {result['ttft_ms']['p50']:.0f} ms p99 {result['ttft_ms']['p99']:.0f} ms",
+        f"TTFT p50 {result['ttft_ms']['p50']:.0f} ms p99 {result['ttft_ms']['p99']:.0f} ms, "
+        f"{result['server_counters']['num_preemptions']:.0f} preemptions",
         flush=True,
     )
 

@@ -170,6 +170,9 @@ def test_served_case(case, tiny_server, tiny_artifact, tmp_path, monkeypatch):
         mixed = json.loads((out / "tiny.json").read_text())
         assert mixed["requests"] == 3 and mixed["clients"] == 2 and mixed["output_tok_s"] > 0
         assert all(8 <= r["prompt_tokens"] <= 60 and 2 <= r["completion_tokens"] <= 8 for r in mixed["records"])
+        counted = mixed["server_counters"]  # the server's /metrics over the run
+        assert counted["prompt_tokens"] == sum(r["prompt_tokens"] for r in mixed["records"])
+        assert counted["num_preemptions"] == 0
     if case in ("random", "long-prompt"):
         for name in outputs:
             figures = json.loads((out / name).read_text())
