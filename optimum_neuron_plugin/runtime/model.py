@@ -18,7 +18,7 @@ from ..config import NeuronConfig
 from ..errors import ArtifactError, InputError
 from ..graph_inputs import CopyInputs
 from ..graphs import COPY_PREFIX, DecoderGraph, GraphSpec, example_inputs, graph_specs
-from ..models import sharding
+from ..models import lora, sharding
 from ..models.args import ModelArgs
 from ..models.collectives import Collectives
 from ..models.kv_cache import empty_cache
@@ -126,7 +126,7 @@ class NeuronModelForCausalLM:
         for part in (self.tokenizer, self.generation_config):
             if part is not None:
                 part.save_pretrained(str(directory))
-        artifact.save_weights(self.params, directory)
+        artifact.save_weights({n: t for n, t in self.params.items() if not lora.is_slot_stack(n)}, directory)
         for path in self.graph_files():
             target = directory / path.relative_to(self.graphs_dir)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -278,9 +278,10 @@ class NeuronModelForCausalLM:
         temperature: float = 1.0,
         seed: int | None = None,
         eos_token_id: int | list[int] | None = None,
+        adapters: Sequence[str | None] | None = None,
     ) -> torch.Tensor:
         """Hugging Face style generation (generate.py): prompt plus new tokens per row, right-padded with the first
-        eos id once a row stops."""
+        eos id once a row stops. adapters: each row's LoRA adapter by name (load_adapter), None for the base model."""
         return hf_generate.generate(
             self.graph_set,
             self.args.eos_token_ids,
@@ -293,4 +294,28 @@ class NeuronModelForCausalLM:
             temperature,
             seed,
             eos_token_id,
+            adapters,
         )
+
+    # ---- LoRA adapters (lora/; exports with --max-loras) --------------------------------------- -------------------------------------
+
+    @property
+    def adapters(self) -> dict[str, int]:
+        """The loaded LoRA adapters: name -> slot."""
+        return self.graph_set.adapters.loaded
+
+    def load_adapter(self, name: str, path: str | Path, slot: int | None = None) -> int:
+        """Copies the PEFT LoRA adapter at `path` into a free slot (or `slot`) under `name`; returns its slot. Every
+        rank loads it (tensor parallelism: its shard). No graph is compiled: the adapter is data."""
+        gs = self.graph_set
+        return gs.adapters.load(self.params, self.args, self.shard_layout, self.rank, name, path, slot)
+
+    def unload_adapter(self, name: str) -> int:
+        """Zeroes the slot of adapter `name` (refused while a sequence runs it); returns the slot."""
+        return self.graph_set.adapters.unload(self.params, name)
+
+    def set_adapter(self, seq_id: int, name: str | None) -> None:
+        """The adapter sequence seq_id runs from its next call on (prefill, decode, verify): its K/V are written
+        with that adapter, so set it before the sequence's first prefill. None: the base model."""
+        self.graph_set.check_seq_id(seq_id)
+        self.graph_set.adapters.assign(seq_id, name)
