@@ -223,3 +223,34 @@ def test_export_flags_build_the_slots():
     assert narrow.neuron_config.lora_target_modules == ("q_proj", "v_proj")
     with pytest.raises(ValueError, match="max_lora_rank=0 is not allowed: must be set together with max_loras"):
         request_from_args(build_parser().parse_args([*base, "--max-loras", "2", "out"]))
+
+
+TP_SHAPE = dict(
+    batch_size=2, sequence_length=SEQUENCE_LENGTH, prefill_chunk_size=CHUNK, on_device_sampling=False,
+    context_buckets=(64,), prefill_buckets=(0, 64), decode_batch_sizes=(2,), max_loras=2, max_lora_rank=RANK,
+)  # fmt: skip
+TP_ADAPTERS = ("all", "rslora")  # every projection (A and B sharded both ways), and a subset
+
+
+def tp_worker(rank: int, path, adapters, prompts, out) -> None:
+    from optimum_neuron_plugin import NeuronModelForCausalLM
+
+    model = NeuronModelForCausalLM.from_pretrained(path)
+    for name in TP_ADAPTERS:
+        model.load_adapter(name, adapters / name)
+    tokens = model.generate(torch.tensor(prompts), max_new_tokens=NEW_TOKENS, eos_token_id=[], adapters=TP_ADAPTERS)
+    torch.save(tokens[:, len(prompts[0]) :].tolist(), out / f"rank{rank}.pt")
+
+
+def test_tensor_parallel_slots_equal_peft(lora, zoo, tmp_path):
+    """tp 2: each rank holds its shard of every slot (B by a column-parallel projection's rows, A by a row-parallel
+    one's columns): both rows, each on its adapter, give peft's greedy tokens on both ranks."""
+    from support.tensor_parallel import run_ranks
+    from support.tiny_models import export
+
+    artifact, root, references = lora
+    path = export(zoo.tiny("llama").path, tmp_path / "tp2", tp_degree=2, **TP_SHAPE)
+    prompts = [prompt(11, seed=50), prompt(11, seed=51)]
+    run_ranks(tp_worker, 2, path, root, prompts, tmp_path, start_method="fork")
+    want = [hf_greedy(references[name], tokens, NEW_TOKENS) for name, tokens in zip(TP_ADAPTERS, prompts, strict=True)]
+    assert [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)] == [want, want]
