@@ -30,6 +30,7 @@ from . import generate as hf_generate
 from . import verify as verify_step
 from .decode import DecodeResult
 from .graph_set import GraphSet, LoadedOnFirstCall, RunGraph
+from .lora.peft_adapter import Adapter
 from .ranks import NoRanks, tp_group
 
 
@@ -304,11 +305,16 @@ class NeuronModelForCausalLM:
         """The loaded LoRA adapters: name -> slot."""
         return self.graph_set.adapters.loaded
 
-    def load_adapter(self, name: str, path: str | Path, slot: int | None = None) -> int:
-        """Copies the PEFT LoRA adapter at `path` into a free slot (or `slot`) under `name`; returns its slot. Every
-        rank loads it (tensor parallelism: its shard). No graph is compiled: the adapter is data."""
+    def read_adapter(self, path: str | Path) -> Adapter:
+        """The PEFT LoRA adapter directory at `path`, read on the host and checked against the export."""
+        return self.graph_set.adapters.read(path, self.args)
+
+    def load_adapter(self, name: str, adapter: str | Path | Adapter, slot: int | None = None) -> int:
+        """Copies the PEFT LoRA adapter at `adapter` (a directory, or read_adapter's) into a free slot (or `slot`)
+        under `name`; returns its slot. Every rank loads it (tensor parallelism: its shard). No graph is compiled:
+        the adapter is data."""
         gs = self.graph_set
-        return gs.adapters.load(self.params, self.args, self.shard_layout, self.rank, name, path, slot)
+        return gs.adapters.load(self.params, self.args, self.shard_layout, self.rank, name, adapter, slot)
 
     def unload_adapter(self, name: str) -> int:
         """Zeroes the slot of adapter `name` (refused while a sequence runs it); returns the slot."""

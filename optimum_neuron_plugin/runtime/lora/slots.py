@@ -47,15 +47,22 @@ class AdapterSlots:
     def assign(self, seq_id: int, name: str | None) -> None:
         self.of_seq[seq_id] = self.slot(name)
 
+    def read(self, path: str | Path, args: ModelArgs) -> peft_adapter.Adapter:
+        """The PEFT adapter at `path` in slot layout, checked against the export (peft_adapter.py)."""
+        self._require_lora()
+        return peft_adapter.read(path, args, self.neuron_config)
+
     def load(
-        self, params: dict, args: ModelArgs, layout: sharding.ShardLayout, rank: int, name: str, path: str | Path,
-        slot: int | None = None,
+        self, params: dict, args: ModelArgs, layout: sharding.ShardLayout, rank: int, name: str,
+        adapter: str | Path | peft_adapter.Adapter, slot: int | None = None,
     ) -> int:  # fmt: skip
-        """Reads the PEFT adapter at `path` and copies it into `slot` (default: the first free one); returns it."""
+        """Copies `adapter` (or the PEFT adapter at that path) into `slot` (default: the first free one); returns
+        the slot."""
         self._require_lora()
         if name in self.loaded:
             raise InputError(f"an adapter named {name!r} is already loaded (slot {self.loaded[name]}): unload it first")
-        adapter = peft_adapter.read(path, args, self.neuron_config)  # a bad adapter is refused first
+        if not isinstance(adapter, peft_adapter.Adapter):
+            adapter = self.read(adapter, args)  # a bad adapter is refused first
         slot = self._free_slot() if slot is None else slot
         if not 1 <= slot <= self.neuron_config.max_loras or self.names[slot] is not None:
             raise InputError(f"LoRA slot {slot} is not free: slots are 1..{self.neuron_config.max_loras}")

@@ -39,6 +39,7 @@ from .call_executor import CallExecutor
 from .call_loop import GuardedCalls
 from .call_plan import CallKind, GraphCall, StepResult, plan_calls
 from .health import GraphHealth
+from .lora_slots import LoraSlots
 from .prompt_logprobs import wants_prompt_logprobs
 from .request_state import RequestState, SeedSource
 from .rows import Rows, SliceBlocks, waves
@@ -66,6 +67,8 @@ class NeuronModelRunner:
         self.measures_latencies = prefill_mode(extra) is PrefillMode.INTERLEAVED and prefill_chunk_budget(extra) is None
         self.latencies: GraphLatencies | None = None  # measured at warm-up, reported with the first output
         self.rows = Rows(nc.batch_size)
+        lora = vllm_config.lora_config
+        self.loras = None if lora is None else LoraSlots(model, lora.max_cpu_loras or lora.max_loras)
         self.block_size = nc.block_size
         for row in range(nc.batch_size):  # vLLM's blocks from now on: no row holds any until a request is scheduled
             model.graph_set.tables.assign(row, [])
@@ -90,6 +93,7 @@ class NeuronModelRunner:
                     self._default_seed(new.sampling_params),
                 )  # fmt: skip
                 state.stats.cached_tokens = new.num_computed_tokens
+                state.lora_request = new.lora_request
                 self.requests[state.req_id] = state
             state.block_ids = only_group(new.block_ids)
         cached = scheduler_output.scheduled_cached_reqs
@@ -106,6 +110,7 @@ class NeuronModelRunner:
 
     def _write_tables(self, scheduled: Collection[str]) -> None:
         tables = self.model.graph_set.tables
+        live = self._live_loras(scheduled)
         for req_id in scheduled:
             state = self.requests[req_id]
             if state.slot is None:
@@ -113,6 +118,13 @@ class NeuronModelRunner:
                 if taken is not None:
                     self.requests[taken].slot = None
             tables.assign(state.slot, state.block_ids)
+            if self.loras is not None:  # the row runs its request's adapter, copied into a slot if needed
+                self.model.graph_set.adapters.of_seq[state.slot] = self.loras.slot(state.lora_request, live)
+
+    def _live_loras(self, scheduled: Collection[str]) -> set[int]:
+        """The adapters of the step's requests and of every request holding a row: their slots are kept."""
+        states = [self.requests[r] for r in scheduled] + [s for s in self.requests.values() if s.slot is not None]
+        return {s.lora_request.lora_int_id for s in states if s.lora_request is not None}
 
     def _default_seed(self, params) -> int | None:
         """A seed from --seed for an unseeded request (drawn for every request, so admission order alone decides)."""
@@ -124,6 +136,7 @@ class NeuronModelRunner:
         if state is not None and state.slot is not None:
             self.rows.release(state.slot)
             self.model.graph_set.tables.assign(state.slot, [])
+            self.model.graph_set.adapters.of_seq[state.slot] = 0
             state.slot = None
 
     def _finish(self, req_id: str) -> None:
