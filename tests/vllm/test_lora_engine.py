@@ -4,52 +4,21 @@ least recently used one gives up; --max-loras / --max-lora-rank beyond the expor
 
 from __future__ import annotations
 
-import copy
-
 import pytest
-import torch
 from support.engine import close_llm, make_llm, serve_config
+from support.lora import make_adapter
 from support.references import hf_greedy
-from support.served import CHUNK, SHAPE, prompt_of
-from support.tiny_models import export
+from support.served import CHUNK, LORA_RANK, prompt_of
 
-peft = pytest.importorskip("peft")
+pytest.importorskip("peft")
 
-RANK = 8
+RANK = LORA_RANK
 NEW_TOKENS = 8
-TARGETS = (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], ["q_proj", "down_proj"])
 
 
 @pytest.fixture(scope="module")
-def lora_dir(vllm_root, tiny_hf_dir):
-    """The served shape with 2 LoRA slots of rank 8 (light buckets: the test is about adapters)."""
-    return export(
-        tiny_hf_dir, vllm_root / "lora", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True, max_loras=2,
-        max_lora_rank=RANK, context_buckets=(64, 128), prefill_buckets=(0, 64, 128),
-    )  # fmt: skip
-
-
-def make_adapter(hf, directory, seed: int, rank: int, targets: list[str]):
-    torch.manual_seed(seed)
-    config = peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets, init_lora_weights=False)
-    model = peft.get_peft_model(copy.deepcopy(hf), config)
-    with torch.no_grad():
-        for name, tensor in model.named_parameters():
-            if "lora_" in name:
-                tensor.copy_(torch.randn_like(tensor) * 0.3)
-    model.save_pretrained(directory)
-    return model.eval()
-
-
-@pytest.fixture(scope="module")
-def adapters(vllm_root, tiny_hf):
-    """Three adapters (one more than the slots): name -> (directory, peft reference)."""
-    shapes = {"first": (4, TARGETS[0]), "second": (RANK, TARGETS[1]), "third": (2, TARGETS[0])}
-    made = {}
-    for seed, (name, (rank, targets)) in enumerate(shapes.items()):
-        path = vllm_root / "adapters" / name
-        made[name] = (path, make_adapter(tiny_hf, path, seed, rank, targets))
-    return made
+def adapters(lora_adapters):
+    return lora_adapters
 
 
 @pytest.fixture(scope="module")
@@ -103,11 +72,10 @@ def test_same_prompt_on_two_adapters_never_shares_a_prefix(llm, adapters, tokeni
 def test_bad_adapters_are_refused_and_the_engine_keeps_serving(llm, adapters, vllm_root, tiny_hf, tokenizer):
     from vllm.lora.request import LoRARequest
 
-    wide = make_adapter(tiny_hf, vllm_root / "adapters" / "wide", 9, 2 * RANK, TARGETS[1])
-    assert wide is not None
+    make_adapter(tiny_hf, vllm_root / "adapters" / "wide", 9, 2 * RANK, ["q_proj"])
     with pytest.raises(Exception, match=f"rank {2 * RANK} exceeds this export's max_lora_rank {RANK}"):
         llm.llm_engine.add_lora(LoRARequest("wide", 9, str(vllm_root / "adapters" / "wide")))
-    with pytest.raises(Exception, match="not a directory; give a PEFT LoRA adapter directory"):
+    with pytest.raises(Exception, match="No adapter found for"):
         llm.llm_engine.add_lora(LoRARequest("missing", 10, str(vllm_root / "nowhere")))
     prompt = prompt_of(10, tokenizer, offset=3)
     assert generate(llm, adapters, [prompt], ["first"])[0] == hf_greedy(adapters["first"][1], prompt, NEW_TOKENS)

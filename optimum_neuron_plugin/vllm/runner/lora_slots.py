@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Iterable
+from pathlib import Path
 
+from vllm.exceptions import LoRAAdapterNotFoundError
 from vllm.lora.request import LoRARequest
 
 from ...errors import InputError
@@ -34,6 +36,8 @@ class LoraSlots:
         if loaded is not None and loaded[0].lora_path == request.lora_path and not request.load_inplace:
             self.host.move_to_end(request.lora_int_id)
             return False
+        if not Path(request.lora_path).exists():  # vLLM's error for it: 404 on /v1/load_lora_adapter
+            raise LoRAAdapterNotFoundError(request.lora_name, request.lora_path)
         adapter = self.model.read_adapter(request.lora_path)
         self._drop_slot(request.lora_int_id)  # a reload in place: the slot's copy is stale
         self.host[request.lora_int_id] = (request, adapter)
