@@ -10,6 +10,7 @@ from support.lora import make_adapter
 from support.references import hf_greedy
 from support.served import CHUNK, LORA_RANK, prompt_of
 
+pytestmark = pytest.mark.slow  # an in-process vLLM engine
 pytest.importorskip("peft")
 
 RANK = LORA_RANK
