@@ -254,3 +254,27 @@ def test_tensor_parallel_slots_equal_peft(lora, zoo, tmp_path):
     run_ranks(tp_worker, 2, path, root, prompts, tmp_path, start_method="fork")
     want = [hf_greedy(references[name], tokens, NEW_TOKENS) for name, tokens in zip(TP_ADAPTERS, prompts, strict=True)]
     assert [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)] == [want, want]
+
+
+def test_the_memory_plan_counts_the_slots():
+    """docs/lora.md's figure: SmolLM2-135M, rank 16, bf16, every projection: 9,768,960 bytes per slot at TP 1; at
+    TP 3 a rank holds A of o/down and B of q/k/v/gate/up split 3 ways."""
+    from optimum_neuron_plugin.models.args import ModelArgs
+    from optimum_neuron_plugin.sizing import lora_bytes, plan_memory
+
+    smollm2 = dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=576, intermediate_size=1536,
+        num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+        max_position_embeddings=8192, tie_word_embeddings=True,
+    )  # fmt: skip
+    args = ModelArgs.from_hf_config(smollm2)
+    nc = NeuronConfig(batch_size=4, sequence_length=2048, torch_dtype="bfloat16", max_loras=4, max_lora_rank=16)
+    assert lora_bytes(args, nc) == 5 * 9_768_960
+    column = 5 * 576 + (576 + 2 * 192 + 2 * 1536) // 3  # q, k, v, gate, up: A [hidden, R] whole, B's outputs / 3
+    row = 2 * 576 + (576 + 1536) // 3  # o, down: B [R, hidden] whole, A's inputs / 3
+    per_layer = column + row
+    assert lora_bytes(args, NeuronConfig(**{**nc.to_dict(), "tp_degree": 3})) == 5 * 30 * per_layer * 16 * 2
+    plan = plan_memory(args, nc, None)
+    assert plan.lora == lora_bytes(args, nc) and any("LoRA slots" in line for line in plan.lines())
+    without = plan_memory(args, NeuronConfig(batch_size=4, sequence_length=2048, torch_dtype="bfloat16"), None)
+    assert without.lora == 0 and plan.total - without.total == plan.lora
