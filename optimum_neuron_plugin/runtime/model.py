@@ -314,11 +314,15 @@ class NeuronModelForCausalLM:
         under `name`; returns its slot. Every rank loads it (tensor parallelism: its shard). No graph is compiled:
         the adapter is data."""
         gs = self.graph_set
-        return gs.adapters.load(self.params, self.args, self.shard_layout, self.rank, name, adapter, slot)
+        return gs.adapters.load(self._graph_params(), self.args, self.shard_layout, self.rank, name, adapter, slot)
 
     def unload_adapter(self, name: str) -> int:
         """Zeroes the slot of adapter `name` (refused while a sequence runs it); returns the slot."""
-        return self.graph_set.adapters.unload(self.params, name)
+        return self.graph_set.adapters.unload(self._graph_params(), name)
+
+    def _graph_params(self) -> dict[str, torch.Tensor]:
+        """The weights the graphs read: the backend's device copies (neuron), else the host's own (cpu)."""
+        return getattr(self.graphs, "params", self.params)
 
     def set_adapter(self, seq_id: int, name: str | None) -> None:
         """The adapter sequence seq_id runs from its next call on (prefill, decode, verify): its K/V are written
