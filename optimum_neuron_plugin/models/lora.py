@@ -85,8 +85,9 @@ class LoraRows:
         deltas, start = [], 0
         for slots, (n, t) in zip(self.slots, self.shapes, strict=True):
             rows = x[0, start : start + n * t].reshape(n, t, -1)
-            index = slots.long()
-            deltas.append(torch.bmm(torch.bmm(rows, a[index]), b[index]).reshape(n * t, -1))
+            # index_select takes the int32 slots as they are (no int64 index on the device)
+            a_rows, b_rows = a.index_select(0, slots), b.index_select(0, slots)
+            deltas.append(torch.bmm(torch.bmm(rows, a_rows), b_rows).reshape(n * t, -1))
             start += n * t
         delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas)
         return y + delta[None].to(y.dtype)
