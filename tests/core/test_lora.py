@@ -22,10 +22,12 @@ RANK = 8
 SHAPE = dict(
     batch_size=4, sequence_length=SEQUENCE_LENGTH, prefill_chunk_size=CHUNK, on_device_sampling=False,
     speculative_tokens=2, max_loras=3, max_lora_rank=RANK, **LIGHT_BUCKETS,
+    lora_target_modules=("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),  # no k_proj slots
 )  # fmt: skip
-# (name, rank, alpha, rsLoRA, targets): the default targets, rsLoRA at the export's rank, a subset at a small rank.
+# (name, rank, alpha, rsLoRA, targets): every projection with slots, rsLoRA at the export's rank, a subset at a
+# small rank.
 ADAPTERS = [
-    ("all", 4, 8, False, ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    ("all", 4, 8, False, ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
     ("rslora", RANK, 16, True, ["q_proj", "v_proj", "down_proj"]),
     ("small", 2, 4, False, ["o_proj", "up_proj"]),
 ]
@@ -148,6 +150,11 @@ def _write_adapter(hf, directory, **config):
     [
         (dict(r=16), "rank 16 exceeds this export's max_lora_rank 8: export again with --max-lora-rank 16"),
         (dict(use_dora=True), "DoRA is not supported by LoRA slots"),
+        (
+            dict(target_modules=["q_proj", "k_proj"]),
+            "targets k_proj of layer 0, this export holds LoRA slots for q_proj, v_proj, o_proj, gate_proj, up_proj, "
+            "down_proj: export again with --lora-target-modules including k_proj",
+        ),
     ],
 )
 def test_adapter_config_checks(lora, tmp_path, change, message):
