@@ -79,6 +79,15 @@ def test_bad_adapters_are_refused_and_the_engine_keeps_serving(llm, adapters, vl
     with pytest.raises(Exception, match="No adapter found for"):
         llm.llm_engine.add_lora(LoRARequest("missing", 10, str(vllm_root / "nowhere")))
     prompt = prompt_of(10, tokenizer, offset=3)
+    # vllm.LLM hands a request's adapter to the engine with the request: an unreadable one fails that request alone.
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    ghost = LoRARequest("ghost", 11, str(vllm_root / "nowhere"))
+    requests = [{"prompt_token_ids": prompt}] * 2
+    outputs = llm.generate(requests, params, lora_request=[ghost, lora_request(adapters, "first")], use_tqdm=False)
+    assert outputs[0].outputs[0].finish_reason == "error", outputs[0]
+    assert list(outputs[1].outputs[0].token_ids) == hf_greedy(adapters["first"][1], prompt, NEW_TOKENS)
     assert generate(llm, adapters, [prompt], ["first"])[0] == hf_greedy(adapters["first"][1], prompt, NEW_TOKENS)
 
 

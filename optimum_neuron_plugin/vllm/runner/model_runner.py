@@ -22,6 +22,7 @@ import time
 from collections.abc import Collection
 
 from vllm.config import VllmConfig
+from vllm.exceptions import LoRAAdapterNotFoundError
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
@@ -69,6 +70,7 @@ class NeuronModelRunner:
         self.rows = Rows(nc.batch_size)
         lora = vllm_config.lora_config
         self.loras = None if lora is None else LoraSlots(model, lora.max_cpu_loras or lora.max_loras)
+        self.adapter_failures: list[str] = []  # requests of the step whose adapter could not be put in a slot
         self.block_size = nc.block_size
         for row in range(nc.batch_size):  # vLLM's blocks from now on: no row holds any until a request is scheduled
             model.graph_set.tables.assign(row, [])
@@ -119,7 +121,15 @@ class NeuronModelRunner:
                     self.requests[taken].slot = None
             tables.assign(state.slot, state.block_ids)
             if self.loras is not None:  # the row runs its request's adapter, copied into a slot if needed
-                self.model.graph_set.adapters.of_seq[state.slot] = self.loras.slot(state.lora_request, live)
+                self._assign_adapter(state, live)
+
+    def _assign_adapter(self, state: RequestState, live: set[int]) -> None:
+        """A request whose adapter cannot be read (vLLM's offline API reads it only now) fails alone."""
+        try:
+            self.model.graph_set.adapters.of_seq[state.slot] = self.loras.slot(state.lora_request, live)
+        except (ValueError, LoRAAdapterNotFoundError) as error:
+            logger.error("request %s: its LoRA adapter cannot be served: %s", state.req_id, error)
+            self.adapter_failures.append(state.req_id)
 
     def _live_loras(self, scheduled: Collection[str]) -> set[int]:
         """The adapters of the step's requests and of every request holding a row: their slots are kept."""
@@ -192,7 +202,10 @@ class NeuronModelRunner:
         """The step's graph calls and sampled tokens; grammar_output: vLLM's bitmask of its structured requests."""
         self.executor.grammar = StepGrammar(scheduler_output, grammar_output)
         plan = self.plan(scheduler_output)
-        step = self.calls.run(self.graph_calls(plan), plan.waves.producers)
+        failed, self.adapter_failures = self.adapter_failures, []
+        calls = [c for c in (call.without(failed) for call in self.graph_calls(plan)) if c is not None]
+        step = self.calls.run(calls, plan.waves.producers)
+        step.failed += failed
         if not self.calls.retired(CallKind.VERIFY):  # drafts nothing can verify would only cost their proposal
             self.speculation.propose(step.tokens, self.requests)
         return self._output(list(scheduler_output.num_scheduled_tokens), step)
