@@ -37,6 +37,10 @@ The output directory is written beside OUTPUT and renamed into place at the end:
 """
 
 
+def _modules(value: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in value.split(",") if part.strip())
+
+
 def _spellings(name: str) -> list[str]:
     """`--batch-size` and optimum's `--batch_size`."""
     dashed = "--" + name
@@ -231,6 +235,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(n-gram) with num_speculative_tokens K (default: 0, none)",
     )
     optional.add_argument(
+        *_spellings("max-loras"),
+        dest="max_loras",
+        metavar="N",
+        type=int,
+        default=0,
+        help="LoRA adapters the graphs hold at once (slots besides the base model), for `vllm serve --enable-lora` "
+        "and NeuronModelForCausalLM.load_adapter; with --max-lora-rank (default: 0, no LoRA inputs)",
+    )
+    optional.add_argument(
+        *_spellings("max-lora-rank"),
+        dest="max_lora_rank",
+        metavar="R",
+        type=int,
+        default=0,
+        help="the largest LoRA rank a slot holds; smaller ranks are zero-padded (default: 0, no LoRA inputs)",
+    )
+    optional.add_argument(
+        *_spellings("lora-target-modules"),
+        dest="lora_target_modules",
+        metavar="MODULES",
+        type=_modules,
+        default=None,
+        help="comma-separated projections LoRA slots are held for (default: q_proj,k_proj,v_proj,o_proj,gate_proj,"
+        "up_proj,down_proj)",
+    )
+    optional.add_argument(
         *_spellings("prompt-logprobs"),
         dest="prompt_logprobs",
         action="store_true",
@@ -411,6 +441,9 @@ def request_from_args(args: argparse.Namespace) -> ExportRequest:
         kv_cache_dtype=None if args.kv_cache_dtype == "auto" else args.kv_cache_dtype,
         block_size=args.block_size,
         num_blocks=args.num_blocks,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        lora_target_modules=args.lora_target_modules,
     )
     config = resolve_target(config)  # the neuron backend's instance type: --instance-type, else this host's
     workers = getattr(args, "compile_workers", None)

@@ -254,6 +254,11 @@ def describe_config(config) -> str:
         f"sequence length {config.sequence_length}, prefill {prefill}, tensor parallel {config.tp_degree}, "
         f"sampling {sampling}"
         + (f", verify graphs of {config.speculative_tokens} drafts" if config.speculative_tokens else "")
+        + (
+            f", {config.max_loras} LoRA slots of rank {config.max_lora_rank} ({','.join(config.lora_target_modules)})"
+            if config.lora
+            else ""
+        )
     )
 
 

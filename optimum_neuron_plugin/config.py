@@ -44,8 +44,11 @@ NEURON_MAX_DEFAULT_PREFILL_BUCKETS = 3
 # Fields an artifact may leave out of neuron_config.json (their default applies).
 OPTIONAL_FIELDS = (
     "speculative_tokens", "prompt_logprobs", "prefill_tail_size", "prefix_copy", "decode_buckets", "quantization",
-    "kv_cache_dtype",
+    "kv_cache_dtype", "max_loras", "max_lora_rank", "lora_target_modules",
 )  # fmt: skip
+# LoRA: the projections adapters may target (models/lora.py), and the default targets: all of them.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_FIELDS = ("max_loras", "max_lora_rank", "lora_target_modules")
 # FP8 weights (NeuronConfig.quantization) and KV cache (kv_cache_dtype): docs/fp8.md.
 QUANTIZATIONS = ("fp8",)
 KV_CACHE_DTYPES = ("fp8",)
@@ -124,6 +127,12 @@ class NeuronConfig:
     # Blocks of the KV pool the graphs are compiled for, the null block 0 included. None: batch_size full-length
     # sequences plus the null block.
     num_blocks: int | None = None
+    # LoRA slots (docs/lora.md): adapters the graphs hold at once besides the base model (slot 0), their largest
+    # rank and the projections they may target. 0: no LoRA inputs, and these fields are left out of
+    # neuron_config.json. lora_target_modules None: LORA_TARGETS.
+    max_loras: int = 0
+    max_lora_rank: int = 0
+    lora_target_modules: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "sequence_length", "tp_degree", "max_topk", "prefill_batch_size"):
@@ -185,6 +194,32 @@ class NeuronConfig:
         object.__setattr__(self, "prefill_buckets", self._checked_prefill_buckets())
         object.__setattr__(self, "block_size", self._checked_block_size())
         object.__setattr__(self, "num_blocks", self._checked_num_blocks())
+        object.__setattr__(self, "lora_target_modules", self._checked_lora())
+
+    def _checked_lora(self) -> tuple[str, ...] | None:
+        for name in ("max_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                _fail(name, value, "an integer >= 0 (0: no LoRA slots)")
+        if (self.max_loras == 0) != (self.max_lora_rank == 0):
+            _fail(
+                "max_lora_rank" if self.max_loras else "max_loras",
+                self.max_lora_rank if self.max_loras else self.max_loras,
+                "set together with max_loras / max_lora_rank (both > 0, or both 0)",
+            )
+        if not self.max_loras:
+            if self.lora_target_modules:
+                _fail("lora_target_modules", list(self.lora_target_modules), "empty without max_loras")
+            return None
+        targets = LORA_TARGETS if self.lora_target_modules is None else self.lora_target_modules
+        if isinstance(targets, str) or not targets or not set(targets) <= set(LORA_TARGETS):
+            _fail("lora_target_modules", targets, f"a non-empty list of {', '.join(LORA_TARGETS)}")
+        return tuple(t for t in LORA_TARGETS if t in targets)
+
+    @property
+    def lora(self) -> bool:
+        """The graphs take LoRA slots and a per-row adapter index."""
+        return self.max_loras > 0
 
     def _block_lengths(self) -> set[int]:
         """What a block must divide: sequence_length, the chunks and every bucket (0 aside)."""
@@ -318,13 +353,24 @@ class NeuronConfig:
         data["decode_buckets"] = list(self.decode_buckets)
         data["decode_batch_sizes"] = list(self.decode_batch_sizes)
         data["prefill_buckets"] = list(self.prefill_buckets)
+        if not self.lora:  # an export without LoRA slots is written as before they existed
+            for name in LORA_FIELDS:
+                del data[name]
+        else:
+            data["lora_target_modules"] = list(self.lora_target_modules)
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> NeuronConfig:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
-        for name in ("context_buckets", "decode_buckets", "decode_batch_sizes", "prefill_buckets"):
+        for name in (
+            "context_buckets",
+            "decode_buckets",
+            "decode_batch_sizes",
+            "prefill_buckets",
+            "lora_target_modules",
+        ):
             if isinstance(values.get(name), list):
                 values[name] = tuple(values[name])
         return cls(**values)

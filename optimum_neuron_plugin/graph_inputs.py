@@ -8,6 +8,7 @@ by `flat` and read back inside the graph by `unflat` (graphs.py names which kind
 - CopyInputs           copy_prefix: the source and destination blocks
 
 Token ids, positions and block ids are int32 (INDEX_DTYPE): the graph widens them only where an op needs int64.
+In exports with LoRA slots every TokenRows also carries each row's adapter slot [n] int32 (models/lora.py).
 Every row carries its whole block table (spec.blocks entries, sequence_length / block_size, the unused ones the null
 block 0): one input shape for every bucket, of which a graph reads the entries its bucket covers.
 """
@@ -29,28 +30,38 @@ INDEX_DTYPE = torch.int32
 
 class TokenRows(NamedTuple):
     """n rows of T tokens: their ids [n, T], positions [n, T] and each row's block table [n, blocks]
-    (models.decoder.Rows, models/kv_cache.py)."""
+    (models.decoder.Rows, models/kv_cache.py); in exports with LoRA slots, each row's adapter slot [n] (0: the
+    base model, models/lora.py)."""
 
     ids: torch.Tensor
     positions: torch.Tensor
     block_tables: torch.Tensor
+    adapters: torch.Tensor | None = None
 
     @classmethod
-    def example(cls, rows: int, tokens: int, blocks: int) -> TokenRows:
+    def example(cls, rows: int, tokens: int, blocks: int, lora: bool = False) -> TokenRows:
         """Rows at positions 0.. in blocks 1, 2, ... (each row the same: example values only shape a graph)."""
         positions = torch.arange(tokens, dtype=INDEX_DTYPE).repeat(rows, 1)
         tables = torch.arange(1, blocks + 1, dtype=INDEX_DTYPE).repeat(rows, 1)
-        return cls(torch.zeros(rows, tokens, dtype=INDEX_DTYPE), positions, tables)
+        adapters = torch.zeros(rows, dtype=INDEX_DTYPE) if lora else None
+        return cls(torch.zeros(rows, tokens, dtype=INDEX_DTYPE), positions, tables, adapters)
 
     @classmethod
-    def of(cls, ids: Sequence[Sequence[int]], positions: Sequence[Sequence[int]], tables: torch.Tensor) -> TokenRows:
+    def of(
+        cls,
+        ids: Sequence[Sequence[int]],
+        positions: Sequence[Sequence[int]],
+        tables: torch.Tensor,
+        adapters: torch.Tensor | None = None,
+    ) -> TokenRows:
         as_input = lambda values: torch.tensor(values, dtype=INDEX_DTYPE)  # noqa: E731
-        return cls(as_input(ids), as_input(positions), tables)
+        return cls(as_input(ids), as_input(positions), tables, adapters)
 
     @classmethod
     def stacked(cls, groups: Sequence[TokenRows]) -> TokenRows:
         """The rows of every group, in group order (a batched prefill's chunks)."""
-        return cls(*(torch.cat(column) for column in zip(*groups, strict=True)))
+        columns = zip(*groups, strict=True)
+        return cls(*(None if column[0] is None else torch.cat(column) for column in columns))
 
 
 @dataclass(frozen=True)
@@ -90,11 +101,11 @@ class RowsInputs:
 
     @classmethod
     def example(cls, spec: GraphSpec) -> RowsInputs:
-        return cls(TokenRows.example(spec.rows, spec.tokens, spec.blocks))
+        return cls(TokenRows.example(spec.rows, spec.tokens, spec.blocks, spec.lora))
 
     @classmethod
     def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> RowsInputs:
-        return cls(_rows(tensors))
+        return cls(_rows(spec, tensors))
 
 
 @dataclass(frozen=True)
@@ -105,13 +116,13 @@ class DecodeInputs:
     @classmethod
     def example(cls, spec: GraphSpec) -> DecodeInputs:
         return cls(
-            TokenRows.example(spec.rows, spec.tokens, spec.blocks),
+            TokenRows.example(spec.rows, spec.tokens, spec.blocks, spec.lora),
             SamplingInputs.example(spec) if spec.samples else None,
         )
 
     @classmethod
     def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> DecodeInputs:
-        rows = _rows(tensors)
+        rows = _rows(spec, tensors)
         return cls(rows, SamplingInputs.unflat(spec, tensors) if spec.samples else None)
 
 
@@ -124,11 +135,11 @@ class ChunkAndDecodeInputs:
     @classmethod
     def example(cls, spec: GraphSpec) -> ChunkAndDecodeInputs:
         decode = DecodeInputs.example(spec)
-        return cls(TokenRows.example(1, spec.chunk, spec.blocks), decode.rows, decode.sampling)
+        return cls(TokenRows.example(1, spec.chunk, spec.blocks, spec.lora), decode.rows, decode.sampling)
 
     @classmethod
     def unflat(cls, spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> ChunkAndDecodeInputs:
-        chunk = _rows(tensors)
+        chunk = _rows(spec, tensors)
         decode = DecodeInputs.unflat(spec, tensors)
         return cls(chunk, decode.rows, decode.sampling)
 
@@ -172,5 +183,5 @@ def no_logit_bias(rows: int, slots: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.zeros(rows, slots, dtype=INDEX_DTYPE), torch.zeros(rows, slots)
 
 
-def _rows(tensors: Iterator[torch.Tensor]) -> TokenRows:
-    return TokenRows(next(tensors), next(tensors), next(tensors))
+def _rows(spec: GraphSpec, tensors: Iterator[torch.Tensor]) -> TokenRows:
+    return TokenRows(next(tensors), next(tensors), next(tensors), next(tensors) if spec.lora else None)

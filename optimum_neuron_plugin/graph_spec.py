@@ -29,6 +29,7 @@ class GraphSpec:
     logit_bias: int = 0  # on-device sampling: (token id, bias) pairs per row of the logit_bias input (0: none)
     tail: bool = False  # a tail graph: its prompt chunk is prefill_tail_size tokens, not prefill_chunk_size
     blocks: int = 1  # entries of each row's block table input: sequence_length / block_size
+    lora: bool = False  # its rows take an adapter slot input (exports with LoRA slots: models/lora.py)
 
     @property
     def prompt_tokens(self) -> int:

@@ -84,6 +84,7 @@ from .models.args import ModelArgs
 from .models.collectives import SINGLE, Collectives
 from .models.decoder import groups_logits
 from .models.layers import rope_inv_freq
+from .models.lora import LoraRows
 from .models.sampling import bitmask_words, mask_disallowed, sample, sample_with_logprobs
 from .models.sharding import VOCAB_OFFSET
 
@@ -129,7 +130,7 @@ def graph_specs(neuron_config: NeuronConfig, vocab_size: int) -> list[GraphSpec]
                 specs.append(GraphSpec(VERIFY, rows, tokens, samples=False, bucket=bucket, narrow=rows < nc.batch_size))
         if nc.prefix_copy:
             specs.append(GraphSpec(COPY_PREFIX, 1, 0, samples=False, bucket=bucket))
-    return [replace(spec, blocks=nc.blocks_per_sequence) for spec in specs]
+    return [replace(spec, blocks=nc.blocks_per_sequence, lora=nc.lora and spec.name != COPY_PREFIX) for spec in specs]
 
 
 class DecoderGraph(nn.Module):
@@ -154,12 +155,14 @@ class DecoderGraph(nn.Module):
         inputs = inputs_class(self.spec).unflat(self.spec, iter(tensors))
         if isinstance(inputs, CopyInputs):
             return self._copy_prefix(caches, inputs)
-        groups = [inputs.chunk, inputs.rows] if isinstance(inputs, ChunkAndDecodeInputs) else [inputs.rows]
+        rows = [inputs.chunk, inputs.rows] if isinstance(inputs, ChunkAndDecodeInputs) else [inputs.rows]
+        groups = [(r.ids, r.positions, r.block_tables) for r in rows]
+        lora = LoraRows([r.adapters for r in rows], [tuple(r.ids.shape) for r in rows]) if self.spec.lora else None
         chunks = 1 if self.spec.chunk or self.spec.name in PREFILL_CHUNKS else 0
         every = self.spec.name in (VERIFY, PROMPT_LOGITS)
         logits = groups_logits(
             self.args, params, caches, self.inv_freq, groups, self.spec.bucket, self.cc, self.sliding_inv_freq, chunks,
-            every_column=every, kernel_ops=self.kernel_ops,
+            every_column=every, kernel_ops=self.kernel_ops, lora=lora,
         )  # fmt: skip
         if self.spec.name == VERIFY:
             return self._whole(logits).view(self.spec.rows, self.spec.tokens, -1)

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 from .config import NeuronConfig
 from .graphs import COPY_PREFIX, PROMPT_LOGITS, VERIFY, GraphSpec, graph_specs
+from .models import lora
 from .models.args import ModelArgs
-from .models.sharding import ShardingError, layout_for
+from .models.sharding import ShardingError, layout_for, local_args
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -106,6 +107,8 @@ class MemoryPlan:
     chip: Chip | None  # None: the cpu backend (no device limit)
     lnc: int
     rows: int  # batch_size: the requests a graph call runs at once
+    lora: int = 0  # LoRA slots (every slot, slot 0 included): lora_bytes
+    lora_slots: str = ""  # what they are, for the plan's line
 
     @property
     def kv_cache(self) -> int:
@@ -113,14 +116,14 @@ class MemoryPlan:
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.activations + RUNTIME_RESERVE
+        return self.weights + self.lora + self.kv_cache + self.activations + RUNTIME_RESERVE
 
     @property
     def blocks_that_fit(self) -> int | None:
         """The pool (null block included) the core holds besides the weights, activations and reserve."""
         if self.capacity is None:
             return None
-        free = self.capacity - self.weights - self.activations - RUNTIME_RESERVE
+        free = self.capacity - self.weights - self.lora - self.activations - RUNTIME_RESERVE
         return max(free // self.pool.block_bytes, 0)
 
     @property
@@ -135,6 +138,7 @@ class MemoryPlan:
         lines = [
             f"memory per rank (tensor parallel {self.tp_degree}):",
             f"  weights      {_gib(self.weights)}",
+            *([f"  LoRA slots   {_gib(self.lora)} ({self.lora_slots})"] if self.lora else []),
             f"  KV cache     {_gib(self.kv_cache)} ({self.pool.num_blocks:,} blocks of {self.pool.block_size:,} "
             "tokens)",
             f"  activations  {_gib(self.activations)} (estimate, largest graph {self.largest_graph})",
@@ -191,7 +195,23 @@ def plan_memory(
         chip=chip,
         lnc=lnc,
         rows=nc.batch_size,
+        lora=lora_bytes(args, nc),
+        lora_slots=f"{nc.max_loras} + the base model's of rank {nc.max_lora_rank}" if nc.lora else "",
     )
+
+
+def lora_bytes(args: ModelArgs, nc: NeuronConfig) -> int:
+    """One rank's LoRA slots (models/lora.py), slot 0 included: per slot, layer and targeted projection, its shard of
+    (in + out) * rank (a column-parallel projection's B split, a row-parallel one's A split)."""
+    if not nc.lora:
+        return 0
+    local = local_args(args, layout_for(args, nc.tp_degree))
+    per_slot = 0
+    for layer in range(args.num_hidden_layers):
+        for target in lora.targets(args, layer, nc.lora_target_modules):
+            (fan_in, fan_out), (local_in, local_out) = lora.shape(args, target), lora.shape(local, target)
+            per_slot += local_in + fan_out if target in ("o_proj", "down_proj") else fan_in + local_out
+    return per_slot * nc.max_lora_rank * DTYPE_BYTES[nc.torch_dtype] * (nc.max_loras + 1)
 
 
 def kv_pool(args: ModelArgs, nc: NeuronConfig, average_length: int | None = None) -> KVPool:

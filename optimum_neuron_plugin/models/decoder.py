@@ -11,6 +11,7 @@ as inputs: compiled programs hold no weights, the artifact stores them once.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,7 @@ from .attention import attend, attend_chunk
 from .collectives import SINGLE, Collectives
 from .fp8 import SCALE_SUFFIX
 from .layers import apply_rope, linear, mlp, rms_norm, rope_attention_factor, rope_cos_sin, rope_inv_freq
+from .lora import LoraRows
 from .masks import MASK_FILL
 from .moe import moe, moe_weight_names
 from .sharding import VOCAB_OFFSET
@@ -93,6 +95,7 @@ def groups_logits(
     chunks: int = 0,
     every_column: bool = False,
     kernel_ops: bool = False,
+    lora: LoraRows | None = None,
 ) -> torch.Tensor:
     """decoder_logits of several row groups in one pass over the weights, e.g. a prompt chunk [1, C] and a decode
     batch [B, 1] (chunk_and_decode): the linears and the MLP run on every group's tokens at once, attention per
@@ -103,7 +106,8 @@ def groups_logits(
     vocab] in group order instead of each row's last (the verify and prompt_logits graphs). kernel_ops: prompt
     chunks attend through the op `onp::chunk_attention`, decode rows through `onp::decode_attention`
     (models/attention.py), norms, the dense MLPs' gated activation and the rotation run as `onp::rms_norm`,
-    `onp::gated_activation` and `onp::rope` (models/layers.py), for a backend that has their kernels."""
+    `onp::gated_activation` and `onp::rope` (models/layers.py), for a backend that has their kernels. lora: each
+    group's rows' adapter slots, added to the projections that hold LoRA slots (models/lora.py)."""
     x = _cat([_embed(args, params, ids, cc).flatten(0, 1) for ids, _, _ in groups])[None]  # [1, tokens, hidden]
     positions = _cat([pos.flatten() for _, pos, _ in groups])[None]
     rope = {False: rope_cos_sin(positions, inv_freq, x.dtype, rope_attention_factor(args))}
@@ -123,12 +127,14 @@ def groups_logits(
         sliding = args.is_sliding(i)
         h = norm(x, p + "input_layernorm.weight")
         layer_rope = rope[sliding] if args.uses_rope(i) else None
-        h = _attention(args, params, p, h, layer_rope, caches[2 * i], caches[2 * i + 1], calls, sliding, cc, kernel_ops)
+        h = _attention(
+            args, params, p, h, layer_rope, caches[2 * i], caches[2 * i + 1], calls, sliding, cc, kernel_ops, lora
+        )
         x = x + _residual(args, norm(h, p + "post_attention_layernorm.weight") if args.sandwich_norms else h)
         h = norm(
             x, p + ("pre_feedforward_layernorm.weight" if args.sandwich_norms else "post_attention_layernorm.weight")
         )
-        h = _mlp(args, params, p + "mlp.", h, cc, i, kernel_ops)
+        h = _mlp(args, params, p + "mlp.", h, cc, i, kernel_ops, lora)
         x = x + _residual(args, norm(h, p + "post_feedforward_layernorm.weight") if args.sandwich_norms else h)
     last = norm(x[0] if every_column else _last_columns(x[0], groups), "model.norm.weight")
     head = params["model.embed_tokens.weight" if args.tie_word_embeddings else "lm_head.weight"]
@@ -145,13 +151,22 @@ def groups_logits(
 
 
 def _mlp(
-    args: ModelArgs, params: Params, prefix: str, h: torch.Tensor, cc: Collectives, layer: int, op: bool
+    args: ModelArgs,
+    params: Params,
+    prefix: str,
+    h: torch.Tensor,
+    cc: Collectives,
+    layer: int,
+    op: bool,
+    lora: LoraRows | None = None,
 ) -> torch.Tensor:
     if args.is_moe(layer):
         return moe(args, params, prefix, h, cc)
     names = dense_mlp_names(prefix)
     scales = tuple(params.get(n + SCALE_SUFFIX) for n in names)
-    return cc.all_reduce(mlp(h, *(params[n] for n in names), args.hidden_act, scales, op))
+    adapt = None if lora is None else functools.partial(lora.apply, params)
+    # Row-parallel down: each rank's LoRA delta is a partial sum too, added before the all-reduce.
+    return cc.all_reduce(mlp(h, *(params[n] for n in names), args.hidden_act, scales, op, adapt, prefix))
 
 
 def _residual(args: ModelArgs, h: torch.Tensor) -> torch.Tensor:
@@ -226,13 +241,22 @@ def _embed(args: ModelArgs, params: Params, input_ids: torch.Tensor, cc: Collect
     return x * float(torch.tensor(args.embed_scale, dtype=table.dtype))
 
 
-def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_AttentionCall], sliding: bool, cc, ops: bool):
+def _attention(
+    args, params, p, h, rope, k_cache, v_cache, calls: list[_AttentionCall], sliding: bool, cc, ops: bool, lora=None
+):
     """h [1, tokens, hidden]: every group's tokens in a row; each group attends its own cache rows."""
     tokens = h.shape[1]
     a = p + "self_attn."
-    q = linear(h, params[a + "q_proj.weight"], params.get(a + "q_proj.bias"), params.get(a + "q_proj.weight_scale"))
-    k = linear(h, params[a + "k_proj.weight"], params.get(a + "k_proj.bias"), params.get(a + "k_proj.weight_scale"))
-    v = linear(h, params[a + "v_proj.weight"], params.get(a + "v_proj.bias"), params.get(a + "v_proj.weight_scale"))
+
+    def adapted(name: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return y if lora is None else lora.apply(params, a + name, x, y)
+
+    q, k, v = (
+        adapted(
+            x, h, linear(h, params[a + x + ".weight"], params.get(a + x + ".bias"), params.get(a + x + ".weight_scale"))
+        )
+        for x in ("q_proj", "k_proj", "v_proj")
+    )
     q = q.view(1, tokens, args.num_attention_heads, args.head_dim)
     k = k.view(1, tokens, args.num_key_value_heads, args.head_dim)
     v = v.view(1, tokens, args.num_key_value_heads, args.head_dim)
@@ -265,8 +289,9 @@ def _attention(args, params, p, h, rope, k_cache, v_cache, calls: list[_Attentio
     out = _cat(outs, dim=1)
     o_scale = params.get(a + "o_proj.weight_scale")
     if cc.degree == 1:
-        return linear(out, params[a + "o_proj.weight"], params.get(a + "o_proj.bias"), o_scale)
-    # Row-parallel: each rank's partial sum, then the bias once (an FP8 output scale is per row: the same on every rank).
-    out = cc.all_reduce(linear(out, params[a + "o_proj.weight"], scale=o_scale))
+        return adapted("o_proj", out, linear(out, params[a + "o_proj.weight"], params.get(a + "o_proj.bias"), o_scale))
+    # Row-parallel: each rank's partial sum (its LoRA delta one too), then the bias once (an FP8 output scale is per
+    # row: the same on every rank).
+    out = cc.all_reduce(adapted("o_proj", out, linear(out, params[a + "o_proj.weight"], scale=o_scale)))
     bias = params.get(a + "o_proj.bias")
     return out if bias is None else out + bias

@@ -8,12 +8,15 @@ CPU backend's, backends/cpu_pointwise.py), where the plain forms run one aten op
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from . import fp8
 from .args import ModelArgs
+
+Adapt = Callable[[str, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0, op: bool = False) -> torch.Tensor:
@@ -58,12 +61,17 @@ def mlp(
     act: str = "silu",
     scales: tuple[torch.Tensor | None, ...] = (None, None, None),
     op: bool = False,
+    adapt: Adapt | None = None,
+    prefix: str = "",
 ) -> torch.Tensor:
-    """down(act(gate(x)) * up(x)); op: the gated activation as the op onp::gated_activation."""
+    """down(act(gate(x)) * up(x)); op: the gated activation as the op onp::gated_activation. adapt(name, input,
+    output): each projection's output adapted (LoRA, models/lora.py), name being prefix + "gate_proj" and so on."""
     gate_scale, up_scale, down_scale = scales
-    gated, up_out = linear(x, gate, scale=gate_scale), linear(x, up, scale=up_scale)
+    adapt = adapt or (lambda name, inputs, outputs: outputs)
+    gated = adapt(prefix + "gate_proj", x, linear(x, gate, scale=gate_scale))
+    up_out = adapt(prefix + "up_proj", x, linear(x, up, scale=up_scale))
     hidden = gated_activation(gated, up_out, act) if op else plain_gated_activation(gated, up_out, act)
-    return linear(hidden, down, scale=down_scale)
+    return adapt(prefix + "down_proj", hidden, linear(hidden, down, scale=down_scale))
 
 
 def activation(x: torch.Tensor, act: str) -> torch.Tensor:

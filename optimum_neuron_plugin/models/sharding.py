@@ -10,7 +10,9 @@
   scales split with its columns. Attention sinks (gpt-oss) follow their query heads. Norms (Qwen3's q/k norms included) are replicated; biases follow their rows (q/k/v) or are added once after
   the all-reduce (o).
 - MoE layers: every expert is sharded like the dense MLP (its gate/up rows and down columns, stacked [E, ...]),
-  the router replicated. Each rank reads 1/tp of each selected expert, so a decode step's weight reads are
+  the router replicated.
+- LoRA slots (models/lora.py) follow their projection: B split with a column-parallel one's rows, A with a
+  row-parallel one's columns, the other replicated; a row-parallel delta is a partial sum, added before the all-reduce. Each rank reads 1/tp of each selected expert, so a decode step's weight reads are
   spread evenly whatever the router picks (expert parallelism would leave the ranks holding no selected expert
   idle), and the block needs the dense MLP's one all-reduce.
 
@@ -24,7 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..config import NeuronConfigError
-from . import fp8
+from . import fp8, lora
 from .args import ModelArgs
 
 # Per-rank scalar weight: the global id of the rank's first vocabulary row (the graphs are rank-independent).
@@ -97,16 +99,14 @@ def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, layout: Shard
     """Rank `rank`'s slice of every weight (copies, so the full weights can be freed)."""
     if layout.degree == 1:
         return params
-    d = args.head_dim
-    q_rows = slice(rank * layout.heads * d, (rank + 1) * layout.heads * d)
-    kv_start = layout.kv_head_start(rank) * d
-    kv_rows = slice(kv_start, kv_start + layout.kv_heads * d)
-    mlp_rows = slice(rank * layout.intermediate, (rank + 1) * layout.intermediate)
+    q_rows, kv_rows, mlp_rows = _projection_rows(args, layout, rank)
     expert_rows = slice(rank * layout.moe_intermediate, (rank + 1) * layout.moe_intermediate)
     shards = {}
     for name, tensor in params.items():
         kind = name.rsplit(".", 2)[-2] if name.count(".") >= 2 else name
-        if ".experts." in name:
+        if name.endswith((lora.A, lora.B)):
+            shard = lora_shard(name, tensor, args, layout, rank)
+        elif ".experts." in name:
             shard = _expert_shard(name.rsplit(".", 1)[-1], tensor, expert_rows)
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             shard = _vocab_rows(tensor, layout, rank)
@@ -129,6 +129,30 @@ def shard_params(params: dict[str, torch.Tensor], args: ModelArgs, layout: Shard
         shards[name] = shard.contiguous().clone()
     shards[VOCAB_OFFSET] = torch.tensor([rank * layout.local_vocab], dtype=torch.int32)  # added to int32 token ids
     return shards
+
+
+def _projection_rows(args: ModelArgs, layout: ShardLayout, rank: int) -> tuple[slice, slice, slice]:
+    """Rank `rank`'s output rows of q, of k and v, and of gate and up (o and down: the same columns)."""
+    d = args.head_dim
+    q_rows = slice(rank * layout.heads * d, (rank + 1) * layout.heads * d)
+    kv_start = layout.kv_head_start(rank) * d
+    kv_rows = slice(kv_start, kv_start + layout.kv_heads * d)
+    mlp_rows = slice(rank * layout.intermediate, (rank + 1) * layout.intermediate)
+    return q_rows, kv_rows, mlp_rows
+
+
+def lora_shard(name: str, tensor: torch.Tensor, args: ModelArgs, layout: ShardLayout, rank: int) -> torch.Tensor:
+    """A LoRA slot stack split like its projection (models/lora.py): a column-parallel projection's B [slots, R, out]
+    by its output rows (A replicated), a row-parallel one's A [slots, in, R] by its input columns (B replicated)."""
+    if layout.degree == 1:
+        return tensor
+    kind = name.rsplit(".", 2)[-2]
+    q_rows, kv_rows, mlp_rows = _projection_rows(args, layout, rank)
+    rows = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows, "gate_proj": mlp_rows, "up_proj": mlp_rows}
+    if kind in rows:
+        return tensor[:, :, rows[kind]] if name.endswith(lora.B) else tensor
+    columns = q_rows if kind == "o_proj" else mlp_rows
+    return tensor[:, columns] if name.endswith(lora.A) else tensor
 
 
 def _column_scales(name: str, scale: torch.Tensor, columns: slice) -> torch.Tensor:

@@ -23,7 +23,7 @@ from ..config import NeuronConfig
 from ..devices import resolve_target
 from ..errors import ArtifactError, ExportError
 from ..graphs import DecoderGraph, graph_specs
-from ..models import fp8, sharding
+from ..models import fp8, lora, sharding
 from ..models.args import ModelArgs
 from ..models.collectives import Collectives, export_world
 from ..models.decoder import weight_names
@@ -67,6 +67,7 @@ def export(
             "K/V cache scales" + ("" if "model.layers.0.self_attn.k_scale" in source.state_dict else ": calibrating")
         )
         params |= fp8_params.kv_scales(source.state_dict, args, params, source.tokenizer)
+    params |= lora_slots(args, neuron_config)
     # The weights are stored as the graphs take them (a source's quantization_config no longer applies).
     hf_config = {k: v for k, v in source.hf_config.items() if k != "quantization_config"}
     hf_config["architectures"] = [args.architecture]
@@ -105,7 +106,7 @@ def load(
         if not path.is_file():
             raise ArtifactError(f"{path}: missing compiled graph; export the model again")
     names = fp8_params.param_names(weight_names(args), args, neuron_config.quantization, neuron_config.kv_cache_dtype)
-    params = artifact.load_weights(directory, names)
+    params = artifact.load_weights(directory, names) | lora_slots(args, neuron_config)
     tokenizer, generation_config = load_tokenizer(directory)
     try:
         return cls(args, neuron_config, hf_config, params, directory, tokenizer, generation_config, group, make_backend)
@@ -113,6 +114,15 @@ def load(
         if isinstance(error, ArtifactError):
             raise
         raise ArtifactError(f"{directory / 'graphs'}: cannot load a compiled graph ({error}); export again") from None
+
+
+def lora_slots(args: ModelArgs, neuron_config: NeuronConfig) -> dict[str, torch.Tensor]:
+    """The zero LoRA slots of an export with max_loras (models/lora.py), after the weights: never stored."""
+    nc = neuron_config
+    if not nc.lora:
+        return {}
+    dtype = artifact.torch_dtype(nc)
+    return lora.empty_params(args, nc.max_loras + 1, nc.max_lora_rank, nc.lora_target_modules, dtype)
 
 
 def compile_graphs(backend, args, layout, neuron_config, params, workdir, progress, options=SERIAL) -> None:

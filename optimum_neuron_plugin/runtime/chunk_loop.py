@@ -85,7 +85,10 @@ def chunk_inputs(
     chunk = tokens[offset : offset + size]
     positions = list(range(start + offset, start + offset + len(chunk)))
     pad = size - len(chunk)
-    rows = TokenRows.of([chunk + chunk[-1:] * pad], [positions + positions[-1:] * pad], gs.tables.rows([seq_id]))
+    rows = TokenRows.of(
+        [chunk + chunk[-1:] * pad], [positions + positions[-1:] * pad], gs.tables.rows([seq_id]),
+        gs.adapters.rows([seq_id]),
+    )  # fmt: skip
     return rows, positions
 
 

@@ -73,8 +73,11 @@ def decode_inputs(gs: GraphSet, batch: DecodeBatch, rows: int) -> DecodeInputs:
     """The decode batch's inputs padded to the graph's rows, with its sampling inputs (on-device sampling)."""
     pad = rows - len(batch.seq_ids)
     padded = lambda values: list(values) + [values[0]] * pad  # noqa: E731
-    tables = gs.tables.rows(padded(batch.seq_ids))
-    inputs = TokenRows.of([[t] for t in padded(batch.token_ids)], [[p] for p in padded(batch.positions)], tables)
+    seq_ids = padded(batch.seq_ids)
+    tables, adapters = gs.tables.rows(seq_ids), gs.adapters.rows(seq_ids)
+    inputs = TokenRows.of(
+        [[t] for t in padded(batch.token_ids)], [[p] for p in padded(batch.positions)], tables, adapters
+    )
     if not gs.neuron_config.on_device_sampling:
         return DecodeInputs(inputs)
     return DecodeInputs(inputs, sampling_inputs(gs, batch, rows))

@@ -3,6 +3,8 @@ the prompt's logits, the rest by the decode graph."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..errors import InputError
@@ -25,14 +27,34 @@ def generate(
     temperature: float = 1.0,
     seed: int | None = None,
     eos_token_id: int | list[int] | None = None,
+    adapters: Sequence[str | None] | None = None,
 ) -> torch.Tensor:
-    """Prompt plus new tokens per row, right-padded with the first eos id once a row stops."""
+    """Prompt plus new tokens per row, right-padded with the first eos id once a row stops. adapters: each row's
+    LoRA adapter by name (None: the base model)."""
     prompts = _prompts(input_ids, attention_mask)
     nc = gs.neuron_config
     if len(prompts) > nc.batch_size:
         raise InputError(
             f"generate got {len(prompts)} sequences; the model was compiled for batch_size {nc.batch_size}"
         )
+    adapters = [None] * len(prompts) if adapters is None else list(adapters)
+    if len(adapters) != len(prompts):
+        raise InputError(f"generate got {len(adapters)} adapters for {len(prompts)} sequences: give one per row")
+    slots = [gs.adapters.slot(name) for name in adapters]  # each checked before anything runs
+    try:
+        for seq_id, slot in enumerate(slots):
+            gs.adapters.of_seq[seq_id] = slot
+        return _generate(gs, default_eos, prompts, input_ids, attention_mask, max_new_tokens, do_sample, top_k,
+                         top_p, temperature, seed, eos_token_id)  # fmt: skip
+    finally:
+        gs.adapters.of_seq[: len(prompts)] = 0
+
+
+def _generate(
+    gs, default_eos, prompts, input_ids, attention_mask, max_new_tokens, do_sample, top_k, top_p, temperature, seed,
+    eos_token_id,
+) -> torch.Tensor:  # fmt: skip
+    nc = gs.neuron_config
     eos = _eos_ids(eos_token_id, default_eos)
     params = SamplingParams(top_k, top_p, temperature) if do_sample else GREEDY
     generators = [

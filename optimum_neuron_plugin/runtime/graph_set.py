@@ -15,6 +15,7 @@ from ..graph_inputs import GraphInputs, flat
 from ..graphs import CHUNK_AND_DECODE, COPY_PREFIX, GraphSpec
 from .block_tables import BlockTables
 from .graph_select import GraphSelector
+from .lora import AdapterSlots
 
 RunGraph = Callable[..., torch.Tensor]  # graphs(spec, *inputs): runs the compiled graph of spec
 
@@ -49,10 +50,12 @@ class GraphSet:
     selector: GraphSelector = field(init=False, repr=False)  # selector.select(kind, rows, starts, lasts)
     calls: Counter[str] = field(default_factory=Counter, repr=False)  # graph name -> its calls (raised ones too)
     tables: BlockTables = field(init=False, repr=False)  # each slot's KV cache blocks
+    adapters: AdapterSlots = field(init=False, repr=False)  # each sequence's LoRA slot (exports with max_loras)
 
     def __post_init__(self) -> None:
         self.selector = GraphSelector(self.neuron_config, self.specs)
         self.tables = BlockTables(self.neuron_config)
+        self.adapters = AdapterSlots(self.neuron_config)
 
     def run(self, spec: GraphSpec, inputs: GraphInputs) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """One call of the compiled graph of spec on its inputs (graph_inputs.py)."""

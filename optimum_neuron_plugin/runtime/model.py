@@ -18,7 +18,7 @@ from ..config import NeuronConfig
 from ..errors import ArtifactError, InputError
 from ..graph_inputs import CopyInputs
 from ..graphs import COPY_PREFIX, DecoderGraph, GraphSpec, example_inputs, graph_specs
-from ..models import sharding
+from ..models import lora, sharding
 from ..models.args import ModelArgs
 from ..models.collectives import Collectives
 from ..models.kv_cache import empty_cache
@@ -30,6 +30,7 @@ from . import generate as hf_generate
 from . import verify as verify_step
 from .decode import DecodeResult
 from .graph_set import GraphSet, LoadedOnFirstCall, RunGraph
+from .lora.peft_adapter import Adapter
 from .ranks import NoRanks, tp_group
 
 
@@ -126,7 +127,7 @@ class NeuronModelForCausalLM:
         for part in (self.tokenizer, self.generation_config):
             if part is not None:
                 part.save_pretrained(str(directory))
-        artifact.save_weights(self.params, directory)
+        artifact.save_weights({n: t for n, t in self.params.items() if not lora.is_slot_stack(n)}, directory)
         for path in self.graph_files():
             target = directory / path.relative_to(self.graphs_dir)
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -278,9 +279,10 @@ class NeuronModelForCausalLM:
         temperature: float = 1.0,
         seed: int | None = None,
         eos_token_id: int | list[int] | None = None,
+        adapters: Sequence[str | None] | None = None,
     ) -> torch.Tensor:
         """Hugging Face style generation (generate.py): prompt plus new tokens per row, right-padded with the first
-        eos id once a row stops."""
+        eos id once a row stops. adapters: each row's LoRA adapter by name (load_adapter), None for the base model."""
         return hf_generate.generate(
             self.graph_set,
             self.args.eos_token_ids,
@@ -293,4 +295,37 @@ class NeuronModelForCausalLM:
             temperature,
             seed,
             eos_token_id,
+            adapters,
         )
+
+    # ---- LoRA adapters (lora/; exports with --max-loras) --------------------------------------- -------------------------------------
+
+    @property
+    def adapters(self) -> dict[str, int]:
+        """The loaded LoRA adapters: name -> slot."""
+        return self.graph_set.adapters.loaded
+
+    def read_adapter(self, path: str | Path) -> Adapter:
+        """The PEFT LoRA adapter directory at `path`, read on the host and checked against the export."""
+        return self.graph_set.adapters.read(path, self.args)
+
+    def load_adapter(self, name: str, adapter: str | Path | Adapter, slot: int | None = None) -> int:
+        """Copies the PEFT LoRA adapter at `adapter` (a directory, or read_adapter's) into a free slot (or `slot`)
+        under `name`; returns its slot. Every rank loads it (tensor parallelism: its shard). No graph is compiled:
+        the adapter is data."""
+        gs = self.graph_set
+        return gs.adapters.load(self._graph_params(), self.args, self.shard_layout, self.rank, name, adapter, slot)
+
+    def unload_adapter(self, name: str) -> int:
+        """Zeroes the slot of adapter `name` (refused while a sequence runs it); returns the slot."""
+        return self.graph_set.adapters.unload(self._graph_params(), name)
+
+    def _graph_params(self) -> dict[str, torch.Tensor]:
+        """The weights the graphs read: the backend's device copies (neuron), else the host's own (cpu)."""
+        return getattr(self.graphs, "params", self.params)
+
+    def set_adapter(self, seq_id: int, name: str | None) -> None:
+        """The adapter sequence seq_id runs from its next call on (prefill, decode, verify): its K/V are written
+        with that adapter, so set it before the sequence's first prefill. None: the base model."""
+        self.graph_set.check_seq_id(seq_id)
+        self.graph_set.adapters.assign(seq_id, name)

@@ -44,7 +44,9 @@ def verify(gs: GraphSet, batch: VerifyBatch) -> torch.Tensor:
     positions = [_padded(list(range(s, s + len(t))), width) for s, t in zip(batch.starts, batch.token_ids, strict=True)]
     spec = gs.selector.select(VERIFY, n, batch.starts, batch.last_positions)
     pad = lambda values: values + values[:1] * (spec.rows - n)  # noqa: E731
-    logits = gs.run(spec, RowsInputs(TokenRows.of(pad(ids), pad(positions), gs.tables.rows(pad(batch.seq_ids)))))
+    seq_ids = pad(batch.seq_ids)
+    rows = TokenRows.of(pad(ids), pad(positions), gs.tables.rows(seq_ids), gs.adapters.rows(seq_ids))
+    logits = gs.run(spec, RowsInputs(rows))
     return logits[:n].clone()
 
 

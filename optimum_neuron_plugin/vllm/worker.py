@@ -204,17 +204,24 @@ class NeuronWorker(WorkerBase):
     def get_cache_block_size_bytes(self) -> int:
         return bytes_for_blocks(self.get_kv_cache_spec(), 1)
 
+    # LoRA adapters (runner/lora_slots.py): vLLM calls these on --lora-modules, /v1/load_lora_adapter and the like.
+
     def add_lora(self, lora_request) -> bool:
-        raise ValueError("LoRA adapters are not supported by the Neuron plugin")
+        return self._loras().add(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
-        return False
+        return self._loras().remove(lora_id)
 
     def pin_lora(self, lora_id: int) -> bool:
-        return False
+        return self._loras().pin(lora_id)
 
     def list_loras(self) -> set[int]:
-        return set()
+        return set() if self.runner is None or self.runner.loras is None else self.runner.loras.ids()
+
+    def _loras(self):
+        if self.runner is None or self.runner.loras is None:
+            raise ValueError("LoRA adapters need `vllm serve --enable-lora` on an export with LoRA slots")
+        return self.runner.loras
 
     def sleep(self, level: int = 1) -> None:
         logger.warning("sleep mode is not supported by the Neuron plugin; ignored")

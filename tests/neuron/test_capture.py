@@ -215,3 +215,24 @@ def int64_values(code: str) -> set[str]:
     definition and not counted."""
     made = re.findall(r"(\w+) = \w+\.long\(\)", code) + re.findall(r"(\w+) = torch\.arange\((?:(?!dtype)[^)])*\)", code)
     return {re.sub(r"_\d+$", "", name) for name in made}
+
+
+def test_lora_graphs_are_one_dynamo_graph(tiny_models, recorded):
+    """With LoRA slots every graph kind (a row group's slots gathered per call, then two bmm per projection) is
+    still captured whole, with no int64 index."""
+    from optimum_neuron_plugin.runtime.artifact_io import lora_slots
+
+    config = NeuronConfig(
+        backend="neuron", torch_dtype="bfloat16", speculative_tokens=3, max_loras=2, max_lora_rank=4,
+        **CONFIGS["chunked"],
+    )  # fmt: skip
+    model = tiny_models["llama"]
+    backend = NeuronBackend(config, compiler=RECORDER, device="cpu")
+    params = model.params(config) | lora_slots(model.args, config)
+    graphs = NeuronGraphs(backend, model.graphs(config), params, model.caches(config))
+    specs = graph_specs(config, model.args.vocab_size)
+    picked = list({s.name: s for s in specs if s.name != COPY_PREFIX}.values())
+    assert {s.name for s in picked} == {"chunked_prefill", "token_generation", "chunk_and_decode", VERIFY}
+    torch.compiler.reset()
+    check_captured(graphs, picked, recorded, "llama-lora")
+    assert all("bmm" in graph.code for graph in recorded[-len(picked) :])

@@ -16,6 +16,7 @@ SEQUENCE_LENGTH = 128
 CHUNK = 16
 SPECULATIVE_TOKENS = 3  # the draft tokens of spec_dir's verify graphs (tests/vllm/conftest.py)
 SHAPE = dict(batch_size=BATCH_SIZE, sequence_length=SEQUENCE_LENGTH)
+LORA_RANK = 8  # the LoRA export's max_lora_rank (tests/vllm/conftest.py lora_dir), 2 slots
 
 # Words whose tokens make prompts of exact lengths (SmolLM2 tokenizer).
 WORDS = [

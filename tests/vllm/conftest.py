@@ -19,6 +19,7 @@ import torch  # noqa: E402
 from support.served import (  # noqa: E402
     BATCH_SIZE,
     CHUNK,
+    LORA_RANK,
     SEQUENCE_LENGTH,
     SHAPE,
     SPECULATIVE_TOKENS,
@@ -99,3 +100,26 @@ def tp2_dir(vllm_root, tiny_hf_dir) -> Path:
         tiny_hf_dir, vllm_root / "chunked-tp2", **SHAPE, prefill_chunk_size=CHUNK, tp_degree=2,
         context_buckets=(SEQUENCE_LENGTH,), prefill_buckets=(0, SEQUENCE_LENGTH),
     )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def lora_dir(vllm_root, tiny_hf_dir) -> Path:
+    """The served shape with 2 LoRA slots of rank LORA_RANK (light buckets: its tests are about adapters)."""
+    return export(
+        tiny_hf_dir, vllm_root / "lora", **SHAPE, prefill_chunk_size=CHUNK, on_device_sampling=True, max_loras=2,
+        max_lora_rank=LORA_RANK, context_buckets=(64, 128), prefill_buckets=(0, 64, 128),
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def lora_adapters(vllm_root, tiny_hf) -> dict:
+    """Three random PEFT adapters of the served model (one more than lora_dir's slots): name -> (directory, peft
+    reference). "first" targets every projection at rank 4, "second" two at LORA_RANK, "third" every one at rank 2."""
+    from support.lora import ALL_TARGETS, make_adapter
+
+    shapes = {"first": (4, ALL_TARGETS), "second": (LORA_RANK, ["q_proj", "down_proj"]), "third": (2, ALL_TARGETS)}
+    made = {}
+    for seed, (name, (rank, targets)) in enumerate(shapes.items()):
+        path = vllm_root / "adapters" / name
+        made[name] = (path, make_adapter(tiny_hf, path, seed, rank, targets))
+    return made

@@ -28,7 +28,11 @@ REFUSED = {
         dict(speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 2}),
         "--speculative-config needs verify graphs: export the model again with --speculative-tokens 2",
     ),
-    "lora": (dict(enable_lora=True), "LoRA adapters are not supported: remove --enable-lora"),
+    "lora": (
+        dict(enable_lora=True),
+        "--enable-lora needs an export with LoRA slots, this one has none: export again with them, e.g. "
+        "optimum-cli export neuron",
+    ),
     "logits-processors": (
         dict(logits_processors=["vllm.v1.sample.logits_processor.builtin:MinPLogitsProcessor"]),
         "custom logits processors are not supported: remove --logits-processors",

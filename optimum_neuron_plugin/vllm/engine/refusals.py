@@ -16,7 +16,7 @@ import vllm.envs as envs
 from vllm.config import VllmConfig
 
 from ...artifact import cache_dtype, load_config
-from ...config import NeuronConfig
+from ...config import NeuronConfig, reexport_command
 from ...models.sharding import layout_for
 from ..spec_decode.methods import speculation_problems
 from .data_parallel import data_parallel_problems
@@ -57,8 +57,27 @@ def speculation(asked: Asked, fitted: Fitted) -> str | None:
 
 
 def lora(asked: Asked, fitted: Fitted) -> str | None:
-    if asked.vllm_config.lora_config is not None:
-        return "LoRA adapters are not supported: remove --enable-lora (merge the adapter into the weights and export again)"
+    """--enable-lora needs LoRA slots in the export; --max-loras and --max-lora-rank at most the export's."""
+    config, nc = asked.vllm_config.lora_config, asked.artifact
+    if config is None:
+        return None
+    rank = asked.user.max_lora_rank or config.max_lora_rank
+    export = reexport_command(nc.to_dict(), Path(asked.vllm_config.model_config.model))
+    if not nc.lora:
+        return (
+            f"--enable-lora needs an export with LoRA slots, this one has none: export again with them, e.g. "
+            f"{export} --max-loras {config.max_loras} --max-lora-rank {rank}"
+        )
+    # vLLM's default rank (16) is not the user's: adapters are checked against the export's rank when loaded.
+    rank = asked.user.max_lora_rank or nc.max_lora_rank
+    excess = [f"--max-loras {config.max_loras} exceeds the export's {nc.max_loras} LoRA slots"] * (
+        config.max_loras > nc.max_loras
+    ) + [f"--max-lora-rank {rank} exceeds the export's max_lora_rank {nc.max_lora_rank}"] * (rank > nc.max_lora_rank)
+    if excess:
+        return (
+            f"{'; '.join(excess)}: pass at most those, or export again with {export} "
+            f"--max-loras {max(config.max_loras, nc.max_loras)} --max-lora-rank {max(rank, nc.max_lora_rank)}"
+        )
     return None
 
 

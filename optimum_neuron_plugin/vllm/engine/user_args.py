@@ -42,6 +42,8 @@ TRACKED = (
     "distributed_executor_backend",
     "dtype",
     "tensor_parallel_size",
+    "max_loras",
+    "max_lora_rank",
 )
 
 
@@ -57,6 +59,8 @@ class UserOptions:
     distributed_executor_backend: str | None = None
     dtype: str | None = None
     tensor_parallel_size: int | None = None
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
 
     @classmethod
     def of(cls, additional_config: dict[str, Any] | None) -> UserOptions:

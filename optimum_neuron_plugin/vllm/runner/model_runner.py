@@ -22,6 +22,7 @@ import time
 from collections.abc import Collection
 
 from vllm.config import VllmConfig
+from vllm.exceptions import LoRAAdapterNotFoundError
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
 from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
 
@@ -39,6 +40,7 @@ from .call_executor import CallExecutor
 from .call_loop import GuardedCalls
 from .call_plan import CallKind, GraphCall, StepResult, plan_calls
 from .health import GraphHealth
+from .lora_slots import LoraSlots
 from .prompt_logprobs import wants_prompt_logprobs
 from .request_state import RequestState, SeedSource
 from .rows import Rows, SliceBlocks, waves
@@ -66,6 +68,9 @@ class NeuronModelRunner:
         self.measures_latencies = prefill_mode(extra) is PrefillMode.INTERLEAVED and prefill_chunk_budget(extra) is None
         self.latencies: GraphLatencies | None = None  # measured at warm-up, reported with the first output
         self.rows = Rows(nc.batch_size)
+        lora = vllm_config.lora_config
+        self.loras = None if lora is None else LoraSlots(model, lora.max_cpu_loras or lora.max_loras)
+        self.adapter_failures: list[str] = []  # requests of the step whose adapter could not be put in a slot
         self.block_size = nc.block_size
         for row in range(nc.batch_size):  # vLLM's blocks from now on: no row holds any until a request is scheduled
             model.graph_set.tables.assign(row, [])
@@ -90,6 +95,7 @@ class NeuronModelRunner:
                     self._default_seed(new.sampling_params),
                 )  # fmt: skip
                 state.stats.cached_tokens = new.num_computed_tokens
+                state.lora_request = new.lora_request
                 self.requests[state.req_id] = state
             state.block_ids = only_group(new.block_ids)
         cached = scheduler_output.scheduled_cached_reqs
@@ -106,6 +112,7 @@ class NeuronModelRunner:
 
     def _write_tables(self, scheduled: Collection[str]) -> None:
         tables = self.model.graph_set.tables
+        live = self._live_loras(scheduled)
         for req_id in scheduled:
             state = self.requests[req_id]
             if state.slot is None:
@@ -113,6 +120,21 @@ class NeuronModelRunner:
                 if taken is not None:
                     self.requests[taken].slot = None
             tables.assign(state.slot, state.block_ids)
+            if self.loras is not None:  # the row runs its request's adapter, copied into a slot if needed
+                self._assign_adapter(state, live)
+
+    def _assign_adapter(self, state: RequestState, live: set[int]) -> None:
+        """A request whose adapter cannot be read (vLLM's offline API reads it only now) fails alone."""
+        try:
+            self.model.graph_set.adapters.of_seq[state.slot] = self.loras.slot(state.lora_request, live)
+        except (ValueError, LoRAAdapterNotFoundError) as error:
+            logger.error("request %s: its LoRA adapter cannot be served: %s", state.req_id, error)
+            self.adapter_failures.append(state.req_id)
+
+    def _live_loras(self, scheduled: Collection[str]) -> set[int]:
+        """The adapters of the step's requests and of every request holding a row: their slots are kept."""
+        states = [self.requests[r] for r in scheduled] + [s for s in self.requests.values() if s.slot is not None]
+        return {s.lora_request.lora_int_id for s in states if s.lora_request is not None}
 
     def _default_seed(self, params) -> int | None:
         """A seed from --seed for an unseeded request (drawn for every request, so admission order alone decides)."""
@@ -124,6 +146,7 @@ class NeuronModelRunner:
         if state is not None and state.slot is not None:
             self.rows.release(state.slot)
             self.model.graph_set.tables.assign(state.slot, [])
+            self.model.graph_set.adapters.of_seq[state.slot] = 0
             state.slot = None
 
     def _finish(self, req_id: str) -> None:
@@ -179,7 +202,10 @@ class NeuronModelRunner:
         """The step's graph calls and sampled tokens; grammar_output: vLLM's bitmask of its structured requests."""
         self.executor.grammar = StepGrammar(scheduler_output, grammar_output)
         plan = self.plan(scheduler_output)
-        step = self.calls.run(self.graph_calls(plan), plan.waves.producers)
+        failed, self.adapter_failures = self.adapter_failures, []
+        calls = [c for c in (call.without(failed) for call in self.graph_calls(plan)) if c is not None]
+        step = self.calls.run(calls, plan.waves.producers)
+        step.failed += failed
         if not self.calls.retired(CallKind.VERIFY):  # drafts nothing can verify would only cost their proposal
             self.speculation.propose(step.tokens, self.requests)
         return self._output(list(scheduler_output.num_scheduled_tokens), step)

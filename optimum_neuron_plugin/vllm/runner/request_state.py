@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+from vllm.lora.request import LoRARequest
 from vllm.sampling_params import SamplingParams as VllmSamplingParams
 from vllm.v1.outputs import LogprobsTensors
 
@@ -51,6 +52,7 @@ class RequestState:
     prompt_logprobs_sent: bool = False
     draft_gate: DraftGate | None = None  # speculative decoding: set by the runner on the first proposal
     penalty_counts: PenaltyCounts | None = None  # host sampling with penalties: set on the first sampled row
+    lora_request: LoRARequest | None = None  # its LoRA adapter (lora_slots.py); None: the base model
     _token_ids: list[int] = field(default_factory=list, repr=False)  # all_token_ids as of its last read
 
     @classmethod
