@@ -33,9 +33,22 @@ REFUSED = {
         dict(logits_processors=["vllm.v1.sample.logits_processor.builtin:MinPLogitsProcessor"]),
         "custom logits processors are not supported: remove --logits-processors",
     ),
-    "kv-transfer": (
-        dict(kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_both"}),
-        "KV cache transfer is not supported (the KV cache is the graphs' device state): remove --kv-transfer-config",
+    "kv-connector-nixl": (
+        dict(kv_transfer_config={"kv_connector": "NixlConnector", "kv_role": "kv_both"}, additional_config=SERIAL),
+        "KV connector 'NixlConnector' is not supported (the nixl wheel is not installed with the plugin and its Neuron "
+        "memory registration is untested): use one of ExampleConnector, or remove --kv-transfer-config",
+    ),
+    "kv-connector-out-of-tree": (
+        dict(
+            kv_transfer_config={"kv_connector": "Mine", "kv_role": "kv_both", "kv_connector_module_path": "my.module"},
+            additional_config=SERIAL,
+        ),
+        "KV connector 'Mine' is not supported (it is not one the plugin's runner was tested with)",
+    ),
+    "kv-connector-interleaved": (
+        dict(kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_producer"}, **INTERLEAVED),
+        "KV connector 'ExampleConnector' saves a prompt's blocks in the step that first schedules it, so the whole "
+        "prompt must prefill in that step: set ONP_PREFILL_MODE=serial",
     ),
     "async-scheduling": (dict(async_scheduling=True), "async scheduling is not supported"),
     "chunked-prefill-serial": (
