@@ -224,3 +224,12 @@ def test_the_refused_options_of_one_command_line_are_reported_at_once(chunked_di
         "remove --async-scheduling",
     ):
         assert fragment in str(error.value)
+
+
+def test_a_kv_connector_on_an_export_without_chunks_says_to_export_with_them(full_host_dir, monkeypatch):
+    """A request whose first blocks a connector loaded prefills from the position after them: chunk graphs."""
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    with pytest.raises(ValueError) as error:
+        engine_config(full_host_dir, kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_consumer"})
+    assert "KV connector 'ExampleConnector' needs prefill chunk graphs" in str(error.value)
+    assert "export the model again with --prefill-chunk-size" in str(error.value)

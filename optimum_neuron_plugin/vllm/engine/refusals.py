@@ -94,6 +94,11 @@ def kv_transfer(asked: Asked, fitted: Fitted) -> str | None:
         why = CONNECTORS_REFUSED.get(name, "it is not one the plugin's runner was tested with")
         served = ", ".join(SERVED_CONNECTORS)
         return f"KV connector {name!r} is not supported ({why}): use one of {served}, or remove --kv-transfer-config"
+    if not asked.artifact.chunked:
+        return (
+            f"KV connector {name!r} needs prefill chunk graphs (a request whose first blocks were loaded prefills from "
+            "the position after them): export the model again with --prefill-chunk-size"
+        )
     if serves_on_neuron():
         return (
             f"KV connector {name!r} runs on the CPU backend only (the Neuron pool lives in device memory, which the "
