@@ -223,3 +223,15 @@ def connector_forward_context(layers: dict[str, torch.Tensor]) -> object:
         attn_metadata=dict.fromkeys(layers),
         slot_mapping={},
     )
+
+
+def offloading_chunks(connector) -> tuple[int, int]:
+    """An OffloadingConnector's host tier as its spec sized it: (chunks, pool blocks per chunk)."""
+    spec = connector.connector_worker.spec
+    return spec.num_chunks, spec.blocks_per_chunk
+
+
+def use_offloading_worker(connector, worker) -> None:
+    """An OffloadingConnector's worker side copies with `worker` (an OffloadingWorker) instead of the one its spec
+    builds from the registered caches (register_kv_caches, which assumes vLLM's page layout: not called)."""
+    connector.connector_worker.worker = worker

@@ -36,7 +36,8 @@ REFUSED = {
     "kv-connector-nixl": (
         dict(kv_transfer_config={"kv_connector": "NixlConnector", "kv_role": "kv_both"}, additional_config=SERIAL),
         "KV connector 'NixlConnector' is not supported (the nixl wheel is not installed with the plugin and its Neuron "
-        "memory registration is untested): use one of ExampleConnector, or remove --kv-transfer-config",
+        "memory registration is untested): use one of ExampleConnector, OffloadingConnector, or remove "
+        "--kv-transfer-config",
     ),
     "kv-connector-out-of-tree": (
         dict(

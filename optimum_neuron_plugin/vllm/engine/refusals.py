@@ -77,11 +77,10 @@ def logits_processor_plugins(asked: Asked, fitted: Fitted) -> str | None:
 
 
 # The KV connectors the runner serves (runner/kv_transfer.py), and why the others are refused.
-SERVED_CONNECTORS = ("ExampleConnector",)
+SERVED_CONNECTORS = ("ExampleConnector", "OffloadingConnector")
 CONNECTORS_REFUSED = {
     "NixlConnector": "the nixl wheel is not installed with the plugin and its Neuron memory registration is untested",
-    "OffloadingConnector": "its host copies use CUDA streams and a K/V page layout the Neuron pool does not have",
-    "SimpleCPUOffloadConnector": "its host copies use CUDA memory operations",
+    "SimpleCPUOffloadConnector": "its host copies use CUDA memory operations; OffloadingConnector is the host tier",
 }
 
 
@@ -104,7 +103,7 @@ def kv_transfer(asked: Asked, fitted: Fitted) -> str | None:
             f"KV connector {name!r} runs on the CPU backend only (the Neuron pool lives in device memory, which the "
             "connector cannot address yet): remove --kv-transfer-config"
         )
-    if asked.mode is not PrefillMode.SERIAL:
+    if name == "ExampleConnector" and asked.mode is not PrefillMode.SERIAL:
         return (
             f"KV connector {name!r} saves a prompt's blocks in the step that first schedules it, so the whole prompt "
             f"must prefill in that step: set {PREFILL_MODE_ENV}=serial (or --additional-config "

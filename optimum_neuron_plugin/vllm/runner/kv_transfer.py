@@ -9,6 +9,7 @@ sends and receives, returned in the step's ModelRunnerOutput (kv_connector_outpu
 What a connector sees of the pool: per layer one tensor [num_blocks, 2, block_size, kv_heads, head_dim] (K then V
 of each block), a view of the runtime's pool (models/kv_cache.py empty_pools: [2, num_blocks, ...] per layer), with
 vLLM's block ids at dim 0 and the block's positions at dim 2, where connectors that address slots index them.
+OffloadingConnector (the host-memory tier) copies whole blocks through host_tier.py instead.
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.outputs import KVConnectorOutput
 
 from ...runtime import NeuronModelForCausalLM
-from ..compat import connector_forward_context
+from ..compat import connector_forward_context, offloading_chunks, use_offloading_worker
 from ..engine.kv_spec import layer_names
+from .host_tier import HostCopies
+
+HOST_TIER_CONNECTOR = "OffloadingConnector"  # its copies are the plugin's (host_tier.py)
 
 
 class KVTransfer:
@@ -47,7 +51,10 @@ class KVTransfer:
         )
         names = layer_names(model.args.num_hidden_layers)
         layers = {name: pool.transpose(0, 1) for name, pool in zip(names, model.kv_pools, strict=True)}
-        connector.register_kv_caches(layers)
+        if config.kv_connector == HOST_TIER_CONNECTOR:
+            use_offloading_worker(connector, HostCopies(model.kv_pools, *offloading_chunks(connector)))
+        else:
+            connector.register_kv_caches(layers)
         return cls(connector, layers)
 
     @contextmanager
