@@ -60,7 +60,11 @@ class Proxy(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
         if self.path not in ROUTED:
             return self.forward(self.decode.take(), "POST", body)
-        status, answer = self.call(self.prefill.take(), prefill_body(body))
+        prefill = self.prefill.take()
+        try:
+            status, answer = self.call(prefill, prefill_body(body))
+        except OSError as error:  # a prefill server that is down fails the requests sent to it, nothing else
+            return self.reply(502, {"error": {"message": f"prefill server {prefill} failed: {error}", "code": 502}})
         if status != 200:  # the prefill's refusal or failure is the client's answer
             return self.reply(status, answer)
         params = answer.get("kv_transfer_params")

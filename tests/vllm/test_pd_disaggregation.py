@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.client import completion_tokens, concurrently, greedy, metrics, wait_idle
+from support.client import call, completion_tokens, concurrently, greedy, health, metrics, wait_idle
 from support.served import CHUNK, prompt_of
 from support.server import Server, die_with_test_process, free_port, server_env
 
@@ -154,3 +154,21 @@ def test_2p1d_answers_equal_a_single_instance_with_both_prefill_servers_used(ser
     assert split == single
     assert {name: finished(name) - count for name, count in before.items()} == {"prefill0": 8, "prefill1": 8}
     assert decode_work(servers, root, prompts) == [(loaded_tokens(len(p)), 1) for p in prompts]
+
+
+def test_a_prefill_server_that_is_down_fails_only_its_requests(servers, tokenizer):
+    """Last in the module: it stops prefill1. The proxy answers 502 for the requests it sends there; the others are
+    served by prefill0 and the decode server, which stays up."""
+    servers["prefill1"].stop()
+    prompts = chats(tokenizer, run=2)[:4]
+    body = lambda prompt: greedy(servers["decode"].model, prompt, NEW_TOKENS)  # noqa: E731
+    with proxy([servers["prefill0"], servers["prefill1"]], servers["decode"]) as port:
+        answered = [call(port, "/v1/completions", body(p)) for p in prompts]  # in turn: prefill0, prefill1, ...
+    assert [status for status, _ in answered] == [200, 502, 200, 502]
+    assert f"prefill server {servers['prefill1'].url} failed" in answered[1][1]["error"]["message"]
+    single = [completion_tokens(servers["single"].port, body(p)) for p in prompts[::2]]
+    assert [answer["choices"][0]["token_ids"] for _, answer in answered[::2]] == single
+    assert health(servers["decode"].port) == 200
+    assert completion_tokens(servers["decode"].port, body(prompts[1])) == completion_tokens(
+        servers["single"].port, body(prompts[1])
+    )
