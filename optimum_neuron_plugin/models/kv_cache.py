@@ -24,9 +24,23 @@ from . import fp8
 NULL_BLOCK = 0
 
 
+def empty_pools(
+    num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """Per layer one tensor [2, num_blocks, block_size, kv_heads, head_dim]: its K pool then its V pool (what KV
+    connectors register, vllm/runner/kv_transfer.py); the graphs take the two halves (split_pools)."""
+    return [torch.zeros((2, num_blocks, block_size, kv_heads, head_dim), dtype=dtype) for _ in range(num_layers)]
+
+
+def split_pools(pools: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The graphs' cache list: K then V of each layer, contiguous views of the layer's pool."""
+    return [half for pool in pools for half in pool.unbind(0)]
+
+
 def empty_cache(
     num_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int, dtype: torch.dtype
 ) -> list[torch.Tensor]:
+    """The graphs' cache list as separate tensors (what export traces with: no input aliases another)."""
     shape = (num_blocks, block_size, kv_heads, head_dim)
     return [torch.zeros(shape, dtype=dtype) for _ in range(2 * num_layers)]
 

@@ -21,7 +21,7 @@ from ..graphs import COPY_PREFIX, DecoderGraph, GraphSpec, example_inputs, graph
 from ..models import lora, sharding
 from ..models.args import ModelArgs
 from ..models.collectives import Collectives
-from ..models.kv_cache import empty_cache
+from ..models.kv_cache import empty_pools, split_pools
 from ..sampling import SamplingParams
 from ..version import __version__
 from . import artifact_io, chunk_loop, fused, latency
@@ -67,14 +67,16 @@ class NeuronModelForCausalLM:
         self.group = group if group is not None else tp_group(nc.tp_degree)
         self.rank = 0 if self.group is None else dist.get_rank(self.group)
         self.caches: list[torch.Tensor] = []
+        self.kv_pools: list[torch.Tensor] = []  # per layer [2, blocks, ...]: K and V, which self.caches views
         self.graph_set = GraphSet(nc, self.specs, NoRanks(nc.tp_degree), self.group, args.vocab_size)
         if nc.tp_degree > 1 and self.group is None:
             return
         self.params = sharding.shard_params(params, args, self.shard_layout, self.rank)
-        self.caches = empty_cache(
+        self.kv_pools = empty_pools(
             args.num_hidden_layers, nc.num_blocks, nc.block_size, self.shard_layout.kv_heads, args.head_dim,
             artifact.cache_dtype(nc),
         )  # fmt: skip
+        self.caches = split_pools(self.kv_pools)
         cc = Collectives(nc.tp_degree, self.group.group_name if self.group is not None else None)
         local = sharding.local_args(args, self.shard_layout)
         modules = [DecoderGraph(local, spec, nc.max_topk, cc) for spec in self.specs]

@@ -199,3 +199,39 @@ def propose_ngrams(
         sampled[row] = [0]  # vLLM proposes for the requests that sampled a token this step
     drafts = proposer.propose(k, sampled, lengths, table)
     return [drafts[row] for row in rows]
+
+
+# ---- KV connectors (runner/kv_transfer.py) ---------------------------------------------------------------------
+# A connector's start_load_kv reads its layers' caches from a ForwardContext (vllm/forward_context.py), which vLLM's
+# GPU runner fills from its attention modules; the plugin has none, so it builds one per step.
+
+
+@dataclass(frozen=True)
+class _LayerCache:
+    """The one attribute of vLLM's attention layer that connectors read from a forward context: its KV cache."""
+
+    kv_cache: torch.Tensor
+
+
+def connector_forward_context(layers: dict[str, torch.Tensor]) -> object:
+    """A vLLM ForwardContext whose layers hold `layers` (name -> KV cache) and no attention metadata (a dict of None
+    per layer: connectors that index caches by slot, as ExampleConnector, read only the layer names)."""
+    from vllm.forward_context import ForwardContext
+
+    return ForwardContext(
+        no_compile_layers={name: _LayerCache(cache) for name, cache in layers.items()},
+        attn_metadata=dict.fromkeys(layers),
+        slot_mapping={},
+    )
+
+
+def offloading_chunks(connector) -> tuple[int, int]:
+    """An OffloadingConnector's host tier as its spec sized it: (chunks, pool blocks per chunk)."""
+    spec = connector.connector_worker.spec
+    return spec.num_chunks, spec.blocks_per_chunk
+
+
+def use_offloading_worker(connector, worker) -> None:
+    """An OffloadingConnector's worker side copies with `worker` (an OffloadingWorker) instead of the one its spec
+    builds from the registered caches (register_kv_caches, which assumes vLLM's page layout: not called)."""
+    connector.connector_worker.worker = worker

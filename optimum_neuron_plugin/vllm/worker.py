@@ -38,6 +38,7 @@ from .engine.kv_spec import SUPPORTED_LAYOUTS, bytes_for_blocks, kv_cache_spec
 from .engine.options import CPU_THREADS_ENV, cpu_threads, data_parallel_size, serves_on_neuron
 from .log import get_logger
 from .runner.health import fatal
+from .runner.kv_transfer import KVTransfer
 from .runner.model_runner import NeuronModelRunner
 
 logger = get_logger(__name__)
@@ -133,6 +134,7 @@ class NeuronWorker(WorkerBase):
                 f"--num-gpu-blocks-override {nc.num_blocks} or less, or export the model again with --num-blocks {blocks}"
             )
         self.cache_config.num_gpu_blocks = blocks
+        self.runner.kv_transfer = KVTransfer.create(self.vllm_config, kv_cache_config, self.model)
         usable = blocks - 1  # vLLM's block pool keeps the null block back
         logger.info(
             "KV cache pool: %d blocks of %d tokens (%d tokens, %d full-length sequences of %d; %.1f MiB per rank) of "
@@ -160,7 +162,8 @@ class NeuronWorker(WorkerBase):
         with fatal("the step's request bookkeeping (update_states)"):
             self.runner.update_states(scheduler_output)
         if scheduler_output.total_num_scheduled_tokens == 0:
-            return EMPTY_MODEL_RUNNER_OUTPUT
+            with fatal("the KV connector's step without graphs"):
+                return self.runner.execute_without_graphs(scheduler_output)
         if scheduler_output.has_structured_output_requests:
             self._waiting_for_grammar = scheduler_output
             return None
@@ -175,6 +178,13 @@ class NeuronWorker(WorkerBase):
                 return self.runner.execute(scheduler_output, grammar_output)
         output, self._output = self._output, None
         return output if output is not None else EMPTY_MODEL_RUNNER_OUTPUT
+
+    def get_kv_connector_handshake_metadata(self) -> dict[tuple[int, int], object] | None:
+        """What a KV connector's scheduler side needs from this rank (NixlConnector: its agent's address), keyed by
+        (pipeline rank, tensor-parallel rank) as vLLM's engine core merges them."""
+        transfer = self.runner.kv_transfer if self.runner is not None else None
+        metadata = transfer.handshake_metadata() if transfer is not None else None
+        return None if metadata is None else {(0, self.local_rank): metadata}
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
         return self.runner.take_draft_token_ids() if self.runner is not None else None

@@ -37,9 +37,23 @@ REFUSED = {
         dict(logits_processors=["vllm.v1.sample.logits_processor.builtin:MinPLogitsProcessor"]),
         "custom logits processors are not supported: remove --logits-processors",
     ),
-    "kv-transfer": (
-        dict(kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_both"}),
-        "KV cache transfer is not supported (the KV cache is the graphs' device state): remove --kv-transfer-config",
+    "kv-connector-nixl": (
+        dict(kv_transfer_config={"kv_connector": "NixlConnector", "kv_role": "kv_both"}, additional_config=SERIAL),
+        "KV connector 'NixlConnector' is not supported (the nixl wheel is not installed with the plugin and its Neuron "
+        "memory registration is untested): use one of ExampleConnector, OffloadingConnector, or remove "
+        "--kv-transfer-config",
+    ),
+    "kv-connector-out-of-tree": (
+        dict(
+            kv_transfer_config={"kv_connector": "Mine", "kv_role": "kv_both", "kv_connector_module_path": "my.module"},
+            additional_config=SERIAL,
+        ),
+        "KV connector 'Mine' is not supported (it is not one the plugin's runner was tested with)",
+    ),
+    "kv-connector-interleaved": (
+        dict(kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_producer"}, **INTERLEAVED),
+        "KV connector 'ExampleConnector' saves a prompt's blocks in the step that first schedules it, so the whole "
+        "prompt must prefill in that step: set ONP_PREFILL_MODE=serial",
     ),
     "async-scheduling": (dict(async_scheduling=True), "async scheduling is not supported"),
     "chunked-prefill-serial": (
@@ -215,3 +229,12 @@ def test_the_refused_options_of_one_command_line_are_reported_at_once(chunked_di
         "remove --async-scheduling",
     ):
         assert fragment in str(error.value)
+
+
+def test_a_kv_connector_on_an_export_without_chunks_says_to_export_with_them(full_host_dir, monkeypatch):
+    """A request whose first blocks a connector loaded prefills from the position after them: chunk graphs."""
+    monkeypatch.delenv("ONP_PREFILL_MODE", raising=False)
+    with pytest.raises(ValueError) as error:
+        engine_config(full_host_dir, kv_transfer_config={"kv_connector": "ExampleConnector", "kv_role": "kv_consumer"})
+    assert "KV connector 'ExampleConnector' needs prefill chunk graphs" in str(error.value)
+    assert "export the model again with --prefill-chunk-size" in str(error.value)

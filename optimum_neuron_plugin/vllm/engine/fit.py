@@ -89,7 +89,7 @@ def fit(vllm_config: VllmConfig, artifact: NeuronConfig) -> Fitted:
         block_size=artifact.block_size,
         max_logprobs=_max_logprobs(asked),
         dtype=_artifact_dtype(artifact),
-        limits=_limits(artifact, max_model_len, mode),
+        limits=_limits(artifact, max_model_len, mode, vllm_config.kv_transfer_config is not None),
         generation_overrides=overrides,
         environment=_environment(tp),
         warnings=tuple(warnings) + dropped,
@@ -230,7 +230,7 @@ def _environment(tp: int) -> tuple[tuple[str, str], ...]:
     return spawn + ((("VLLM_CPU_OMP_THREADS_BIND", "nobind"),) if tp > 1 else ())
 
 
-def _limits(artifact: NeuronConfig, max_model_len: int, mode: PrefillMode) -> ServingLimits:
+def _limits(artifact: NeuronConfig, max_model_len: int, mode: PrefillMode, kv_transfer: bool) -> ServingLimits:
     on_device = artifact.on_device_sampling
     return ServingLimits(
         max_model_len=max_model_len,
@@ -243,6 +243,7 @@ def _limits(artifact: NeuronConfig, max_model_len: int, mode: PrefillMode) -> Se
         device_logprobs=artifact.max_logprobs if on_device else None,
         device_logit_bias=artifact.max_logit_bias if on_device else None,
         prompt_logprobs=artifact.prompt_logprobs,
+        kv_transfer=kv_transfer,
     )
 
 

@@ -27,3 +27,5 @@ class ServingLimits:
     device_logit_bias: int | None = None
     # The artifact has prompt_logits graphs (exported with --prompt-logprobs): prompt_logprobs can be served.
     prompt_logprobs: bool = False
+    # A KV connector is configured (--kv-transfer-config): requests may carry its kv_transfer_params.
+    kv_transfer: bool = False

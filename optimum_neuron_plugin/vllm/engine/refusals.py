@@ -29,6 +29,7 @@ from .options import (
     interleave_budget_options,
     prefill_target_itl,
     serial_reason,
+    serves_on_neuron,
 )
 from .user_args import UserOptions
 
@@ -94,10 +95,38 @@ def logits_processor_plugins(asked: Asked, fitted: Fitted) -> str | None:
     return None
 
 
+# The KV connectors the runner serves (runner/kv_transfer.py), and why the others are refused.
+SERVED_CONNECTORS = ("ExampleConnector", "OffloadingConnector")
+CONNECTORS_REFUSED = {
+    "NixlConnector": "the nixl wheel is not installed with the plugin and its Neuron memory registration is untested",
+    "SimpleCPUOffloadConnector": "its host copies use CUDA memory operations; OffloadingConnector is the host tier",
+}
+
+
 def kv_transfer(asked: Asked, fitted: Fitted) -> str | None:
-    if asked.vllm_config.kv_transfer_config is not None:
+    config = asked.vllm_config.kv_transfer_config
+    if config is None:
+        return None
+    name = config.kv_connector
+    if config.kv_connector_module_path or name not in SERVED_CONNECTORS:
+        why = CONNECTORS_REFUSED.get(name, "it is not one the plugin's runner was tested with")
+        served = ", ".join(SERVED_CONNECTORS)
+        return f"KV connector {name!r} is not supported ({why}): use one of {served}, or remove --kv-transfer-config"
+    if not asked.artifact.chunked:
         return (
-            "KV cache transfer is not supported (the KV cache is the graphs' device state): remove --kv-transfer-config"
+            f"KV connector {name!r} needs prefill chunk graphs (a request whose first blocks were loaded prefills from "
+            "the position after them): export the model again with --prefill-chunk-size"
+        )
+    if serves_on_neuron():
+        return (
+            f"KV connector {name!r} runs on the CPU backend only (the Neuron pool lives in device memory, which the "
+            "connector cannot address yet): remove --kv-transfer-config"
+        )
+    if name == "ExampleConnector" and asked.mode is not PrefillMode.SERIAL:
+        return (
+            f"KV connector {name!r} saves a prompt's blocks in the step that first schedules it, so the whole prompt "
+            f"must prefill in that step: set {PREFILL_MODE_ENV}=serial (or --additional-config "
+            '\'{"prefill_mode": "serial"}\')'
         )
     return None
 

@@ -98,6 +98,22 @@ def check_prompt_length(limits: ServingLimits, prompt_len: int) -> None:
         )
 
 
+def check_extra_args(limits: ServingLimits, params: SamplingParams) -> None:
+    """extra_args carries only a KV connector's kv_transfer_params (P/D proxies set them), and only to a server with
+    a connector: anything else would be accepted and ignored."""
+    extra = dict(params.extra_args or {})
+    if limits.kv_transfer:
+        extra.pop("kv_transfer_params", None)
+    if extra:
+        only = "kv_transfer_params (with --kv-transfer-config)" if limits.kv_transfer else "nothing"
+        raise VLLMValidationError(
+            f"extra_args {sorted(extra)} are not supported by the Neuron plugin (it reads {only}): remove them from "
+            "the request",
+            parameter="extra_args",
+            value=extra,
+        )
+
+
 def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
     if params.prompt_logprobs == 0 and params.logprobs is None and not limits.prompt_logprobs:
         # vLLM's chat completions set prompt_logprobs = top_logprobs (0 unless given) whenever `echo` is on, even
@@ -110,10 +126,15 @@ def check_sampling(limits: ServingLimits, params: SamplingParams) -> None:
             "it (token_bitmask false): export the model again with the default token_bitmask",
             parameter="structured_outputs",
         )
+    check_extra_args(limits, params)
     host_only = HOST_LOGITS_ONLY if limits.on_device_sampling else frozenset()
     no_mask = TOKEN_MASK if not limits.structured_outputs else frozenset()
     for name in FIELDS:
-        if name in SUPPORTED or (name in HOST_LOGITS_ONLY | TOKEN_MASK and name not in host_only | no_mask):
+        if (
+            name in SUPPORTED
+            or name == "extra_args"
+            or (name in HOST_LOGITS_ONLY | TOKEN_MASK and name not in host_only | no_mask)
+        ):
             continue
         value = getattr(params, name)
         if not _is_default(value, getattr(DEFAULTS, name)):

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection
+from contextlib import nullcontext
 
 from vllm.config import VllmConfig
 from vllm.exceptions import LoRAAdapterNotFoundError
 from vllm.v1.core.sched.output import GrammarOutput, SchedulerOutput
-from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
 
 from ...runtime import NeuronModelForCausalLM
 from ...runtime.latency import GraphLatencies
@@ -40,6 +41,7 @@ from .call_executor import CallExecutor
 from .call_loop import GuardedCalls
 from .call_plan import CallKind, GraphCall, StepResult, plan_calls
 from .health import GraphHealth
+from .kv_transfer import KVTransfer
 from .lora_slots import LoraSlots
 from .prompt_logprobs import wants_prompt_logprobs
 from .request_state import RequestState, SeedSource
@@ -71,6 +73,7 @@ class NeuronModelRunner:
         lora = vllm_config.lora_config
         self.loras = None if lora is None else LoraSlots(model, lora.max_cpu_loras or lora.max_loras)
         self.adapter_failures: list[str] = []  # requests of the step whose adapter could not be put in a slot
+        self.kv_transfer: KVTransfer | None = None  # --kv-transfer-config: set by the worker once vLLM sized the pool
         self.block_size = nc.block_size
         for row in range(nc.batch_size):  # vLLM's blocks from now on: no row holds any until a request is scheduled
             model.graph_set.tables.assign(row, [])
@@ -204,15 +207,25 @@ class NeuronModelRunner:
         plan = self.plan(scheduler_output)
         failed, self.adapter_failures = self.adapter_failures, []
         calls = [c for c in (call.without(failed) for call in self.graph_calls(plan)) if c is not None]
-        step = self.calls.run(calls, plan.waves.producers)
+        transfer = self.kv_transfer.around_graphs(scheduler_output) if self.kv_transfer else nullcontext()
+        with transfer as kv_output:  # a connector loads before the graphs and saves after them (kv_transfer.py)
+            step = self.calls.run(calls, plan.waves.producers)
         step.failed += failed
         if not self.calls.retired(CallKind.VERIFY):  # drafts nothing can verify would only cost their proposal
             self.speculation.propose(step.tokens, self.requests)
-        return self._output(list(scheduler_output.num_scheduled_tokens), step)
+        return self._output(list(scheduler_output.num_scheduled_tokens), step, kv_output)
+
+    def execute_without_graphs(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """A step with no scheduled tokens: only a KV connector's transfers (finished sends, loads) run."""
+        if self.kv_transfer is None:
+            return EMPTY_MODEL_RUNNER_OUTPUT
+        return ModelRunnerOutput.with_kv_conn_output_only(self.kv_transfer.without_graphs(scheduler_output))
 
     # A step that runs graphs for no request (data parallelism's dummy step) belongs here, next to execute.
 
-    def _output(self, req_ids: list[str], step: StepResult) -> NeuronRunnerOutput:
+    def _output(
+        self, req_ids: list[str], step: StepResult, kv_output: KVConnectorOutput | None = None
+    ) -> NeuronRunnerOutput:
         latencies, self.latencies = self.latencies, None
         return NeuronRunnerOutput(
             req_ids=req_ids,
@@ -222,6 +235,7 @@ class NeuronModelRunner:
             prompt_logprobs_dict=step.prompt_logprobs,
             failed_req_ids=step.failed,
             graph_latencies=latencies,
+            kv_connector_output=kv_output,
         )
 
     def take_draft_token_ids(self) -> DraftTokenIds | None:
@@ -249,3 +263,5 @@ class NeuronModelRunner:
     def shutdown(self) -> None:
         for req_id in list(self.requests):
             self._finish(req_id)
+        if self.kv_transfer is not None:
+            self.kv_transfer.shutdown()
