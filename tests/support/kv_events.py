@@ -34,6 +34,14 @@ class Subscriber:
                 self.received += self.decoder.decode(payload).events
         return self.received
 
+    def settled(self, quiet: float = 1.0) -> list:
+        """Every event received until none has arrived for `quiet` seconds (a server publishes a step's events as the
+        step ends: once its responses are out and it is idle, nothing more is coming)."""
+        while self.socket.poll(int(quiet * 1000)):
+            _topic, _seq, payload = self.socket.recv_multipart()
+            self.received += self.decoder.decode(payload).events
+        return self.received
+
 
 def vllm_block_hashes(tokens: list[int]) -> list[int | bytes]:
     """vLLM's chained sha256 block hashes of tokens' full blocks (kv_cache_utils, as vLLM's engine computes them), as
