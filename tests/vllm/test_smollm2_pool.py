@@ -23,8 +23,8 @@ from optimum_neuron_plugin.sources import gguf_read_once
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # a SmolLM2 export and a live server
 
 ROWS = 32
-POOL_BLOCKS = 48  # 768 tokens for 32 chats of ~60 tokens each (plus the null block)
-NEW_TOKENS = 12
+POOL_BLOCKS = 32  # 512 tokens for 32 chats of 68 tokens each (plus the null block)
+NEW_TOKENS = 24
 QUESTIONS = [f"What is {a} plus {40 - a}? Answer with one number." for a in range(3, 3 + ROWS)]
 
 
