@@ -3,7 +3,8 @@
     .venv/bin/python benchmark/workloads/pd_mixed.py ARTIFACT --out DIR [--long-len 3000 --longs 4 --decoders 3]
 
 Three setups of ARTIFACT on 127.0.0.1, one after another:
-- single: one `vllm serve` pinned to cores 0-1 (taskset, OMP_NUM_THREADS=2), the plugin's default prefill mode;
+- single: one `vllm serve` pinned to cores 0-1 (taskset, OMP_NUM_THREADS=2), the plugin's default prefill mode, a
+  pool of 2 x pool_blocks (the two P/D servers' KV memory);
 - 1P1D: a kv_producer pinned to core 0 and a kv_consumer pinned to core 1 (one thread each), PromptStorageConnector
   over a directory, behind benchmark/tools/pd_proxy.py;
 - host tier: one server on cores 0-1 with OffloadingConnector and a pool too small for two long prompts.
@@ -175,7 +176,9 @@ def metrics(port: int) -> dict[str, float]:
 
 
 def run_single(args, model: str, vocab: int) -> list[Record]:
-    server = serve(args.artifact, args.port, args.out / "single.log", "0-1", 2, *args.pool)
+    # The KV memory of the two P/D servers together.
+    pool = ("--num-gpu-blocks-override", str(2 * args.pool_blocks)) if args.pool_blocks else ()
+    server = serve(args.artifact, args.port, args.out / "single.log", "0-1", 2, *pool)
     try:
         wait_ready(args.port, server)
         return asyncio.run(mixed(args.port, "single", args, model, vocab))
@@ -262,7 +265,8 @@ def summary(records: list[Record], decode_stats: list[dict], host: dict[str, flo
         f"commit {commit}; host: {cpu.split(':', 1)[-1].strip()}, {os.cpu_count()} CPUs (timing runs hold "
         "/work/cpu.lock exclusively).",
         f"command: `{command}`",
-        f"artifact: {args.artifact.name}; pool {args.pool[-1] if args.pool else 'the artifact'} blocks per server. "
+        f"artifact: {args.artifact.name}; pool {args.pool_blocks or 'the artifact'} blocks per P/D server, twice that "
+        "on the single one (the same KV memory). "
         f"{args.decoders} streams of short chats ({args.short_len}-token prompts, {args.output_len} tokens each) "
         f"while {args.longs} prompts of {args.long_len} tokens ({args.long_output} output tokens) arrive every "
         f"{args.long_every} s; greedy.",
