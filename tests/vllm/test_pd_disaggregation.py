@@ -1,54 +1,54 @@
-"""Prefill/decode disaggregation through vLLM's ExampleConnector (shared storage), with real `vllm serve` processes.
+"""Prefill/decode disaggregation through the plugin's PromptStorageConnector (shared storage), with real `vllm serve`
+processes.
 
 Two kv_producer servers and one kv_consumer server of the same artifact on 127.0.0.1, behind the proxy
 (benchmark/tools/pd_proxy.py: the prompt to a prefill server with max_tokens=1, then to the decode server); a single
-plain server of the artifact is the reference. 1P1D: one producer; 2P1D: both in turn.
+plain server of the artifact is the reference. 1P1D: one producer; 2P1D: both in turn. prefill0 prefills whole
+prompts in one step (serial), prefill1 in chunks over steps (interleaved, the default).
 
 What the decode server did for each request is read from its runner's records (ONP_STATS_FILE, runner/stats.py) and
-vLLM's metrics: it loaded the prompt's whole blocks but its last partial one (ExampleConnector loads the blocks of the
-prompt's first len - 1 tokens) instead of computing them, so it ran one prefill graph call, for the prompt's tail,
-where the single server ran one per chunk.
+vLLM's metrics: it loaded the KV of every prompt token but the last (the partial last block included) and fed the
+last one as a decode row, so it ran no prefill graph for the request, where the single server ran one per chunk.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from support.client import call, completion_tokens, concurrently, greedy, health, metrics, wait_idle
 from support.served import CHUNK, prompt_of
-from support.server import Server, die_with_test_process, free_port, server_env
+from support.server import Server, die_with_test_process, free_port, kill_group, server_env
+
+from optimum_neuron_plugin.vllm.prompt_storage import prompt_file
 
 pytestmark = pytest.mark.slow  # live `vllm serve` processes
 
 ROOT = Path(__file__).resolve().parents[2]
 PROXY = ROOT / "benchmark" / "tools" / "pd_proxy.py"
 NEW_TOKENS = 8
-BLOCK = CHUNK  # chunked_dir's KV block size
 SERIAL = ("--additional-config", json.dumps({"prefill_mode": "serial"}))
-# 16 chats per run, 2 to 6 chunks long; no length of k blocks + 1 (ExampleConnector looks such a prompt up under
-# fewer tokens than it saved it under: never a hit).
-LENGTHS = [40, 50, 70, 90, 35, 66, 99, 45, 60, 75, 83, 38, 55, 95, 42, 71]
+# 16 chats per run, 2 to 6 chunks long, some of k blocks + 1 tokens (every token but the last is whole blocks).
+LENGTHS = [40, 50, 70, 90, 35, 66, 99, 45, 60, 75, 83, 33, 55, 95, 42, 65]
 
 
 def connector(role: str, storage: Path) -> tuple[str, ...]:
     config = {
-        "kv_connector": "ExampleConnector",
+        "kv_connector": "PromptStorageConnector",
+        "kv_connector_module_path": "optimum_neuron_plugin.vllm.prompt_storage",
         "kv_role": role,
         "kv_connector_extra_config": {"shared_storage_path": str(storage)},
     }
-    return ("--kv-transfer-config", json.dumps(config), *SERIAL)
-
-
-def loaded_tokens(length: int) -> int:
-    """The tokens whose KV the decode server loads: the whole blocks of the prompt's first length - 1 tokens, but
-    never the block holding its last token's predecessor (example_connector.align_to_block_size)."""
-    return (length - 2) // BLOCK * BLOCK
+    return ("--kv-transfer-config", json.dumps(config))
 
 
 @pytest.fixture(scope="module")
@@ -71,11 +71,15 @@ def stats_env(path: Path) -> dict[str, str]:
 def servers(chunked_dir, root, storage):
     """The two producers, the consumer and the single server, started together (they share the cores' time)."""
     started = {
-        "prefill0": Server(chunked_dir, root / "prefill0.log", *connector("kv_producer", storage)),
+        "prefill0": Server(chunked_dir, root / "prefill0.log", *connector("kv_producer", storage), *SERIAL),
         "prefill1": Server(chunked_dir, root / "prefill1.log", *connector("kv_producer", storage)),
         "decode": Server(
-            chunked_dir, root / "decode.log", *connector("kv_consumer", storage), env=stats_env(root / "decode.jsonl")
-        ),
+            chunked_dir,
+            root / "decode.log",
+            *connector("kv_consumer", storage),
+            *SERIAL,
+            env=stats_env(root / "decode.jsonl"),
+        ),  # fmt: skip
         "single": Server(chunked_dir, root / "single.log", *SERIAL, env=stats_env(root / "single.jsonl")),
     }
     try:
@@ -137,12 +141,13 @@ def external_hits(server: Server) -> float:
     return metrics(server.port).get("vllm:external_prefix_cache_hits_total", 0.0)
 
 
-def test_1p1d_answers_equal_a_single_instance_and_the_decode_side_prefills_only_the_tail(servers, root, tokenizer):
+def test_1p1d_answers_equal_a_single_instance_and_the_decode_side_runs_no_prefill_graph(servers, root, tokenizer):
     prompts, hits_before = chats(tokenizer, run=0), external_hits(servers["decode"])
     split, single = answers(servers, prompts, ["prefill0"])
     assert split == single
-    assert decode_work(servers, root, prompts) == [(loaded_tokens(len(p)), 1) for p in prompts]
-    assert external_hits(servers["decode"]) - hits_before == sum(loaded_tokens(len(p)) for p in prompts)
+    # Every prompt token but the last loaded (cached_tokens), no prefill graph call: the last token was a decode row.
+    assert decode_work(servers, root, prompts) == [(len(p) - 1, 0) for p in prompts]
+    assert external_hits(servers["decode"]) - hits_before == sum(len(p) - 1 for p in prompts)
     single_calls = {n: r["prefill_calls"] for n, r in records(servers["single"], root / "single.jsonl").items()}
     assert [single_calls[len(p)] for p in prompts] == [-(-len(p) // CHUNK) for p in prompts]
 
@@ -153,19 +158,46 @@ def test_2p1d_answers_equal_a_single_instance_with_both_prefill_servers_used(ser
     split, single = answers(servers, prompts, ["prefill0", "prefill1"])
     assert split == single
     assert {name: finished(name) - count for name, count in before.items()} == {"prefill0": 8, "prefill1": 8}
-    assert decode_work(servers, root, prompts) == [(loaded_tokens(len(p)), 1) for p in prompts]
+    assert decode_work(servers, root, prompts) == [(len(p) - 1, 0) for p in prompts]
 
 
-def test_a_prefill_server_that_is_down_fails_only_its_requests(servers, tokenizer):
-    """Last in the module: it stops prefill1. The proxy answers 502 for the requests it sends there; the others are
-    served by prefill0 and the decode server, which stays up."""
-    servers["prefill1"].stop()
+def test_an_unreadable_stored_entry_fails_its_request_alone(servers, storage, tokenizer):
+    """The second prompt's stored KV is overwritten with junk after its prefill: the decode server fails that request
+    (vLLM's kv_load_failure_policy "fail"), answers the others equal to the single server, and stays up."""
+    prompts = chats(tokenizer, run=3)[:4]
+    body = lambda prompt: greedy(servers["decode"].model, prompt, NEW_TOKENS)  # noqa: E731
+    for prompt in prompts:
+        assert call(servers["prefill0"].port, "/v1/completions", greedy(servers["decode"].model, prompt, 1))[0] == 200
+    prompt_file(storage, prompts[1]).write_bytes(b"not a safetensors file")
+    answered = concurrently(lambda p: call(servers["decode"].port, "/v1/completions", body(p)), prompts, workers=4)
+    assert [status for status, _ in answered] == [200, 500, 200, 200]
+    healthy = [prompts[i] for i in (0, 2, 3)]
+    single = [completion_tokens(servers["single"].port, body(p)) for p in healthy]
+    assert [answered[i][1]["choices"][0]["token_ids"] for i in (0, 2, 3)] == single
+    assert f"its stored KV {prompt_file(storage, prompts[1])} cannot be loaded" in servers["decode"].log_tail(200_000)
+    assert health(servers["decode"].port) == 200
+
+
+def test_a_prefill_server_killed_with_requests_in_flight_fails_only_those(servers, tokenizer):
+    """Last in the module: it kills prefill1. The requests the proxy sent there wait for an answer (its API process is
+    stopped) when it is killed: the proxy answers 502 naming it for those; the others are served by prefill0 and the
+    decode server, which stays up and serves them equal to the single server."""
+    prefill1 = servers["prefill1"]
+    os.kill(prefill1.process.pid, signal.SIGSTOP)  # connections are still accepted (backlog), never answered
     prompts = chats(tokenizer, run=2)[:4]
     body = lambda prompt: greedy(servers["decode"].model, prompt, NEW_TOKENS)  # noqa: E731
-    with proxy([servers["prefill0"], servers["prefill1"]], servers["decode"]) as port:
-        answered = [call(port, "/v1/completions", body(p)) for p in prompts]  # in turn: prefill0, prefill1, ...
+    with proxy([servers["prefill0"], prefill1], servers["decode"]) as port, ThreadPoolExecutor(4) as pool:
+        sent = []
+        for prompt in prompts:  # in turn: prefill0, prefill1, ...
+            sent.append(pool.submit(call, port, "/v1/completions", body(prompt)))
+            time.sleep(0.5)
+        for future in sent[::2]:
+            future.result(timeout=120)
+        assert not any(future.done() for future in sent[1::2])  # in flight at prefill1
+        kill_group(prefill1.process)
+        answered = [future.result(timeout=120) for future in sent]
     assert [status for status, _ in answered] == [200, 502, 200, 502]
-    assert f"prefill server {servers['prefill1'].url} failed" in answered[1][1]["error"]["message"]
+    assert f"prefill server {prefill1.url} failed" in answered[1][1]["error"]["message"]
     single = [completion_tokens(servers["single"].port, body(p)) for p in prompts[::2]]
     assert [answer["choices"][0]["token_ids"] for _, answer in answered[::2]] == single
     assert health(servers["decode"].port) == 200

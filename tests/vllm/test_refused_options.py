@@ -40,8 +40,13 @@ REFUSED = {
     "kv-connector-nixl": (
         dict(kv_transfer_config={"kv_connector": "NixlConnector", "kv_role": "kv_both"}, additional_config=SERIAL),
         "KV connector 'NixlConnector' is not supported (the nixl wheel is not installed with the plugin and its Neuron "
-        "memory registration is untested): use one of ExampleConnector, OffloadingConnector, or remove "
-        "--kv-transfer-config",
+        "memory registration is untested): use one of ExampleConnector, OffloadingConnector, PromptStorageConnector, "
+        "or remove --kv-transfer-config",
+    ),
+    "kv-connector-plugin-without-module": (
+        dict(kv_transfer_config={"kv_connector": "PromptStorageConnector", "kv_role": "kv_producer"}),
+        "KV connector 'PromptStorageConnector' is the plugin's: set kv_connector_module_path to "
+        "'optimum_neuron_plugin.vllm.prompt_storage' in --kv-transfer-config",
     ),
     "kv-connector-out-of-tree": (
         dict(

@@ -95,8 +95,13 @@ def logits_processor_plugins(asked: Asked, fitted: Fitted) -> str | None:
     return None
 
 
+PROMPT_STORAGE = "PromptStorageConnector"
+# Named, not imported: the front end that runs these checks needs no connector.
+PROMPT_STORAGE_MODULE = "optimum_neuron_plugin.vllm.prompt_storage"
 # The KV connectors the runner serves (runner/kv_transfer.py), and why the others are refused.
-SERVED_CONNECTORS = ("ExampleConnector", "OffloadingConnector")
+SERVED_CONNECTORS = ("ExampleConnector", "OffloadingConnector", PROMPT_STORAGE)
+# The plugin's own connectors, named with the module vLLM imports them from (kv_connector_module_path).
+PLUGIN_CONNECTORS = {PROMPT_STORAGE: PROMPT_STORAGE_MODULE}
 CONNECTORS_REFUSED = {
     "NixlConnector": "the nixl wheel is not installed with the plugin and its Neuron memory registration is untested",
     "SimpleCPUOffloadConnector": "its host copies use CUDA memory operations; OffloadingConnector is the host tier",
@@ -108,7 +113,12 @@ def kv_transfer(asked: Asked, fitted: Fitted) -> str | None:
     if config is None:
         return None
     name = config.kv_connector
-    if config.kv_connector_module_path or name not in SERVED_CONNECTORS:
+    if name in PLUGIN_CONNECTORS and config.kv_connector_module_path != PLUGIN_CONNECTORS[name]:
+        return (
+            f"KV connector {name!r} is the plugin's: set kv_connector_module_path to {PLUGIN_CONNECTORS[name]!r} in "
+            "--kv-transfer-config"
+        )
+    if (config.kv_connector_module_path and name not in PLUGIN_CONNECTORS) or name not in SERVED_CONNECTORS:
         why = CONNECTORS_REFUSED.get(name, "it is not one the plugin's runner was tested with")
         served = ", ".join(SERVED_CONNECTORS)
         return f"KV connector {name!r} is not supported ({why}): use one of {served}, or remove --kv-transfer-config"

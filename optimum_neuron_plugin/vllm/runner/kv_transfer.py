@@ -70,6 +70,7 @@ class KVTransfer:
             connector.start_load_kv(connector_forward_context(self.layers))
             for name in self.layers:
                 connector.wait_for_layer_load(name)
+            output.invalid_block_ids = connector.get_block_ids_with_load_errors()  # their requests run no graph
             yield output
             for name, cache in self.layers.items():
                 connector.save_kv_layer(name, cache, None)
@@ -78,7 +79,7 @@ class KVTransfer:
             output.finished_sending = results.finished_sending
             output.finished_recving = results.finished_recving
             output.failed_recving = results.failed_recving
-            output.invalid_block_ids = connector.get_block_ids_with_load_errors()
+            output.invalid_block_ids |= connector.get_block_ids_with_load_errors()
             output.kv_connector_stats = connector.get_kv_connector_stats()
             output.kv_cache_events = connector.get_kv_connector_kv_cache_events()
             output.kv_connector_worker_meta = connector.build_connector_worker_meta()

@@ -172,7 +172,7 @@ class NeuronModelRunner:
                     f"request {req_id}: {work.count} known tokens scheduled from position {work.start} but only "
                     f"{state.num_tokens} are known"
                 )
-            decoding = work.count == 1 and is_decode(state.num_tokens, work.start, len(state.output_token_ids))
+            decoding = work.count == 1 and self._feeds_last_token(state, work)
             (plan.decodes if decoding else plan.prefills).append(work)
         slices = [SliceBlocks(w, self.requests[w.req_id].block_ids) for w in (*plan.decodes, *plan.prefills)]
         plan.waves = waves(slices, self.block_size)
@@ -181,6 +181,14 @@ class NeuronModelRunner:
         plan.decodes = [w for w in plan.decodes if w not in later]
         plan.prefills += later
         return plan
+
+    @staticmethod
+    def _feeds_last_token(state: RequestState, work: ScheduledSlice) -> bool:
+        """A decoding request, or a prompt whose every token but the last is in its blocks (a KV connector loaded
+        them, or a prefix-cache hit): the one token runs as a decode row, sampled like any decode."""
+        if is_decode(state.num_tokens, work.start, len(state.output_token_ids)):
+            return True
+        return 0 < work.start == state.num_tokens - 1 and not wants_prompt_logprobs(state)
 
     def graph_calls(self, plan: StepPlan) -> list[GraphCall]:
         """The step's graph calls, in order (call_plan.plan_calls), wave by wave (rows.py)."""
@@ -206,14 +214,22 @@ class NeuronModelRunner:
         self.executor.grammar = StepGrammar(scheduler_output, grammar_output)
         plan = self.plan(scheduler_output)
         failed, self.adapter_failures = self.adapter_failures, []
-        calls = [c for c in (call.without(failed) for call in self.graph_calls(plan)) if c is not None]
         transfer = self.kv_transfer.around_graphs(scheduler_output) if self.kv_transfer else nullcontext()
         with transfer as kv_output:  # a connector loads before the graphs and saves after them (kv_transfer.py)
+            # A request whose KV failed to load runs no graph; vLLM's kv_load_failure_policy fails or recomputes it.
+            skipped = [*failed, *self._unloaded(kv_output.invalid_block_ids if kv_output else set())]
+            calls = [c for c in (call.without(skipped) for call in self.graph_calls(plan)) if c is not None]
             step = self.calls.run(calls, plan.waves.producers)
         step.failed += failed
         if not self.calls.retired(CallKind.VERIFY):  # drafts nothing can verify would only cost their proposal
             self.speculation.propose(step.tokens, self.requests)
         return self._output(list(scheduler_output.num_scheduled_tokens), step, kv_output)
+
+    def _unloaded(self, invalid_block_ids: set[int]) -> list[str]:
+        """The requests holding a block a KV connector failed to load."""
+        if not invalid_block_ids:
+            return []
+        return [r for r, state in self.requests.items() if invalid_block_ids.intersection(state.block_ids)]
 
     def execute_without_graphs(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """A step with no scheduled tokens: only a KV connector's transfers (finished sends, loads) run."""
