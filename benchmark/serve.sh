@@ -123,7 +123,11 @@ start_server() {
   else
     dir=$(ensure_hf_model)
     # Plugin off: vLLM's own CPU backend runs the original model.
-    envs+=(ONP_BACKEND=off VLLM_CPU_KVCACHE_SPACE="$VLLM_CPU_KVCACHE_SPACE"
+    # vLLM CPU's VLLM_CPU_KVCACHE_SPACE overrides --kv-cache-memory-bytes (vllm/platforms/cpu.py): an explicit
+    # --kv-cache-memory-bytes in VLLM_SERVE_ARGS is served by leaving the variable empty.
+    local kv_space=$VLLM_CPU_KVCACHE_SPACE
+    if [[ " ${VLLM_SERVE_ARGS:-} " == *" --kv-cache-memory-bytes"* ]]; then kv_space=""; fi
+    envs+=(ONP_BACKEND=off VLLM_CPU_KVCACHE_SPACE="$kv_space"
       VLLM_CPU_OMP_THREADS_BIND="$VLLM_CPU_OMP_THREADS_BIND")
     cmd+=("$dir" --max-model-len "$SEQUENCE_LENGTH" --max-num-seqs "$BATCH_SIZE" --dtype "$VLLM_CPU_DTYPE")
     if [ "$name" = vllm-cpu-eager ]; then cmd+=(--enforce-eager); fi
