@@ -4,7 +4,6 @@ adapter; a load the export cannot hold is answered 400 with what to change, and 
 
 from __future__ import annotations
 
-import http.client
 import json
 import shutil
 from pathlib import Path
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from support.client import HOST, call, concurrently, greedy, stream_tokens
+from support.client import call, concurrently, greedy, stream_tokens, text_call
 from support.lora import make_adapter
 from support.served import CHUNK, LORA_RANK, prompt_of
 from support.server import serve
@@ -55,17 +54,6 @@ def runtime_tokens(
     return out[0, len(prompt) :].tolist()
 
 
-def adapter_call(port: int, path: str, body: dict) -> tuple[int, str]:
-    """/v1/load_lora_adapter or /v1/unload_lora_adapter: (status, the body as text: plain text on success)."""
-    connection = http.client.HTTPConnection(HOST, port, timeout=120)
-    try:
-        connection.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-        response = connection.getresponse()
-        return response.status, response.read().decode()
-    finally:
-        connection.close()
-
-
 def completion(port: int, model: str, prompt: list[int]) -> tuple[int, dict]:
     return call(port, "/v1/completions", greedy(model, prompt, NEW_TOKENS))
 
@@ -90,12 +78,12 @@ def test_mixed_requests_equal_the_python_api(server, runtime, lora_adapters, tok
 def test_runtime_load_and_unload(server, runtime, lora_adapters, tokenizer, vllm_root):
     prompt = prompt_of(11, tokenizer, offset=5)
     third = {"lora_name": "third", "lora_path": str(lora_adapters["third"][0])}
-    assert adapter_call(server.port, "/v1/load_lora_adapter", third)[0] == 200
+    assert text_call(server.port, "/v1/load_lora_adapter", third)[0] == 200
     status, body = completion(server.port, "third", prompt)  # no free slot: the least recently used one is given up
     assert status == 200 and body["choices"][0]["token_ids"] == runtime_tokens(runtime, lora_adapters, prompt, "third")
-    status, body = adapter_call(server.port, "/v1/load_lora_adapter", third)
+    status, body = text_call(server.port, "/v1/load_lora_adapter", third)
     assert status == 400 and "has already been loaded" in body  # vLLM's own check
-    assert adapter_call(server.port, "/v1/unload_lora_adapter", {"lora_name": "third"})[0] == 200
+    assert text_call(server.port, "/v1/unload_lora_adapter", {"lora_name": "third"})[0] == 200
     assert completion(server.port, "third", prompt)[0] == 404
 
 
@@ -125,7 +113,7 @@ def bad_adapters(root: Path, tiny_hf, lora_adapters) -> dict[str, tuple[Path, st
 def test_bad_loads_are_400_with_what_to_change(server, runtime, lora_adapters, tokenizer, vllm_root, tiny_hf):
     """Each adapter the export cannot hold: 400 naming what to change; the server and the loaded adapters serve on."""
     for name, (path, refusal) in bad_adapters(vllm_root, tiny_hf, lora_adapters).items():
-        status, body = adapter_call(server.port, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
+        status, body = text_call(server.port, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
         assert status == 400, (name, body)
         error = json.loads(body)["error"]
         assert refusal in error["message"] and error["param"] == "lora_path", (name, error)
@@ -149,7 +137,7 @@ def test_unloading_an_adapter_in_use(server, runtime, lora_adapters, tokenizer):
 
     def on_event(event: dict) -> None:
         if not unloaded:
-            unloaded.append(adapter_call(server.port, "/v1/unload_lora_adapter", {"lora_name": "second"}))
+            unloaded.append(text_call(server.port, "/v1/unload_lora_adapter", {"lora_name": "second"}))
         else:
             after_unload.append(event)
 
@@ -160,6 +148,6 @@ def test_unloading_an_adapter_in_use(server, runtime, lora_adapters, tokenizer):
     status, body = completion(server.port, "second", prompt)
     assert status == 404 and "does not exist" in json.dumps(body)
     second = {"lora_name": "second", "lora_path": str(lora_adapters["second"][0])}
-    assert adapter_call(server.port, "/v1/load_lora_adapter", second)[0] == 200
+    assert text_call(server.port, "/v1/load_lora_adapter", second)[0] == 200
     status, body = completion(server.port, "second", prompt)
     assert status == 200 and body["choices"][0]["token_ids"] == runtime_tokens(runtime, lora_adapters, prompt, "second")
