@@ -10,7 +10,8 @@ random, written in PEFT's file layout (adapter_config.json, adapter_model.safete
 --out/adapters; their values do not matter to the timing. Measures at --context positions:
 - decode: a token_generation call of batch_size rows, each row on its own adapter against every row on the base
   model; decode_1: one row likewise;
-- chunk: one chunked_prefill call (a --chunk token chunk) on an adapter against the base model;
+- chunk: one chunked_prefill call (a --chunk token chunk at --context, or as late as the sequence length allows)
+  on an adapter against the base model;
 - slots_decode / slots_chunk: the export with slots, base rows, against the export without slots;
 - load: load_adapter of a PEFT directory (read + checks + copy into a slot) and of an adapter already read (the
   copy alone: what a swap from vLLM's host cache costs), median over --repeats loads (each unloaded after).
@@ -95,11 +96,13 @@ def measure(with_slots: Path, without: Path, adapters: Path, args: argparse.Name
 
         return call
 
+    start = min(args.context, args.sequence_length - args.chunk)  # the chunk's first position
+
     def chunk(name: str, on_adapters: bool = False):
         def call():
             if name == "lora":
                 model.set_adapter(0, names[0] if on_adapters else None)
-            models[name].prefill(0, tokens[args.context : args.context + args.chunk], start=args.context)
+            models[name].prefill(0, tokens[start : start + args.chunk], start=start)
 
         return call
 
@@ -134,7 +137,7 @@ def main() -> None:
     parser.add_argument("--max-loras", type=int, default=4)
     parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--export-only", action="store_true", help="export the artifacts (outside any timing) and stop")
-    add_out(parser, "lora-rows-vs-base-rows")
+    add_out(parser, "lora")
     args = parser.parse_args()
     model = args.model or default_model()
     torch.set_num_threads(args.threads)
