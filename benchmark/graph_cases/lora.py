@@ -6,8 +6,8 @@ load an adapter while serving. Same process, same threads, timings alternated, r
     .venv/bin/python benchmark/graph_cases/lora.py [--threads 1] [--context 300] [--max-loras 4] [--max-lora-rank 16]
 
 Exports SmolLM2 twice (cached under benchmark/results/artifacts/): with the slots, and without. The adapters are
-random, written in PEFT's file layout (adapter_config.json, adapter_model.safetensors) at --max-lora-rank into
---out/adapters; their values do not matter to the timing. Measures at --context positions:
+random, written in PEFT's file layout (adapter_config.json, adapter_model.safetensors) at --max-lora-rank into a
+temporary directory; their values do not matter to the timing. Measures at --context positions:
 - decode: a token_generation call of batch_size rows, each row on its own adapter against every row on the base
   model; decode_1: one row likewise;
 - chunk: one chunked_prefill call (a --chunk token chunk at --context, or as late as the sequence length allows)
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -149,7 +150,8 @@ def main() -> None:
     without = export_variant(model, ARTIFACTS / f"{name}-{args.compiler}-no-lora", args, max_loras=0)
     if args.export_only:
         return
-    figures = measure(with_slots, without, args.out / "adapters", args)
+    with tempfile.TemporaryDirectory(prefix="lora-adapters-") as adapters:
+        figures = measure(with_slots, without, Path(adapters), args)
     for key, row in figures.items():
         if key == "load":
             print(f"[lora] load_adapter     from a directory {row['from_directory_ms']:8.2f} ms   "
