@@ -89,6 +89,9 @@ CASES = (
     Case("token-bitmask", "token_bitmask.py",
          "decode graphs taking the structured-output token bitmask against without; host masking",
          "", TINY_AB, "20261125-token-bitmask-with-vs-without.json"),
+    Case("lora", "lora.py",
+         "decode and chunk calls with LoRA rows against the same export's base rows (4 slots, rank 16); slots against "
+         "none; adapter load time", "", TINY_AB + " --max-lora-rank 4", "20261203-lora"),
     Case("sampling-tail", "sampling_tail.py",
          "the decode graph's sampling section alone: what logprobs and the logit_bias input cost",
          "", "--repeats 3 --artifact {artifact}", "20261126-sampling-tail"),

@@ -35,6 +35,7 @@ GRAPH_OUTPUTS = {
     "moe": "qwen3moe-e4-k2-h64.json",
     "device-logprobs": "device_logprobs.json",
     "logit-bias": "logit_bias.json",
+    "lora": "lora.json",
     "token-bitmask": "token_bitmask.json",
     "sampling-tail": "sampling_tail.json",
     "prompt-logits-export": "export.json",

@@ -183,8 +183,11 @@ def test_adapter_of_another_base_model_is_refused(lora, tmp_path):
 def test_load_errors(lora, tmp_path):
     artifact, root, _ = lora
     model = artifact.model
-    with pytest.raises(InputError, match="not a directory; give a PEFT LoRA adapter directory"):
+    with pytest.raises(InputError, match="no such directory on this host; give the path of a PEFT LoRA adapter"):
         model.load_adapter("missing", tmp_path / "nowhere")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="not a directory; give a PEFT LoRA adapter directory"):
+        model.load_adapter("file", tmp_path / "file")
     with pytest.raises(InputError, match="an adapter named 'all' is already loaded"):
         model.load_adapter("all", root / "all")
     with pytest.raises(InputError, match="all 3 LoRA slots hold adapters .*export again with a larger --max-loras"):

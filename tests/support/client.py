@@ -32,6 +32,17 @@ def call(port: int, path: str, body: dict | bytes, method: str = "POST") -> tupl
         connection.close()
 
 
+def text_call(port: int, path: str, body: dict) -> tuple[int, str]:
+    """One request whose answer may be plain text (vLLM's /v1/load_lora_adapter on success): (status, body text)."""
+    connection = http.client.HTTPConnection(HOST, port, timeout=TIMEOUT)
+    try:
+        connection.request("POST", path, body=json.dumps(body).encode(), headers=_JSON)
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
 def events(response: http.client.HTTPResponse) -> Iterator[dict]:
     """The JSON events of a server-sent-event response, up to `data: [DONE]`."""
     for raw in response:

@@ -1,8 +1,9 @@
-"""Random-weight PEFT LoRA adapters of a tiny model, made by the tests (never committed)."""
+"""Random-weight PEFT LoRA adapters of a model, made by the tests (never committed)."""
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,4 +26,39 @@ def make_adapter(hf, directory: Path, seed: int, rank: int, targets: list[str], 
             if "lora_" in name:
                 tensor.copy_(torch.randn_like(tensor) * 0.3)
     model.save_pretrained(directory)
+    return model.eval()
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """One random adapter of make_adapters: its seed, rank, targets and the std of its A and B entries."""
+
+    seed: int
+    rank: int
+    targets: list[str]
+    scale: float
+    use_rslora: bool = False
+
+
+def make_adapters(hf, root: Path, specs: dict[str, AdapterSpec]):
+    """Random PEFT adapters of `hf` (modified in place: one copy of a real model's weights, not one per adapter),
+    each saved in root/<name>; returns the PeftModel holding them all, in eval mode: its reference for adapter
+    `name` is set_adapter(name), the base model's is `with model.disable_adapter()`."""
+    import peft
+
+    model = None
+    for name, spec in specs.items():
+        config = peft.LoraConfig(
+            r=spec.rank, lora_alpha=2 * spec.rank, target_modules=spec.targets, use_rslora=spec.use_rslora
+        )
+        if model is None:
+            model = peft.get_peft_model(hf, config, adapter_name=name)
+        else:
+            model.add_adapter(name, config)
+        torch.manual_seed(spec.seed)
+        with torch.no_grad():
+            for key, tensor in model.named_parameters():
+                if f".{name}." in key and "lora_" in key:
+                    tensor.copy_(torch.randn_like(tensor) * spec.scale)
+    model.save_pretrained(root)  # adapter `name` in root/name
     return model.eval()

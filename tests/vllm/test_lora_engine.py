@@ -97,3 +97,23 @@ def test_more_slots_or_a_larger_rank_than_exported_are_refused(lora_dir):
     with pytest.raises(ValueError, match="--max-lora-rank 16 exceeds the export's max_lora_rank 8: .* --max-loras 2 "):
         serve_config(lora_dir, enable_lora=True, max_lora_rank=16)
     serve_config(lora_dir, enable_lora=True, max_loras=2, max_lora_rank=RANK)  # what the export holds: accepted
+
+
+def test_an_adapter_read_while_the_others_fill_the_slots_gets_one(lora_dir, adapters, tokenizer):
+    """The runner's slots with vLLM's default host cache (--max-cpu-loras = --max-loras = 2): both adapters sit in
+    slots when a request names a third; it is read and kept (never trimmed before its copy), and takes the least
+    recently used slot no live request runs, with peft's tokens."""
+    import torch
+
+    from optimum_neuron_plugin import NeuronModelForCausalLM
+    from optimum_neuron_plugin.vllm.runner.lora_slots import LoraSlots
+
+    model = NeuronModelForCausalLM.from_pretrained(lora_dir)
+    slots = LoraSlots(model, max_cpu_loras=2)
+    first, second, third = (lora_request(adapters, name) for name in ("first", "second", "third"))
+    assert [slots.slot(first, []), slots.slot(second, [])] == [1, 2]
+    assert slots.slot(third, [second.lora_int_id]) == 1  # first's slot: least recently used, not live
+    name = {slot: name for name, slot in model.adapters.items()}[1]
+    prompt = prompt_of(9, tokenizer, offset=2)
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, eos_token_id=[], adapters=[name])
+    assert out[0, len(prompt) :].tolist() == hf_greedy(adapters["third"][1], prompt, NEW_TOKENS)

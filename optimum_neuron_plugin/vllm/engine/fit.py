@@ -89,7 +89,7 @@ def fit(vllm_config: VllmConfig, artifact: NeuronConfig) -> Fitted:
         block_size=artifact.block_size,
         max_logprobs=_max_logprobs(asked),
         dtype=_artifact_dtype(artifact),
-        limits=_limits(artifact, max_model_len, mode, vllm_config.kv_transfer_config is not None),
+        limits=_limits(vllm_config, artifact, max_model_len, mode),
         generation_overrides=overrides,
         environment=_environment(tp),
         warnings=tuple(warnings) + dropped,
@@ -230,8 +230,9 @@ def _environment(tp: int) -> tuple[tuple[str, str], ...]:
     return spawn + ((("VLLM_CPU_OMP_THREADS_BIND", "nobind"),) if tp > 1 else ())
 
 
-def _limits(artifact: NeuronConfig, max_model_len: int, mode: PrefillMode, kv_transfer: bool) -> ServingLimits:
+def _limits(vllm_config: VllmConfig, artifact: NeuronConfig, max_model_len: int, mode: PrefillMode) -> ServingLimits:
     on_device = artifact.on_device_sampling
+    lora = vllm_config.lora_config is not None and artifact.lora
     return ServingLimits(
         max_model_len=max_model_len,
         sequence_length=artifact.sequence_length,
@@ -243,7 +244,8 @@ def _limits(artifact: NeuronConfig, max_model_len: int, mode: PrefillMode, kv_tr
         device_logprobs=artifact.max_logprobs if on_device else None,
         device_logit_bias=artifact.max_logit_bias if on_device else None,
         prompt_logprobs=artifact.prompt_logprobs,
-        kv_transfer=kv_transfer,
+        kv_transfer=vllm_config.kv_transfer_config is not None,
+        lora_artifact=vllm_config.model_config.model if lora else None,
     )
 
 

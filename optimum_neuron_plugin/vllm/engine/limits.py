@@ -29,3 +29,6 @@ class ServingLimits:
     prompt_logprobs: bool = False
     # A KV connector is configured (--kv-transfer-config): requests may carry its kv_transfer_params.
     kv_transfer: bool = False
+    # --enable-lora on an export with slots: the artifact directory an adapter is checked against before vLLM loads
+    # it (adapter_checks.py); None: no adapters are served.
+    lora_artifact: str | None = None

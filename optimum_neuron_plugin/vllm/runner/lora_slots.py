@@ -41,7 +41,7 @@ class LoraSlots:
         adapter = self.model.read_adapter(request.lora_path)
         self._drop_slot(request.lora_int_id)  # a reload in place: the slot's copy is stale
         self.host[request.lora_int_id] = (request, adapter)
-        self._trim()
+        self._trim(keep=request.lora_int_id)
         return True
 
     def remove(self, lora_id: int) -> bool:
@@ -97,12 +97,14 @@ class LoraSlots:
         if _name(lora_id) in self.model.adapters:
             self.model.unload_adapter(_name(lora_id))
 
-    def _trim(self) -> None:
-        """Keeps max_cpu_loras adapters on the host: the least recently used unpinned ones not in a slot go first."""
+    def _trim(self, keep: int) -> None:
+        """Keeps max_cpu_loras adapters on the host: the least recently used unpinned ones not in a slot go first,
+        never `keep` (the adapter just read: a request may be about to need it). While every other adapter sits in a
+        slot the host holds one more; a later add trims it once a slot has given its adapter up."""
         for lora_id in list(self.host):
             if len(self.host) <= self.max_cpu_loras:
                 return
-            if lora_id not in self.pinned and _name(lora_id) not in self.model.adapters:
+            if lora_id != keep and lora_id not in self.pinned and _name(lora_id) not in self.model.adapters:
                 del self.host[lora_id]
 
 
