@@ -59,6 +59,7 @@ LONGEST_FIRST = (
     "tests/neuron/test_capture.py",
     "tests/core/test_tensor_parallel.py",
     "tests/vllm/test_smollm2_lora.py",
+    "tests/vllm/test_smollm2_pool.py",
     "tests/vllm/test_pd_disaggregation.py",
     "speculative",
 )
