@@ -48,7 +48,7 @@ SHARED_FIXTURE_GROUPS = {
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
 # one worker on a 2-core AMD EPYC host: the benchmark group ~650, the core architectures ~300, Gemma 3's engine ~290,
 # reliability ~260, the AOTInductor export ~210, the SmolLM2 group ~175, Neuron capture ~175, tensor parallel ~150,
-# SmolLM2's LoRA server ~135 alone, the P/D servers ~130 alone, speculative ~90).
+# SmolLM2's LoRA server ~135 alone, its 32-row pool server ~120, the P/D servers ~130 alone, speculative ~90).
 LONGEST_FIRST = (
     "benchmark",
     "core architectures",
