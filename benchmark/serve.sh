@@ -123,12 +123,12 @@ start_server() {
   else
     dir=$(ensure_hf_model)
     # Plugin off: vLLM's own CPU backend runs the original model.
+    envs+=(ONP_BACKEND=off VLLM_CPU_OMP_THREADS_BIND="$VLLM_CPU_OMP_THREADS_BIND")
     # vLLM CPU's VLLM_CPU_KVCACHE_SPACE overrides --kv-cache-memory-bytes (vllm/platforms/cpu.py): an explicit
-    # --kv-cache-memory-bytes in VLLM_SERVE_ARGS is served by leaving the variable empty.
-    local kv_space=$VLLM_CPU_KVCACHE_SPACE
-    if [[ " ${VLLM_SERVE_ARGS:-} " == *" --kv-cache-memory-bytes"* ]]; then kv_space=""; fi
-    envs+=(ONP_BACKEND=off VLLM_CPU_KVCACHE_SPACE="$kv_space"
-      VLLM_CPU_OMP_THREADS_BIND="$VLLM_CPU_OMP_THREADS_BIND")
+    # --kv-cache-memory-bytes in VLLM_SERVE_ARGS is served with the variable unset (start_server's `env -u`).
+    if [[ " ${VLLM_SERVE_ARGS:-} " != *" --kv-cache-memory-bytes"* ]]; then
+      envs+=(VLLM_CPU_KVCACHE_SPACE="$VLLM_CPU_KVCACHE_SPACE")
+    fi
     cmd+=("$dir" --max-model-len "$SEQUENCE_LENGTH" --max-num-seqs "$BATCH_SIZE" --dtype "$VLLM_CPU_DTYPE")
     if [ "$name" = vllm-cpu-eager ]; then cmd+=(--enforce-eager); fi
   fi
@@ -143,7 +143,7 @@ start_server() {
   local start
   start=$(date +%s)
   # setsid: the server leads its own process group, which stop_server signals as a whole.
-  env -u ONP_BACKEND -u ONP_PREFILL_MODE -u ONP_STATS_FILE -u ONP_PREFILL_TARGET_ITL_MS "${envs[@]}" setsid "${cmd[@]}" >"$logfile" 2>&1 &
+  env -u ONP_BACKEND -u ONP_PREFILL_MODE -u ONP_STATS_FILE -u ONP_PREFILL_TARGET_ITL_MS -u VLLM_CPU_KVCACHE_SPACE "${envs[@]}" setsid "${cmd[@]}" >"$logfile" 2>&1 &
   local pid=$!
   echo "$pid" >"$(pid_file "$name")"
   local waited=0
