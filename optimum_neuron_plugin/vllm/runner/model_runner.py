@@ -184,11 +184,13 @@ class NeuronModelRunner:
 
     @staticmethod
     def _feeds_last_token(state: RequestState, work: ScheduledSlice) -> bool:
-        """A decoding request, or a prompt whose every token but the last is in its blocks (a KV connector loaded
-        them, or a prefix-cache hit): the one token runs as a decode row, sampled like any decode."""
+        """A decoding request, or a prompt whose every token but the last was in its blocks when it was admitted (a KV
+        connector loaded them, or a prefix-cache hit): the one token runs as a decode row, sampled like any decode. A
+        prompt this runner prefilled itself keeps its last slice a prefill call, as in serial mode."""
         if is_decode(state.num_tokens, work.start, len(state.output_token_ids)):
             return True
-        return 0 < work.start == state.num_tokens - 1 and not wants_prompt_logprobs(state)
+        hit_all_but_last = 0 < work.start == state.num_tokens - 1 and state.stats.prefill_calls == 0
+        return hit_all_but_last and not wants_prompt_logprobs(state)
 
     def graph_calls(self, plan: StepPlan) -> list[GraphCall]:
         """The step's graph calls, in order (call_plan.plan_calls), wave by wave (rows.py)."""
