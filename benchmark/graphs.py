@@ -92,6 +92,10 @@ CASES = (
     Case("lora", "lora.py",
          "decode and chunk calls with LoRA rows against the same export's base rows (4 slots, rank 16); slots against "
          "none; adapter load time", "", TINY_AB + " --max-lora-rank 4", "20261203-lora"),
+    Case("lora-export", "lora_export.py",
+         "export time and graph operations without LoRA slots against N slots of rank R (N:R 1:8, 4:16, 4:64, 16:16)",
+         "", "--model {model} --batch-size 2 --sequence-length 128 --chunk 64 --context-buckets 128 --loras 0:0,2:4",
+         "20261203-lora-export"),
     Case("sampling-tail", "sampling_tail.py",
          "the decode graph's sampling section alone: what logprobs and the logit_bias input cost",
          "", "--repeats 3 --artifact {artifact}", "20261126-sampling-tail"),

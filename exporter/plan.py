@@ -15,9 +15,10 @@ from pathlib import Path
 class ExportPlan:
     graph_lines: list[str]
     memory: object  # optimum_neuron_plugin.sizing.MemoryPlan
+    lora_lines: list[str]
 
     def lines(self) -> list[str]:
-        return [*self.graph_lines, f"{len(self.graph_lines)} graphs", *self.memory.lines()]
+        return [*self.graph_lines, f"{len(self.graph_lines)} graphs", *self.lora_lines, *self.memory.lines()]
 
 
 def graph_line(spec) -> str:
@@ -29,6 +30,22 @@ def graph_line(spec) -> str:
     if spec.name == COPY_PREFIX:
         output = "copies a slot's rows"
     return f"{spec.key:<32} {spec.name:<18} {shape:<20} {spec.bucket_label:<20} {output}"
+
+
+def lora_lines(args, neuron_config) -> list[str]:
+    """What LoRA slots add to the graphs, hence to their compile time: operations per graph, not growing with the
+    slot count or the rank (benchmark/graph_cases/lora_export.py measures the export time)."""
+    from optimum_neuron_plugin.models import lora
+
+    if not neuron_config.lora:
+        return []
+    projections = lora.projection_count(args, neuron_config.lora_target_modules)
+    one, two = lora.operations_per_projection(1), lora.operations_per_projection(2)
+    return [
+        f"LoRA slots add {projections * one:,} operations to each graph ({projections} projections x {one}; "
+        f"chunk_and_decode x {two}), whatever --max-loras and --max-lora-rank: they size the slot inputs only "
+        "(compile time: docs/lora.md)"
+    ]
 
 
 # A neuron export without a target (no --instance-type, and this host is not a Neuron instance) is sized for trn2, the
@@ -54,7 +71,7 @@ def make_plan(args, neuron_config, lnc: int | None = None, average_length: int |
     lnc = lnc or (lnc_from_env(chip) if chip else None)
     specs = graph_specs(neuron_config, args.vocab_size)
     memory = plan_memory(args, neuron_config, chip, lnc, average_length)
-    return ExportPlan([graph_line(spec) for spec in specs], memory)
+    return ExportPlan([graph_line(spec) for spec in specs], memory, lora_lines(args, neuron_config))
 
 
 def plan_export(

@@ -68,6 +68,19 @@ def slot_bytes(args: ModelArgs, rank: int, modules: tuple[str, ...], dtype_bytes
     )
 
 
+def projection_count(args: ModelArgs, modules: tuple[str, ...]) -> int:
+    """The projections of the model that hold slots (every layer's targets)."""
+    return sum(len(targets(args, layer, modules)) for layer in range(args.num_hidden_layers))
+
+
+def operations_per_projection(row_groups: int) -> int:
+    """The operations LoraRows.apply adds to a graph for one targeted projection (what its compiler is handed):
+    per row group a select (and a slice when the call has several groups), a reshape, two index_selects, two bmm and
+    a reshape; then the add, with a cat and an unsqueeze for several groups. --max-loras and --max-lora-rank change
+    the inputs' shapes, never this count. tests/cli/test_plan.py counts them in exported graphs."""
+    return 8 if row_groups == 1 else 8 * row_groups + 3
+
+
 @dataclass(frozen=True)
 class LoraRows:
     """The slot of every row of a call, per row group ([n] int32 each), and the groups' (n, T) shapes: the tokens
@@ -87,7 +100,12 @@ class LoraRows:
             rows = x[0, start : start + n * t].reshape(n, t, -1)
             # index_select takes the int32 slots as they are (no int64 index on the device)
             a_rows, b_rows = a.index_select(0, slots), b.index_select(0, slots)
-            deltas.append(torch.bmm(torch.bmm(rows, a_rows), b_rows).reshape(n * t, -1))
+            deltas.append(torch.bmm(torch.bmm(rows, a_rows), b_rows))
             start += n * t
-        delta = deltas[0] if len(deltas) == 1 else torch.cat(deltas)
-        return y + delta[None].to(y.dtype)
+        # Every operation here is in every graph, for every targeted projection of every layer: no copy that does
+        # nothing (a cast to y's own dtype, a view then another) reaches the compiler (operations_per_projection).
+        if len(deltas) == 1:
+            delta = deltas[0].reshape(y.shape)
+        else:
+            delta = torch.cat([d.reshape(-1, d.shape[-1]) for d in deltas])[None]
+        return y + (delta if delta.dtype == y.dtype else delta.to(y.dtype))

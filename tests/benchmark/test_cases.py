@@ -39,6 +39,7 @@ GRAPH_OUTPUTS = {
     "token-bitmask": "token_bitmask.json",
     "sampling-tail": "sampling_tail.json",
     "prompt-logits-export": "export.json",
+    "lora-export": "export.json",
     "warm-up": "warm_up.md",
     "program-load": "program_load.md",
     "roofline": "roofline.json",

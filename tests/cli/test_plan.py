@@ -111,3 +111,42 @@ def test_the_pool_the_refusal_offers_fits_and_one_block_more_does_not(config_onl
     assert f"  compiled     {held:,} blocks = " in fits.stdout and fits.stdout.count(f"(--num-blocks {held}") == 2
     over = export_in_process("--model", config_only, *shape, "--num-blocks", held + 1, "--dry-run", tmp_path / "out")
     assert over.returncode == 1 and f"use --num-blocks {held}, or" in over.error_lines[0]
+
+
+def test_a_dry_run_with_lora_slots_says_what_they_add_to_every_graph(config_only, tmp_path):
+    """Llama-3.1-8B, every projection: 32 layers x 7 projections, at any slot count and rank."""
+    lines = []
+    for loras, rank in ((1, 8), (16, 64)):
+        lora = ("--max-loras", loras, "--max-lora-rank", rank)
+        done = export_in_process("--model", config_only, *SHAPE, "--instance-type", "trn3", *lora, "--dry-run",
+                                 tmp_path / "out")  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        lines.append(next(line for line in done.stdout.splitlines() if line.startswith("LoRA slots add ")))
+    assert lines[0] == lines[1]
+    assert lines[0].startswith(
+        "LoRA slots add 1,792 operations to each graph (224 projections x 8; chunk_and_decode x 19)"
+    )
+
+
+def test_the_operations_the_plan_counts_are_those_of_the_exported_graphs(tiny_llama, tmp_path):
+    """The graphs of a tiny Llama exported without slots and with two slot shapes: each graph gains exactly what
+    the plan says (one row group: x 8 per projection; chunk_and_decode's two: x 19), the same at both shapes."""
+    from optimum_neuron_plugin.backends.cpu_serde import load_program
+
+    shape = ("--batch-size", 2, "--sequence-length", 64, "--prefill-chunk-size", 32, "--context-buckets", 64,
+             "--speculative-tokens", 2)  # fmt: skip
+    targets = ("--lora-target-modules", "q_proj,v_proj,down_proj")
+
+    def operations(*options) -> dict[str, int]:
+        out = tmp_path / "-".join(map(str, options or ("base",)))
+        done = export_in_process("--model", tiny_llama, *shape, *options, out)
+        assert done.returncode == 0, done.stderr
+        graphs = sorted((out / "graphs").glob("*.pt2"))
+        return {p.name: sum(n.op == "call_function" for n in load_program(p).graph.nodes) for p in graphs}
+
+    base = operations()
+    for loras, rank in ((1, 2), (3, 8)):
+        with_slots = operations("--max-loras", loras, "--max-lora-rank", rank, *targets)
+        projections = 3 * 2  # three targets, two layers
+        added = {name: with_slots[name] - count for name, count in base.items()}
+        assert added == {name: projections * (19 if "chunk_and_decode" in name else 8) for name in base}, added

@@ -111,12 +111,15 @@ def bad_adapters(root: Path, tiny_hf, lora_adapters) -> dict[str, tuple[Path, st
 
 
 def test_bad_loads_are_400_with_what_to_change(server, runtime, lora_adapters, tokenizer, vllm_root, tiny_hf):
-    """Each adapter the export cannot hold: 400 naming what to change; the server and the loaded adapters serve on."""
+    """Each adapter the export cannot hold: 400 naming what to change, on vLLM's route and on SageMaker's /adapters
+    (which vLLM maps onto the same load); the server and the loaded adapters serve on."""
+    routes = {"/v1/load_lora_adapter": ("lora_name", "lora_path"), "/adapters": ("name", "src")}
     for name, (path, refusal) in bad_adapters(vllm_root, tiny_hf, lora_adapters).items():
-        status, body = text_call(server.port, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(path)})
-        assert status == 400, (name, body)
-        error = json.loads(body)["error"]
-        assert refusal in error["message"] and error["param"] == "lora_path", (name, error)
+        for route, (name_field, path_field) in routes.items():
+            status, body = text_call(server.port, route, {name_field: name, path_field: str(path)})
+            assert status == 400, (route, name, body)
+            error = json.loads(body)["error"]
+            assert refusal in error["message"] and error["param"] == path_field, (route, name, error)
     status, models = call(server.port, "/v1/models", b"", method="GET")
     assert status == 200 and {"first", "second"} <= {card["id"] for card in models["data"]}
     assert not {"wide", "head", "other-base", "int8", "missing"} & {card["id"] for card in models["data"]}

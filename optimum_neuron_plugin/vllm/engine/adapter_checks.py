@@ -1,4 +1,5 @@
-"""An adapter asked of /v1/load_lora_adapter, checked against the export before vLLM loads it.
+"""An adapter asked of /v1/load_lora_adapter (or of SageMaker's /adapters), checked against the export before vLLM
+loads it.
 
 vLLM's serving layer answers every error the engine raises in add_lora with 500, whatever its reason
 (entrypoints/openai/models/serving.py, load_lora_adapter); a 400 can only come from a check that runs before it. The
@@ -19,15 +20,15 @@ from ...models.args import ModelArgs
 from ...runtime.lora import peft_adapter
 
 
-def load_refusal(artifact: str, body: bytes) -> str | None:
-    """What is wrong with the adapter a load request names, for the export at `artifact`; None: it fits, or the body
-    is not a load request vLLM would read (vLLM answers it)."""
+def load_refusal(artifact: str, body: bytes, name_field: str, path_field: str) -> str | None:
+    """What is wrong with the adapter a load request names (its body's `name_field` and `path_field`), for the export
+    at `artifact`; None: it fits, or the body is not a load request vLLM would read (vLLM answers it)."""
     try:
         asked = json.loads(body)
     except ValueError:
         return None
-    path = asked.get("lora_path") if isinstance(asked, dict) else None
-    if not isinstance(path, str) or not path or not asked.get("lora_name"):
+    path = asked.get(path_field) if isinstance(asked, dict) else None
+    if not isinstance(path, str) or not path or not asked.get(name_field):
         return None
     try:
         peft_adapter.check(path, *_export(artifact))

@@ -5,8 +5,9 @@
   is on, so in SamplingParams a chat `echo` without logprobs and an explicit `"prompt_logprobs": 0` look the same.
   On an artifact without prompt_logits graphs the first must be served (request_checks drops its implied 0) and the
   second refused like any other prompt_logprobs: only the request body tells them apart.
-- /v1/load_lora_adapter: an adapter the export cannot hold is answered 400 here (adapter_checks.py); past this
-  point vLLM answers any engine refusal with 500.
+- /v1/load_lora_adapter and SageMaker's /adapters (vLLM registers both when runtime LoRA updating is on): an adapter
+  the export cannot hold is answered 400 here (adapter_checks.py); past this point vLLM answers any engine refusal
+  with 500.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from collections.abc import Callable
 
 MIDDLEWARE = "optimum_neuron_plugin.vllm.engine.http_checks.RequestBodyChecks"
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
-LOAD_ADAPTER_PATH = "/v1/load_lora_adapter"
+# The adapter-load routes and their body's (name, path) fields: vLLM's own, and SageMaker's, which vLLM maps onto it
+# (entrypoints/serve/lora/api_router.py: name <- body.name, path <- body.src).
+LOAD_ADAPTER_FIELDS = {"/v1/load_lora_adapter": ("lora_name", "lora_path"), "/adapters": ("name", "src")}
 
 # A request body -> the refusal's message, or None to let vLLM serve it; with the parameter it names.
 Check = tuple[str, Callable[[bytes], str | None]]
@@ -65,11 +68,12 @@ def _check_of(scope) -> Check | None:
         return None
     if scope["path"] in COMPLETION_PATHS and not limits.prompt_logprobs:
         return "prompt_logprobs", _prompt_logprobs_refusal
-    if scope["path"] == LOAD_ADAPTER_PATH and limits.lora_artifact is not None:
+    fields = LOAD_ADAPTER_FIELDS.get(scope["path"])
+    if fields is not None and limits.lora_artifact is not None:
         from .adapter_checks import load_refusal  # reads the export's config: only where adapters are served
 
         artifact = limits.lora_artifact
-        return "lora_path", lambda body: load_refusal(artifact, body)
+        return fields[1], lambda body: load_refusal(artifact, body, *fields)
     return None
 
 
