@@ -28,7 +28,7 @@ from support.smollm2 import SHAPE
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # three live SmolLM2 servers
 
 CHUNK = SHAPE["prefill_chunk_size"]
-NEW_TOKENS = 16
+NEW_TOKENS = 8
 # 16 chats per run, 2 to 6 chunks long, distinct within a run; 65, 97, 129 and 161 are k blocks + 1 tokens (every
 # token but the last is whole blocks: the export's block size is the chunk, 32).
 LENGTHS = [40, 65, 97, 129, 161, 52, 75, 110, 140, 186, 45, 88, 120, 150, 58, 100]
