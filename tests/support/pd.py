@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from .client import completion_tokens, greedy, metrics, wait_idle
@@ -33,9 +34,15 @@ def stats_env(path: Path) -> dict[str, str]:
     return {"ONP_STATS_FILE": str(path)}
 
 
+@dataclass
+class Proxy:
+    port: int
+    process: subprocess.Popen
+
+
 @contextlib.contextmanager
-def proxy(prefill: list[Server], decode: Server) -> Iterator[int]:
-    """The proxy process (its port), ready once it printed its address."""
+def proxy(prefill: list[Server], decode: Server) -> Iterator[Proxy]:
+    """The proxy process, ready once it printed its address."""
     port = free_port()
     command = [sys.executable, str(PROXY), "--port", str(port), "--decode", decode.url]
     for server in prefill:
@@ -45,7 +52,7 @@ def proxy(prefill: list[Server], decode: Server) -> Iterator[int]:
     )
     try:
         assert "proxy on" in process.stdout.readline().decode()
-        yield port
+        yield Proxy(port, process)
     finally:
         process.kill()
         process.wait(timeout=30)

@@ -3,7 +3,8 @@
 
 Two kv_producer servers and one kv_consumer server of the same artifact on 127.0.0.1, behind the proxy
 (benchmark/tools/pd_proxy.py); a single plain server of the artifact is the reference. A stored entry that cannot be
-read fails its request alone; a prefill server killed with requests in flight fails only those. prefill0 prefills
+read fails its request alone; a burst of clients at a stalled proxy is served; a prefill server killed with requests
+in flight fails only those. prefill0 prefills
 whole prompts in one step (serial), prefill1 in chunks over steps (interleaved, the default).
 
 The served path (1P1D and 2P1D, 16 concurrent chats greedy-equal to transformers, no prefill graph on the decode
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 from support.client import call, completion_tokens, concurrently, greedy, health
 from support.pd import SERIAL, connector, proxy
-from support.served import prompt_of
+from support.served import CHUNK, prompt_of
 from support.server import Server, kill_group
 
 from optimum_neuron_plugin.vllm.prompt_storage import prompt_file
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.slow  # live `vllm serve` processes
 NEW_TOKENS = 8
 # 4 prompts per test, 3 to 6 chunks long.
 LENGTHS = [40, 50, 70, 90]
+BURST = 32
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +87,27 @@ def test_an_unreadable_stored_entry_fails_its_request_alone(servers, storage, to
     assert health(servers["decode"].port) == 200
 
 
+def test_a_burst_of_clients_at_a_stalled_proxy_is_served(servers, tokenizer):
+    """32 clients connect at once while the proxy process is stopped (as when it is short of CPU): the kernel queues
+    their connections in the proxy's listen backlog, and once it runs every request is answered (a backlog of 5,
+    socketserver's default, had the kernel reset some of them)."""
+    prompts = [[1500 + i, *prompt_of(CHUNK - 1, tokenizer, offset=i)] for i in range(BURST)]
+    body = lambda prompt: greedy(servers["decode"].model, prompt, 2)  # noqa: E731
+
+    def status(port: int, prompt: list[int]) -> int | str:
+        try:
+            return call(port, "/v1/completions", body(prompt))[0]
+        except OSError as error:  # a connection reset by the proxy's kernel
+            return type(error).__name__
+
+    with proxy([servers["prefill0"]], servers["decode"]) as running, ThreadPoolExecutor(BURST) as pool:
+        os.kill(running.process.pid, signal.SIGSTOP)
+        sent = [pool.submit(status, running.port, prompt) for prompt in prompts]
+        time.sleep(3)  # every client has connected (or been refused) while the proxy accepted none
+        os.kill(running.process.pid, signal.SIGCONT)
+        assert [future.result(timeout=120) for future in sent] == [200] * BURST
+
+
 def test_a_prefill_server_killed_with_requests_in_flight_fails_only_those(servers, tokenizer):
     """Last in the module: it kills prefill1. The requests the proxy sent there wait for an answer (its API process is
     stopped) when it is killed: the proxy answers 502 naming it for those; the others are served by prefill0 and the
@@ -93,10 +116,10 @@ def test_a_prefill_server_killed_with_requests_in_flight_fails_only_those(server
     os.kill(prefill1.process.pid, signal.SIGSTOP)  # connections are still accepted (backlog), never answered
     prompts = chats(tokenizer, run=2)
     body = lambda prompt: greedy(servers["decode"].model, prompt, NEW_TOKENS)  # noqa: E731
-    with proxy([servers["prefill0"], prefill1], servers["decode"]) as port, ThreadPoolExecutor(4) as pool:
+    with proxy([servers["prefill0"], prefill1], servers["decode"]) as running, ThreadPoolExecutor(4) as pool:
         sent = []
         for prompt in prompts:  # in turn: prefill0, prefill1, ...
-            sent.append(pool.submit(call, port, "/v1/completions", body(prompt)))
+            sent.append(pool.submit(call, running.port, "/v1/completions", body(prompt)))
             time.sleep(0.5)
         for future in sent[::2]:
             future.result(timeout=120)

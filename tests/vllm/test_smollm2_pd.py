@@ -135,8 +135,8 @@ def chats(smollm2, run: int) -> list[list[int]]:
 def split_answers(pd: PD, prompts: list[list[int]], prefill: list[Server]) -> list[list[int]]:
     """The prompts' greedy tokens, sent concurrently through the proxy."""
     body = lambda prompt: greedy(pd.decode.model, prompt, NEW_TOKENS)  # noqa: E731
-    with proxy(prefill, pd.decode) as port:
-        return concurrently(lambda p: completion_tokens(port, body(p)), prompts, workers=len(prompts))
+    with proxy(prefill, pd.decode) as running:
+        return concurrently(lambda p: completion_tokens(running.port, body(p)), prompts, workers=len(prompts))
 
 
 def decode_work(pd: PD, prompts: list[list[int]]) -> list[tuple[int, int]]:
