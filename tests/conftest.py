@@ -31,7 +31,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # Test files that share a costly session fixture run in one xdist worker (scripts/test.sh runs two); every other
 # file is a unit of its own, so no module-scoped server or export is built twice.
 SHARED_FIXTURE_GROUPS = {
-    "smollm2": ("tests/core/test_smollm2.py", "tests/vllm/test_smollm2_engine.py"),
+    "smollm2": ("tests/core/test_smollm2.py", "tests/vllm/test_smollm2_engine.py", "tests/vllm/test_smollm2_pd.py"),
     "reliability servers": ("tests/reliability/",),
     "speculative": ("tests/vllm/test_speculative.py", "tests/vllm/test_speculative_draft.py"),
     "benchmark": ("tests/benchmark/",),
@@ -46,16 +46,17 @@ SHARED_FIXTURE_GROUPS = {
     ),
 }
 # The longest units start first, so that no long unit is left for the end while the other worker idles (seconds of
-# one worker on a 2-core AMD EPYC host: the benchmark group ~650, the core architectures ~300, Gemma 3's engine ~290,
-# reliability ~260, the AOTInductor export ~210, the SmolLM2 group ~175, Neuron capture ~175, tensor parallel ~150,
-# SmolLM2's LoRA server ~135 alone, its 32-row pool server ~120, the P/D servers ~130 alone, speculative ~90).
+# one worker on a 2-core AMD EPYC host: the benchmark group ~650, the SmolLM2 group ~310 (its P/D servers ~135 of
+# it), the core architectures ~300, Gemma 3's engine ~290, reliability ~260, the AOTInductor export ~210, Neuron
+# capture ~175, tensor parallel ~150, SmolLM2's LoRA server ~135 alone, its 32-row pool server ~120, the tiny P/D
+# failure servers ~125 alone, speculative ~90).
 LONGEST_FIRST = (
     "benchmark",
+    "smollm2",
     "core architectures",
     "tests/vllm/test_gemma3_engine.py",
     "reliability servers",
     "tests/cli/test_export_inductor.py",
-    "smollm2",
     "tests/neuron/test_capture.py",
     "tests/core/test_tensor_parallel.py",
     "tests/vllm/test_smollm2_lora.py",

@@ -113,6 +113,12 @@ class Proxy(BaseHTTPRequestHandler):
         return
 
 
+class ProxyServer(ThreadingHTTPServer):
+    # socketserver's listen backlog is 5: a burst of clients arriving while the proxy is short of CPU overflows it and
+    # the kernel resets some of them (seen with 16 concurrent chats on a loaded 2-core host).
+    request_queue_size = 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--host", default="127.0.0.1")
@@ -121,7 +127,7 @@ def main() -> None:
     parser.add_argument("--decode", action="append", required=True, help="a kv_consumer server's URL (repeat)")
     args = parser.parse_args()
     Proxy.prefill, Proxy.decode = Pool(args.prefill), Pool(args.decode)
-    server = ThreadingHTTPServer((args.host, args.port), Proxy)
+    server = ProxyServer((args.host, args.port), Proxy)
     print(f"proxy on http://{args.host}:{args.port}: prefill {args.prefill}, decode {args.decode}", flush=True)
     server.serve_forever()
 
