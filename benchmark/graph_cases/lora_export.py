@@ -21,8 +21,6 @@ from pathlib import Path
 
 from common import add_out, default_model, write_json
 
-TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
 
 def operations(directory: Path) -> dict[str, int]:
     """Each saved graph's call_function node count, by graph key."""
@@ -41,7 +39,7 @@ def export_once(model: Path, args: argparse.Namespace, loras: int, rank: int) ->
     config = NeuronConfig(
         batch_size=args.batch_size, sequence_length=args.sequence_length, prefill_chunk_size=args.chunk,
         context_buckets=tuple(int(b) for b in args.context_buckets.split(",")), max_loras=loras,
-        max_lora_rank=rank, lora_target_modules=TARGETS if loras else None,
+        max_lora_rank=rank,  # lora_target_modules left at its default: every projection
     )  # fmt: skip
     began = time.perf_counter()
     exported = NeuronModelForCausalLM.export(str(model), config)
@@ -52,13 +50,13 @@ def export_once(model: Path, args: argparse.Namespace, loras: int, rank: int) ->
     return {"max_loras": loras, "max_lora_rank": rank, "export_seconds": round(seconds, 2), "operations": counts}
 
 
-def with_ratios(rows: list[dict], layers: int) -> list[dict]:
+def with_ratios(rows: list[dict], projections: int) -> list[dict]:
     base = rows[0]
     for row in rows[1:]:
         added = {key: row["operations"][key] - count for key, count in base["operations"].items()}
         row["export_time_ratio"] = round(row["export_seconds"] / base["export_seconds"], 3)
         row["operations_ratio"] = round(sum(row["operations"].values()) / sum(base["operations"].values()), 3)
-        row["operations_added_per_projection"] = {key: n / (layers * len(TARGETS)) for key, n in added.items()}
+        row["operations_added_per_projection"] = {key: n / projections for key, n in added.items()}
     return rows
 
 
@@ -72,18 +70,25 @@ def main() -> None:
     parser.add_argument("--loras", default="0:0,1:8,4:16,4:64,16:16", help="N:R pairs, the first without slots")
     add_out(parser, "lora-export")
     args = parser.parse_args()
-    os.environ.pop("ONP_CPU_COMPILE_CACHE", None)  # every graph traced, none copied
     model = args.model or default_model()
     pairs = [tuple(int(v) for v in pair.split(":")) for pair in args.loras.split(",")]
     if pairs[0] != (0, 0):
         parser.error("--loras starts with 0:0, the export without slots every ratio is taken against")
-    export_once(model, args, 0, 0)  # warm-up: the first export in a process also pays for imports and first traces
-    rows = [export_once(model, args, loras, rank) for loras, rank in pairs]
+    # Every graph traced, none copied; graphs.py --in-process runs later cases in this process with the cache.
+    cache = os.environ.pop("ONP_CPU_COMPILE_CACHE", None)
+    try:
+        export_once(model, args, 0, 0)  # warm-up: the first export in a process also pays for imports and traces
+        rows = [export_once(model, args, loras, rank) for loras, rank in pairs]
+    finally:
+        if cache is not None:
+            os.environ["ONP_CPU_COMPILE_CACHE"] = cache
+    from optimum_neuron_plugin.config import LORA_TARGETS
+    from optimum_neuron_plugin.models import lora
     from optimum_neuron_plugin.sources import read_config
 
-    layers = read_config(model)[1].num_hidden_layers
-    result = {"model": str(model), "shape": vars(args) | {"out": None, "model": None}, "layers": layers}
-    result["exports"] = with_ratios(rows, layers)
+    projections = lora.projection_count(read_config(model)[1], LORA_TARGETS)
+    result = {"model": str(model), "shape": vars(args) | {"out": None, "model": None}, "projections": projections}
+    result["exports"] = with_ratios(rows, projections)
     print(json.dumps(result, indent=2, default=str))
     write_json(args.out, "export.json", result, "lora_export")
 
