@@ -75,6 +75,17 @@ def prefix_cache_hit(scheduler, request) -> int:
     return hit
 
 
+def free_blocks(scheduler) -> int:
+    """Blocks of vLLM's pool no request holds (cached blocks of finished requests count: vLLM evicts them on demand)."""
+    return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def held_blocks(scheduler, request_id: str) -> int:
+    """Blocks request_id holds (the plugin's specs make one KV cache group: kv_spec.py)."""
+    (block_ids, *_) = scheduler.kv_cache_manager.get_block_ids(request_id)
+    return len(block_ids)
+
+
 def uncache_blocks_from(scheduler, request_id: str, position: int) -> None:
     """Take out of vLLM's prefix cache the blocks of request_id from the one holding `position` on (their hashes
     go, with a BlockRemoved event each; the request keeps the blocks until vLLM frees it)."""

@@ -17,6 +17,7 @@ import pytest
 from support.engine import block_hasher, close_llm, make_llm
 from support.references import hf_greedy
 from support.served import BATCH_SIZE, CHUNK, SEQUENCE_LENGTH, prompt_of
+from support.tiny_models import export
 
 from optimum_neuron_plugin.vllm.engine.options import prefill_chunk_budget, prefill_target_itl
 from optimum_neuron_plugin.vllm.scheduler.interleave import DEFAULT_MAX_PASSES
@@ -37,7 +38,8 @@ def interleaved_config(model, scheduling_policy: str = "fcfs", **additional):
     return args.create_engine_config(UsageContext.LLM_CLASS)
 
 
-def make_scheduler(model, scheduling_policy: str = "fcfs", **additional):
+def make_scheduler(model, scheduling_policy: str = "fcfs", vllm_own_tokens: int | None = None, **additional):
+    """vllm_own_tokens: vLLM's own Scheduler instead, with that max_num_batched_tokens, on the same pool."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
@@ -54,6 +56,10 @@ def make_scheduler(model, scheduling_policy: str = "fcfs", **additional):
         kv_cache_groups=[KVCacheGroupSpec(layer_names(2), spec)],
     )
     scheduler_cls = config.scheduler_config.get_scheduler_cls()
+    if vllm_own_tokens is not None:
+        from vllm.v1.core.sched.scheduler import Scheduler
+
+        scheduler_cls, config.scheduler_config.max_num_batched_tokens = Scheduler, vllm_own_tokens
     return scheduler_cls(
         vllm_config=config,
         kv_cache_config=kv_cache_config,
@@ -62,7 +68,7 @@ def make_scheduler(model, scheduling_policy: str = "fcfs", **additional):
     )
 
 
-def add(scheduler, req_id: str, prompt_len: int, max_tokens: int = 4, priority: int = 0) -> None:
+def add(scheduler, req_id: str, prompt_len: int, max_tokens: int = 4, priority: int = 0):
     from vllm import SamplingParams
     from vllm.v1.request import Request
 
@@ -74,6 +80,7 @@ def add(scheduler, req_id: str, prompt_len: int, max_tokens: int = 4, priority: 
         block_hasher=block_hasher(scheduler.block_size),
     )  # fmt: skip
     scheduler.add_request(request)
+    return request
 
 
 def step(scheduler, latencies=None) -> dict[str, int]:
@@ -235,6 +242,72 @@ def test_prefill_chunk_budget_option(monkeypatch, chunked_dir):
             prefill_chunk_budget({"prefill_chunk_budget": bad})
     config = interleaved_config(chunked_dir)
     assert config.scheduler_config.max_num_batched_tokens == 3 * CHUNK + BATCH_SIZE
+
+
+# ---- a pool smaller than the running contexts ----------------------------------------------------------------
+
+POOL_ROWS, POOL_BLOCKS = 16, 32  # 16 rows over 32 blocks of CHUNK tokens: 4 full-length sequences
+
+
+@pytest.fixture(scope="module")
+def pool_dir(vllm_root, tiny_hf_dir):
+    return export(
+        tiny_hf_dir, vllm_root / "small-pool", batch_size=POOL_ROWS, sequence_length=SEQUENCE_LENGTH,
+        prefill_chunk_size=CHUNK, on_device_sampling=True, block_size=CHUNK, num_blocks=1 + POOL_BLOCKS,
+        context_buckets=(SEQUENCE_LENGTH,), prefill_buckets=(0, SEQUENCE_LENGTH),
+    )  # fmt: skip
+
+
+def test_a_prompt_waits_for_the_blocks_of_the_prompts_in_flight(pool_dir):
+    """Decoding requests hold 24 of the 32 blocks; a 7-block prompt is admitted and half prefilled; a 3-block
+    prompt arrives. The free blocks hold it, but not with what the first prompt still needs: it waits until that
+    prompt is done, rather than being admitted ahead of it (shortest first) and preempted when the first one takes
+    the blocks, and nothing is preempted."""
+    scheduler = make_scheduler(pool_dir, prefill_chunk_budget=2)
+    requests = [add(scheduler, f"fill-{i}", 8 * CHUNK - 13, max_tokens=12) for i in range(3)]  # 8 blocks each
+    while any(not r.num_output_tokens for r in requests):
+        step(scheduler)
+    requests.append(add(scheduler, "long", 7 * CHUNK, max_tokens=1))
+    assert step(scheduler)["long"] == 2 * CHUNK
+    requests.append(add(scheduler, "short", 3 * CHUNK, max_tokens=12))
+    order = []
+    while scheduler.requests:
+        order += [r for r, n in step(scheduler).items() if n > 1]
+    assert order == ["long"] * 3 + ["short"] * 2
+    assert [r.num_preemptions for r in requests] == [0] * 5
+
+
+def replay(scheduler, lengths: list[tuple[int, int]], clients: int) -> int:
+    """Closed-loop clients over (prompt, output) lengths, one engine step at a time: the preemptions."""
+    queue, live, preemptions = list(lengths), [], 0
+    while queue or live:
+        while queue and len(live) < clients:
+            prompt, output = queue.pop(0)
+            live.append(add(scheduler, f"r{len(queue)}", prompt, max_tokens=output))
+        assert step(scheduler), "a step scheduled nothing while requests were unfinished: the plan stalled"
+        preemptions += sum(r.num_preemptions for r in live if r.is_finished())
+        live = [r for r in live if not r.is_finished()]
+    return preemptions
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_interleaving_preempts_no_more_than_vllms_own_scheduler(pool_dir, seed):
+    """Mixed chat lengths (most short, a few long) from as many clients as rows, on a pool that cannot hold their
+    contexts: every step serves someone, and the interleaved plan preempts no more often than vLLM's own scheduler
+    (the token budget of its CPU server) on the same pool. Before admission counted the blocks of the prompts in
+    flight, it admitted prompts until every running request was a half-prefilled prompt, none of which the pool could
+    finish, and planned the step's chunk for a waiting prompt vLLM could not admit: no step served anyone again."""
+    import random
+
+    rng = random.Random(seed)
+    lengths = []
+    for _ in range(48):
+        prompt = max(4, min(SEQUENCE_LENGTH - 40, round(rng.lognormvariate(math.log(40), 1.0))))
+        lengths.append((prompt, max(2, min(32, round(rng.lognormvariate(math.log(16), 1.0))))))
+    plugin = replay(make_scheduler(pool_dir), lengths, POOL_ROWS)
+    vllm_own = replay(make_scheduler(pool_dir, vllm_own_tokens=2048), lengths, POOL_ROWS)
+    assert vllm_own > 0, "the pool held every context: nothing to compare"
+    assert plugin <= vllm_own, (plugin, vllm_own)
 
 
 # ---- the latency target (scheduler/step_budget.py) ---------------------------------------------------------

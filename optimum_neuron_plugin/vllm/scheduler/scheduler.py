@@ -37,7 +37,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from ...artifact import load_neuron_config
 from ...runtime.latency import GraphLatencies
-from ..compat import prefix_cache_hit, scheduler_with_hooks, uncache_blocks_from
+from ..compat import free_blocks, held_blocks, prefix_cache_hit, scheduler_with_hooks, uncache_blocks_from
 from ..contract import computed_tokens, is_decode, prompt_tokens_left
 from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode, prefill_target_itl
 from ..log import get_logger
@@ -76,7 +76,7 @@ class NeuronScheduler(scheduler_with_hooks()):
 
     def _schedule_interleaved(self, *args, **kwargs) -> SchedulerOutput:
         running = [r for r in self.running if prompt_tokens_left(r) > 0]
-        waiting = self._admittable_waiting()
+        waiting = self._admittable_waiting(running)
         candidates = [
             Candidate(
                 r.request_id,
@@ -115,15 +115,38 @@ class NeuronScheduler(scheduler_with_hooks()):
             return prompt_tokens_left(request)
         return request.num_tokens - prefix_cache_hit(self, request)
 
-    def _admittable_waiting(self) -> list[Request]:
-        """Waiting requests that this step's free places (max_num_seqs) could take, in the order vLLM's admission loop
-        reaches them: its queue of requests holding KV (resumed streaming-input sessions) first, then the waiting
-        queue."""
+    def _admittable_waiting(self, running: list[Request]) -> list[Request]:
+        """Waiting requests that this step's free places (max_num_seqs) and free blocks could take, in the order vLLM's
+        admission loop reaches them: its queue of requests holding KV (resumed streaming-input sessions) first, then
+        the waiting queue; up to the first whose prompt does not fit, as vLLM's loop stops there.
+
+        Decision: a request is admitted only if its whole prompt fits in the free blocks less those the prompts in
+        flight (`running`, and the requests admitted before it) still need to finish. vLLM's own admission checks the
+        whole prompt against the free blocks only (scheduler_reserve_full_isl); that suffices for its scheduler, which
+        gives running prompts the token budget first, so a prompt rarely stays half prefilled. The plan here
+        interleaves many prompts one chunk a step, shortest first: without the reservation it admitted prompts that the
+        half-prefilled ones then took the blocks of, and the decodes' next blocks preempted the latest admitted, which
+        the plan admitted again (38 preemptions against vLLM CPU's 6 on one pool: benchmark/results/
+        20261203-block-pool-mixed-chat-preemptions). Once every running request was a half-prefilled prompt, a plan
+        that gave the step's chunk to a waiting prompt vLLM could not admit served nobody, step after step."""
         limit = min(self.max_num_running_reqs, self.max_num_active_reqs)
-        free = limit - len(self.running) - self.num_waiting_for_streaming_input
+        places = limit - len(self.running) - self.num_waiting_for_streaming_input
         ready = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-        queued = [*self.kv_holding_waiting, *self.waiting]
-        return [r for r in queued if r.status in ready][: max(free, 0)]
+        queued = [r for r in (*self.kv_holding_waiting, *self.waiting) if r.status in ready][: max(places, 0)]
+        room = free_blocks(self) - sum(self._blocks_to_finish_prompt(r) for r in running)
+        admitted = []
+        for request in queued:
+            room -= self._blocks_to_finish_prompt(request)
+            if room < 0:
+                break
+            admitted.append(request)
+        return admitted
+
+    def _blocks_to_finish_prompt(self, request: Request) -> int:
+        """Blocks the request must still take to hold its prompt (and, resumed, its outputs so far). A waiting
+        request's prefix-cache hit counts as needed: vLLM's own check counts the hit blocks no running request holds,
+        and a plan that chose a request vLLM then refuses would serve nobody that step."""
+        return -(-request.num_tokens // self.block_size) - held_blocks(self, request.request_id)
 
     @staticmethod
     def _move_to_front(queue, requests: list[Request]) -> None:
