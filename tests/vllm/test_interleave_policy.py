@@ -446,6 +446,37 @@ def test_a_fixed_budget_plans_that_many_calls(chunked_dir):
     assert prefill_calls(step(scheduler)) == 3 and scheduler.step_time is None
 
 
+def add_prompt(scheduler, req_id: str, prompt: list[int], max_tokens: int = 4):
+    """A request with the given prompt (requests sharing one share its cached blocks)."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    request = Request(
+        req_id, prompt, params, None, arrival_time=float(next(_arrivals)), block_hasher=block_hasher(scheduler.block_size)
+    )  # fmt: skip
+    scheduler.add_request(request)
+    return request
+
+
+@pytest.mark.parametrize("budget", [1, 2])
+def test_prompts_hit_but_for_their_last_token_cost_no_prefill_call(chunked_dir, budget):
+    """Three prompts whose every token but the last is cached (the decode side of P/D: a KV connector loaded them)
+    arrive with a long prompt: all three start in one step as decode rows (the runner feeds their last token to the
+    decode graph), and the long prompt still gets the step's chunk calls. Before, each took one of the budget's
+    calls: with a budget of 1, one started per step and the long prompt waited."""
+    scheduler = make_scheduler(chunked_dir, prefill_chunk_budget=budget)
+    block = scheduler.block_size
+    shared = [50 + i for i in range(2 * block + 1)]
+    first = add_prompt(scheduler, "first", shared, max_tokens=1)
+    while not first.is_finished():
+        step(scheduler)
+    for i in range(3):
+        add_prompt(scheduler, f"hit-{i}", shared)
+    add(scheduler, "long", 6 * CHUNK)
+    assert step(scheduler) == {"hit-0": 1, "hit-1": 1, "hit-2": 1, "long": budget * CHUNK}
+
+
 def test_prefill_target_itl_option(monkeypatch):
     monkeypatch.delenv("ONP_PREFILL_CHUNK_BUDGET", raising=False)
     monkeypatch.delenv("ONP_PREFILL_TARGET_ITL_MS", raising=False)

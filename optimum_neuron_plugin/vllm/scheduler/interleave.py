@@ -20,6 +20,9 @@ Rules (prefill_mode=interleaved; NeuronScheduler applies the plan through vLLM's
 4. A lone prompt: when nothing decodes and no other prompt waits, the target has no stream's gap and no prompt's
    wait to bound. The step runs what one prefill batch call holds (`batch_chunks`, the export's prefill_batch_size)
    of the prompt's chunks, as the serial mode's chunk loop would call them: a long prompt alone costs serial's calls.
+6. A prompt whose every token but the last is in its blocks when it is admitted (a prefix-cache hit, or a KV
+   connector's load: the decode side of P/D) runs that token as a decode row, not a prefill call
+   (runner/model_runner.py `_feeds_last_token`): it gets its token every step, outside the call budget, like a decode.
 
 The bound: with at most B prompts competing (B = max_num_seqs: candidates are running prompts
 plus the waiting ones that free places can take), a prompt is passed over at most
@@ -57,6 +60,7 @@ class Candidate:
     arrival: float  # FCFS tie-break
     priority: int = 0  # vLLM's request priority (lower first), read under the priority policy
     holds_kv: bool = False  # a resumed session holding its KV blocks: planned first (rule 5)
+    decode_row: bool = False  # one token left after a full hit: a decode row, outside the call budget (rule 6)
 
 
 def order(candidate: Candidate, policy: InterleavePolicy) -> tuple:
@@ -77,12 +81,14 @@ def plan_slices(
     allowance (None: policy.chunk_budget calls).
     """
     chunk = policy.chunk
-    calls_left, tokens_left = policy.chunk_budget, token_budget
-    if time is not None and not time.decoding and len(candidates) == 1:  # rule 4
+    rows = [c for c in candidates if c.decode_row][: max(token_budget, 0)]
+    plan: dict[str, int] = {c.req_id: 1 for c in rows}  # rule 6
+    prompts = [c for c in candidates if not c.decode_row]
+    calls_left, tokens_left = policy.chunk_budget, token_budget - len(rows)
+    if time is not None and not time.decoding and len(prompts) == 1:  # rule 4
         time, calls_left = None, min(calls_left, policy.batch_chunks)
     seconds_left = float("inf") if time is None else time.allowed
-    plan: dict[str, int] = {}
-    for candidate in sorted(candidates, key=lambda c: order(c, policy)):
+    for candidate in sorted(prompts, key=lambda c: order(c, policy)):
         tokens = 0
         while tokens < candidate.remaining and calls_left > 0:
             left = candidate.remaining - tokens
@@ -91,7 +97,7 @@ def plan_slices(
             narrow = time is not None and cost > seconds_left and 0 < time.narrow < left
             if narrow:  # the slice's last piece: the runtime runs whole chunks, then a rest that fits on the tail
                 piece, cost = time.narrow, time.chunk_seconds(candidate.start + tokens, time.narrow)
-            first = not plan and not tokens  # the step's first call always goes
+            first = len(plan) == len(rows) and not tokens  # the step's first call always goes
             # An explicit, small max_num_batched_tokens: whole chunks only.
             if piece > tokens_left or (cost > seconds_left and not first):
                 calls_left = 0

@@ -86,14 +86,15 @@ class NeuronScheduler(scheduler_with_hooks()):
                 r.arrival_time,
                 r.priority,
                 holds_kv=r.status == RequestStatus.WAITING and r.num_computed_tokens > 0,
+                decode_row=left == 1 and self._feeds_last_token(r),
             )  # fmt: skip
             for r in running + waiting
             for left in [self._tokens_to_prefill(r)]
         ]
         decodes = [r.num_computed_tokens for r in self.running if prompt_tokens_left(r) == 0]
         policy, time = self.interleave, None
-        if self.step_time is not None:
-            time = self.step_time.step(decodes)
+        if self.step_time is not None:  # the step's decode rows: the decodes and the prompts fed as one (rule 6)
+            time = self.step_time.step(decodes + [c.start for c in candidates if c.decode_row])
         elif self._fixed_budget is None:  # the latency target before the runner's latencies arrive: one call
             policy = replace(policy, chunk_budget=1)
         plan = plan_slices(candidates, policy, self.max_num_scheduled_tokens - len(decodes), time)
@@ -114,6 +115,23 @@ class NeuronScheduler(scheduler_with_hooks()):
         if request.status == RequestStatus.RUNNING or request.num_computed_tokens:
             return prompt_tokens_left(request)
         return request.num_tokens - prefix_cache_hit(self, request)
+
+    @staticmethod
+    def _feeds_last_token(request: Request) -> bool:
+        """A request not yet admitted whose one token left is its last (every other one a prefix-cache hit or loaded by
+        a KV connector): the runner feeds it as a decode row (model_runner.py `_feeds_last_token`). Not a preempted
+        prompt (the runner prefilled part of it and keeps its last slice a prefill call), nor one asking for prompt
+        logprobs (the prompt_logits graph computes them)."""
+        resumed_prompt = request.num_preemptions > 0 and not request.num_output_tokens
+        asks_prompt_logprobs = (
+            request.sampling_params is not None and request.sampling_params.prompt_logprobs is not None
+        )
+        return (
+            request.status != RequestStatus.RUNNING
+            and request.num_tokens > 1
+            and not resumed_prompt
+            and not asks_prompt_logprobs
+        )
 
     def _admittable_waiting(self, running: list[Request]) -> list[Request]:
         """Waiting requests that this step's free places (max_num_seqs) and free blocks could take, in the order vLLM's
