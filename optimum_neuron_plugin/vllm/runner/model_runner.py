@@ -186,7 +186,8 @@ class NeuronModelRunner:
     def _feeds_last_token(state: RequestState, work: ScheduledSlice) -> bool:
         """A decoding request, or a prompt whose every token but the last was in its blocks when it was admitted (a KV
         connector loaded them, or a prefix-cache hit): the one token runs as a decode row, sampled like any decode. A
-        prompt this runner prefilled itself keeps its last slice a prefill call, as in serial mode."""
+        prompt this runner prefilled itself keeps its last slice a prefill call, as in serial mode. The interleaved
+        plan counts the same prompts as decode rows (scheduler.py `NeuronScheduler._feeds_last_token`)."""
         if is_decode(state.num_tokens, work.start, len(state.output_token_ids)):
             return True
         hit_all_but_last = 0 < work.start == state.num_tokens - 1 and state.stats.prefill_calls == 0
