@@ -36,6 +36,19 @@ def is_decode(num_tokens: int, num_computed_tokens: int, num_output_tokens: int)
     return num_output_tokens > 0 and num_tokens - num_computed_tokens == 1
 
 
+def runs_as_decode_row(
+    num_tokens: int, start: int, num_output_tokens: int, prefilled: bool, prompt_logprobs: bool
+) -> bool:
+    """Whether the one token at `start` runs as a decode row (token_generation, sampled like any decode): a decoding
+    request's, or a prompt's last when every other token was in its blocks at admission (a KV connector loaded them,
+    or a prefix-cache hit). Not a prompt this runner prefilled part of (`prefilled`: its last slice stays a prefill
+    call, as in serial mode), nor one asking for prompt logprobs (the prompt_logits graph computes them). The runner
+    runs the token so; the interleaved plan counts it so (outside its chunk-call budget)."""
+    if is_decode(num_tokens, start, num_output_tokens):
+        return True
+    return 0 < start == num_tokens - 1 and not prefilled and not prompt_logprobs
+
+
 def prompt_tokens_left(request: Request) -> int:
     """Tokens still to prefill; 0 for a decoding request (one sampled token to feed)."""
     if is_decode(request.num_tokens, request.num_computed_tokens, request.num_output_tokens):

@@ -30,7 +30,7 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, DraftTokenIds, KVConnecto
 from ...runtime import NeuronModelForCausalLM
 from ...runtime.latency import GraphLatencies
 from ...sampling import host_topk
-from ..contract import NeuronRunnerOutput, computed_tokens, is_decode
+from ..contract import NeuronRunnerOutput, computed_tokens, runs_as_decode_row
 from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode
 from ..log import WarmUpLog, get_logger
 from ..sampling.grammar import StepGrammar
@@ -184,14 +184,9 @@ class NeuronModelRunner:
 
     @staticmethod
     def _feeds_last_token(state: RequestState, work: ScheduledSlice) -> bool:
-        """A decoding request, or a prompt whose every token but the last was in its blocks when it was admitted (a KV
-        connector loaded them, or a prefix-cache hit): the one token runs as a decode row, sampled like any decode. A
-        prompt this runner prefilled itself keeps its last slice a prefill call, as in serial mode. The interleaved
-        plan counts the same prompts as decode rows (scheduler.py `NeuronScheduler._feeds_last_token`)."""
-        if is_decode(state.num_tokens, work.start, len(state.output_token_ids)):
-            return True
-        hit_all_but_last = 0 < work.start == state.num_tokens - 1 and state.stats.prefill_calls == 0
-        return hit_all_but_last and not wants_prompt_logprobs(state)
+        """A one-token slice that runs as a decode row (contract.runs_as_decode_row)."""
+        prefilled, logprobs = state.stats.prefill_calls > 0, wants_prompt_logprobs(state)
+        return runs_as_decode_row(state.num_tokens, work.start, len(state.output_token_ids), prefilled, logprobs)
 
     def graph_calls(self, plan: StepPlan) -> list[GraphCall]:
         """The step's graph calls, in order (call_plan.plan_calls), wave by wave (rows.py)."""

@@ -22,7 +22,7 @@ Rules (prefill_mode=interleaved; NeuronScheduler applies the plan through vLLM's
    of the prompt's chunks, as the serial mode's chunk loop would call them: a long prompt alone costs serial's calls.
 6. A prompt whose every token but the last is in its blocks when it is admitted (a prefix-cache hit, or a KV
    connector's load: the decode side of P/D) runs that token as a decode row, not a prefill call
-   (runner/model_runner.py `_feeds_last_token`): it gets its token every step, outside the call budget, like a decode.
+   (contract.py `runs_as_decode_row`): it gets its token every step, outside the call budget, like a decode.
 
 The bound: with at most B prompts competing (B = max_num_seqs: candidates are running prompts
 plus the waiting ones that free places can take), a prompt is passed over at most

@@ -38,7 +38,7 @@ from vllm.v1.request import Request, RequestStatus
 from ...artifact import load_neuron_config
 from ...runtime.latency import GraphLatencies
 from ..compat import free_blocks, held_blocks, prefix_cache_hit, scheduler_with_hooks, uncache_blocks_from
-from ..contract import computed_tokens, is_decode, prompt_tokens_left
+from ..contract import computed_tokens, is_decode, prompt_tokens_left, runs_as_decode_row
 from ..engine.options import PrefillMode, prefill_chunk_budget, prefill_mode, prefill_target_itl
 from ..log import get_logger
 from .interleave import Candidate, InterleavePolicy, plan_slices
@@ -118,19 +118,16 @@ class NeuronScheduler(scheduler_with_hooks()):
 
     @staticmethod
     def _feeds_last_token(request: Request) -> bool:
-        """A request not yet admitted whose one token left is its last (every other one a prefix-cache hit or loaded by
-        a KV connector): the runner feeds it as a decode row (model_runner.py `_feeds_last_token`). Not a preempted
-        prompt (the runner prefilled part of it and keeps its last slice a prefill call), nor one asking for prompt
-        logprobs (the prompt_logits graph computes them)."""
-        resumed_prompt = request.num_preemptions > 0 and not request.num_output_tokens
-        asks_prompt_logprobs = (
-            request.sampling_params is not None and request.sampling_params.prompt_logprobs is not None
+        """A candidate whose one token left runs as a decode row (contract.runs_as_decode_row). The runner's count of
+        its prefill calls is not here: a running prompt, or one preempted before its first output, had its slices
+        prefilled by the runner."""
+        prefilled = request.status == RequestStatus.RUNNING or (
+            request.num_preemptions > 0 and not request.num_output_tokens
         )
-        return (
-            request.status != RequestStatus.RUNNING
-            and request.num_tokens > 1
-            and not resumed_prompt
-            and not asks_prompt_logprobs
+        params = request.sampling_params
+        logprobs = params is not None and params.prompt_logprobs is not None
+        return runs_as_decode_row(
+            request.num_tokens, request.num_tokens - 1, request.num_output_tokens, prefilled, logprobs
         )
 
     def _admittable_waiting(self, running: list[Request]) -> list[Request]:
